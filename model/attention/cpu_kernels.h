@@ -1,0 +1,96 @@
+// The fused CPU kernels of Krause attention: prefill (fused_cpu.cc) and the batched decode step
+// (decode.cc) share the building blocks in cpu_kernels.inc, so a token decoded step by step gets
+// bit for bit the scores, the selection and the summation order that the prefill gave it.
+//
+// Variants: cpu_kernels.inc is compiled twice, as `base` (the compiler's default ISA) and, on
+// x86-64, as `avx2` (-mavx2 -mfma); CpuKernels() picks the best the running CPU supports, and tests
+// can force either (SetCpuKernelsForTesting). The .inc files use no LibTorch and no inline library
+// code that could be shared between the two variants (ODR): only raw pointers and POD structs.
+//
+// Layout: keys are stored TRANSPOSED, kt[t * kt_stride + j] = k_j[t], so that the scores of one
+// query against a run of keys vectorise over j; rows of kt are readable kScoreChunk - 1 floats
+// past the last key (callers pad). Everything fp32, contiguous.
+//
+// Thread-safety: the kernels are pure functions over caller-owned buffers; callers parallelise.
+#pragma once
+
+#include <cstdint>
+
+namespace krause::cpu {
+
+// Scores are produced in chunks of this many keys (two AVX2 registers).
+constexpr int64_t kScoreChunk = 16;
+// Queries scored together against one shared run of keys.
+constexpr int64_t kQueryGroup = 4;
+
+inline int64_t RoundUpToChunk(int64_t x) { return (x + kScoreChunk - 1) / kScoreChunk * kScoreChunk; }
+
+// Scratch one worker needs for queries with at most `max_candidates` candidates.
+struct Scratch {
+  float* raw;      // [kQueryGroup * RoundUpToChunk(max_candidates + kQueryGroup)]
+  float* score;    // [max_candidates]
+  int64_t* key;    // [max_candidates]
+  int32_t* order;  // [max_candidates]
+  int64_t raw_stride;
+};
+int64_t ScratchFloats(int64_t max_candidates);  // size of `raw`
+
+// One (batch, head) slice of a prefill and a range of its queries.
+struct PrefillSlice {
+  const float* q;     // [N, d]
+  const float* k;     // [N, d]
+  const float* kt;    // [d, kt_stride]
+  const float* bias;  // [N] : -||k_j||^2 / 2
+  const float* v;     // [N, d]
+  float inv_var;      // 1 / sigma^2 of this head
+  int64_t n, d, kt_stride, top_k;
+  // Neighbourhood: kind 0 = causal(window), 1 = global, 2 = candidate table.
+  int kind;
+  int64_t window;
+  const int64_t* table;        // kind 2: [n, table_width], ascending, -1 padded
+  const int64_t* table_count;  // kind 2: [n]
+  int64_t table_width;
+  float* out;             // [N, d]
+  int64_t* sel_index;     // optional [N, kept]
+  float* sel_weight;      // optional [N, kept]
+  int64_t kept;
+};
+
+// One decode-step work item: one sequence, one head.
+struct DecodeItem {
+  const float* q;  // [d] the new token's query
+  const float* k;  // [d] its key   (written into the ring)
+  const float* v;  // [d] its value (written into the ring)
+  float* ring_kt;  // [d, ring_stride]: key of position p at column p % window
+  float* ring_v;   // [window, d]
+  float* ring_bias;  // [ring_stride]
+  int64_t position, window, ring_stride, d, top_k;
+  float inv_var;
+  float* out;          // [d]
+  int64_t* sel_index;  // optional [min(top_k, window)]
+  float* sel_weight;   // optional
+};
+
+struct CpuKernelTable {
+  const char* name;
+  void (*key_biases)(const float* k, int64_t count, int64_t d, float* bias);
+  void (*prefill)(const PrefillSlice& slice, int64_t query_begin, int64_t query_end,
+                  const Scratch& scratch);
+  void (*decode)(const DecodeItem& item, const Scratch& scratch);
+};
+
+const CpuKernelTable& CpuKernels();
+// nullptr restores automatic choice. Returns false if `name` is not available on this CPU.
+bool SetCpuKernelsForTesting(const char* name);
+// Variants this build has and this CPU can run, best last.
+int NumCpuKernelVariants();
+const char* CpuKernelVariantName(int i);
+
+namespace base {
+extern const CpuKernelTable kTable;
+}
+namespace avx2 {
+extern const CpuKernelTable kTable;
+}
+
+}  // namespace krause::cpu

@@ -1,0 +1,175 @@
+#include "model/attention/decode.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <exception>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "model/attention/cpu_kernels.h"
+#include "model/util/status_macros.h"
+#include "model/util/tensor_checks.h"
+
+namespace krause {
+
+absl::StatusOr<KrauseRingCache> KrauseRingCache::Create(int64_t slots, int64_t heads,
+                                                        int64_t head_dim, int64_t window) {
+  if (slots < 1) return absl::InvalidArgumentError(absl::StrCat("slots must be >= 1, got ", slots));
+  if (heads < 1) return absl::InvalidArgumentError(absl::StrCat("heads must be >= 1, got ", heads));
+  if (head_dim < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("head_dim must be >= 1, got ", head_dim));
+  }
+  if (window < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("window must be >= 1, got ", window));
+  }
+  KrauseRingCache c;
+  c.slots_ = slots;
+  c.heads_ = heads;
+  c.head_dim_ = head_dim;
+  c.window_ = window;
+  c.ring_stride_ = cpu::RoundUpToChunk(window);
+  try {
+    c.keys_t_ = at::zeros({slots, heads, head_dim, c.ring_stride_}, at::kFloat);
+    c.values_ = at::zeros({slots, heads, window, head_dim}, at::kFloat);
+    c.bias_ = at::zeros({slots, heads, c.ring_stride_}, at::kFloat);
+  } catch (const std::exception& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the ring cache: ", e.what()));
+  }
+  return c;
+}
+
+int64_t KrauseRingCache::bytes_per_slot() const {
+  return heads_ * (head_dim_ * ring_stride_ + window_ * head_dim_ + ring_stride_) *
+         static_cast<int64_t>(sizeof(float));
+}
+
+namespace {
+
+absl::Status CheckStepTensor(const at::Tensor& t, const char* name, int64_t s, int64_t h,
+                             int64_t d) {
+  RETURN_IF_ERROR(CheckDefined(t, name));
+  if (t.dim() != 3 || t.size(0) != s || t.size(1) != h || t.size(2) != d) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " must have shape [S, H, d] = [", s, ", ",
+                                                   h, ", ", d, "], got ", ShapeString(t.sizes())));
+  }
+  if (t.scalar_type() != at::kFloat || !t.device().is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " must be fp32 on the CPU"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckIndexVector(const at::Tensor& t, const char* name, int64_t s) {
+  RETURN_IF_ERROR(CheckDefined(t, name));
+  if (t.dim() != 1 || t.size(0) != s || t.scalar_type() != at::kLong || !t.device().is_cpu()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " must be an int64 CPU tensor of shape [S] = [", s, "], got ",
+                     c10::toString(t.scalar_type()), " ", ShapeString(t.sizes())));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& v, const at::Tensor& log_sigma,
+                                            int64_t top_k, const at::Tensor& slots,
+                                            const at::Tensor& positions, KrauseRingCache* cache,
+                                            DecodeSelection* selection) {
+  try {
+    if (cache == nullptr || !cache->keys_t().defined()) {
+      return absl::InvalidArgumentError("cache must be a created KrauseRingCache");
+    }
+    RETURN_IF_ERROR(CheckDefined(q, "q"));
+    if (q.dim() != 3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("q must have shape [S, H, d], got ", ShapeString(q.sizes())));
+    }
+    const int64_t s = q.size(0), h = cache->heads(), d = cache->head_dim();
+    const int64_t win = cache->window();
+    RETURN_IF_ERROR(CheckStepTensor(q, "q", s, h, d));
+    RETURN_IF_ERROR(CheckStepTensor(k, "k", s, h, d));
+    RETURN_IF_ERROR(CheckStepTensor(v, "v", s, h, d));
+    RETURN_IF_ERROR(CheckIndexVector(slots, "slots", s));
+    RETURN_IF_ERROR(CheckIndexVector(positions, "positions", s));
+    if (top_k < 1) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 1, got ", top_k));
+    ASSIGN_OR_RETURN(at::Tensor log_sig, NormalizeLogSigma(log_sigma, h, q.options()));
+
+    const at::Tensor slot_c = slots.contiguous(), pos_c = positions.contiguous();
+    const int64_t* sp = slot_c.data_ptr<int64_t>();
+    const int64_t* pp = pos_c.data_ptr<int64_t>();
+    std::vector<bool> seen(static_cast<size_t>(cache->slots()), false);
+    for (int64_t i = 0; i < s; ++i) {
+      if (sp[i] < 0 || sp[i] >= cache->slots()) {
+        return absl::InvalidArgumentError(absl::StrCat("slots[", i, "] = ", sp[i],
+                                                       " is outside [0, ", cache->slots(), ")"));
+      }
+      if (seen[sp[i]]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("slots[", i, "] = ", sp[i], " appears twice in one step"));
+      }
+      seen[sp[i]] = true;
+      if (pp[i] < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("positions[", i, "] = ", pp[i], " must be >= 0"));
+      }
+    }
+
+    at::NoGradGuard no_grad;
+    const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+    const at::Tensor inv_var = at::exp(-2.0 * log_sig).contiguous();
+    at::Tensor out = at::empty({s, h, d}, q.options());
+    const int64_t kept = std::min(top_k, win);
+    if (selection != nullptr) {
+      selection->indices = at::empty({s, h, kept}, q.options().dtype(at::kLong));
+      selection->weights = at::empty({s, h, kept}, q.options());
+    }
+    const cpu::CpuKernelTable& kernels = cpu::CpuKernels();
+    const int64_t stride = cache->ring_stride();
+    float* ktp = cache->keys_t().data_ptr<float>();
+    float* vp = cache->values().data_ptr<float>();
+    float* bp = cache->bias().data_ptr<float>();
+    const float* qp = qc.data_ptr<float>();
+    const float* kp = kc.data_ptr<float>();
+    const float* vnp = vc.data_ptr<float>();
+    const float* ivp = inv_var.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    int64_t* sip = selection ? selection->indices.data_ptr<int64_t>() : nullptr;
+    float* swp = selection ? selection->weights.data_ptr<float>() : nullptr;
+
+    at::parallel_for(0, s * h, 1, [&](int64_t w0, int64_t w1) {
+      std::vector<float> raw(static_cast<size_t>(cpu::ScratchFloats(win)));
+      std::vector<float> score(static_cast<size_t>(win));
+      std::vector<int64_t> key(static_cast<size_t>(win));
+      std::vector<int32_t> order(static_cast<size_t>(win));
+      const cpu::Scratch scratch{raw.data(), score.data(), key.data(), order.data(),
+                                 static_cast<int64_t>(raw.size()) / cpu::kQueryGroup};
+      for (int64_t w = w0; w < w1; ++w) {
+        const int64_t i = w / h, head = w % h;
+        const int64_t ring = sp[i] * h + head;  // (slot, head)
+        cpu::DecodeItem item{};
+        item.q = qp + w * d;
+        item.k = kp + w * d;
+        item.v = vnp + w * d;
+        item.ring_kt = ktp + ring * d * stride;
+        item.ring_v = vp + ring * win * d;
+        item.ring_bias = bp + ring * stride;
+        item.position = pp[i];
+        item.window = win;
+        item.ring_stride = stride;
+        item.d = d;
+        item.top_k = top_k;
+        item.inv_var = ivp[head];
+        item.out = op + w * d;
+        item.sel_index = sip ? sip + w * kept : nullptr;
+        item.sel_weight = swp ? swp + w * kept : nullptr;
+        kernels.decode(item, scratch);
+      }
+    });
+    return out;
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("krause decode step failed: ", e.what()));
+  }
+}
+
+}  // namespace krause

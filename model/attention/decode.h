@@ -1,0 +1,68 @@
+// The batched Krause decode step over ring-buffer KV caches (KRAUSE.md section 2, bias form).
+//
+// Each sequence owns one slot of a KrauseRingCache per layer. The slot holds the keys, values and
+// key biases b = -||k||^2 / 2 of the sequence's last W positions, position p at ring column
+// p mod W, so memory per sequence is independent of the image size. One step takes the new
+// token of S sequences at different positions, appends its key/value/bias to each sequence's
+// ring and attends over the sequence's causal window. Same kernel family and bits as the fused
+// prefill (cpu_kernels.h): decoding a sequence step by step reproduces KrauseAttention with
+// causal(W) at every position.
+//
+// Thread-safety: a step mutates the slots it is given; callers (one engine thread per model)
+// must not run two steps on the same slot concurrently.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace krause {
+
+// Ring-buffer storage for one attention layer of a model, for `slots` sequences. fp32, CPU.
+class KrauseRingCache {
+ public:
+  static absl::StatusOr<KrauseRingCache> Create(int64_t slots, int64_t heads, int64_t head_dim,
+                                                int64_t window);
+  KrauseRingCache() = default;
+
+  int64_t slots() const { return slots_; }
+  int64_t heads() const { return heads_; }
+  int64_t head_dim() const { return head_dim_; }
+  int64_t window() const { return window_; }
+  // Bytes held per sequence (keys, values and biases of one slot, padding included).
+  int64_t bytes_per_slot() const;
+
+  // Storage, for the decode kernel and tests.
+  at::Tensor& keys_t() { return keys_t_; }  // [slots, H, d, ring_stride], column p % W
+  at::Tensor& values() { return values_; }  // [slots, H, W, d]
+  at::Tensor& bias() { return bias_; }      // [slots, H, ring_stride]
+  int64_t ring_stride() const { return ring_stride_; }
+
+ private:
+  int64_t slots_ = 0, heads_ = 0, head_dim_ = 0, window_ = 0, ring_stride_ = 0;
+  at::Tensor keys_t_, values_, bias_;
+};
+
+struct DecodeSelection {
+  at::Tensor indices;  // [S, H, min(top_k, W)] int64 absolute positions, rank order, -1 padded
+  at::Tensor weights;  // [S, H, min(top_k, W)]
+};
+
+// One decode step for S sequences.
+//   q, k, v:    [S, H, d] fp32 CPU: the new tokens' projections.
+//   log_sigma:  numel 1 or H, finite.
+//   slots:      [S] int64, distinct, in [0, cache.slots()).
+//   positions:  [S] int64 >= 0: the new token's absolute position in its sequence. The caller
+//               guarantees the slot holds that sequence's positions max(0, p - W + 1) .. p - 1.
+// Returns out [S, H, d]. Errors name the argument (InvalidArgument); the cache is unchanged on
+// error.
+absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& v, const at::Tensor& log_sigma,
+                                            int64_t top_k, const at::Tensor& slots,
+                                            const at::Tensor& positions, KrauseRingCache* cache,
+                                            DecodeSelection* selection = nullptr);
+
+}  // namespace krause

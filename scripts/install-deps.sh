@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs every Debian package that krause-serve's build, tests, benchmarks and tools use.
+# Idempotent: packages already present are left alone; safe to run on every build.
+# Usage: scripts/install-deps.sh            (as root, or with sudo available)
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain
+  build-essential cmake ninja-build ccache pkg-config git
+  # LibTorch (CPU, 1.13 on Debian 12) and a fast BLAS for it
+  libtorch-dev libopenblas0-pthread
+  # gRPC, protobuf, Abseil, Prometheus
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  prometheus-cpp-dev
+  # tests and benchmarks
+  libgtest-dev libgmock-dev libbenchmark-dev
+  # image and compressed-data I/O
+  libpng-dev zlib1g-dev
+  # real data (Fashion-MNIST IDX files)
+  dataset-fashion-mnist
+  # PyTorch for the checkpoint converter and its test
+  python3 python3-torch python3-numpy
+)
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${#missing[@]} packages: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "install-deps: done"

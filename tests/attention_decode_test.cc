@@ -1,0 +1,157 @@
+// The batched decode step (ring-buffer caches) against the causal prefill: driven one token at a
+// time, every position's output equals the prefill's, across the ring wrap (N = W-1, W, W+1 and
+// several wraps), with sequences at different positions sharing one step.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <vector>
+
+#include "model/attention/cpu_kernels.h"
+#include "model/attention/decode.h"
+#include "model/attention/krause_attention.h"
+#include "tests/test_util.h"
+
+namespace krause {
+namespace {
+
+using ::krause::testing::RelativeMaxError;
+using ::krause::testing::StatusIs;
+using ::testing::HasSubstr;
+
+struct DecodeCase {
+  int64_t window, n, top_k, heads, head_dim;
+};
+
+void PrintTo(const DecodeCase& c, std::ostream* os) {
+  *os << "W" << c.window << "_N" << c.n << "_k" << c.top_k << "_H" << c.heads << "_d" << c.head_dim;
+}
+
+class DecodeParityTest : public ::testing::TestWithParam<DecodeCase> {
+ protected:
+  void TearDown() override { cpu::SetCpuKernelsForTesting(nullptr); }
+};
+
+// Decodes `seqs` sequences of length n through one cache; sequence s starts s * stagger steps
+// late, so one step mixes positions. Returns the outputs [S, H, n, d] and selections.
+void DecodeAll(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+               const at::Tensor& log_sigma, int64_t window, int64_t top_k, int64_t stagger,
+               at::Tensor* out, at::Tensor* sel) {
+  const int64_t seqs = q.size(0), h = q.size(1), n = q.size(2), d = q.size(3);
+  auto cache_or = KrauseRingCache::Create(seqs + 2, h, d, window);
+  ASSERT_TRUE(cache_or.ok());
+  KrauseRingCache cache = std::move(cache_or).value();
+  *out = at::zeros({seqs, h, n, d});
+  *sel = at::full({seqs, h, n, std::min(top_k, window)}, -2, at::kLong);
+  const int64_t steps = n + stagger * (seqs - 1);
+  for (int64_t step = 0; step < steps; ++step) {
+    std::vector<int64_t> active, slots, pos;
+    for (int64_t s = 0; s < seqs; ++s) {
+      const int64_t p = step - s * stagger;
+      if (p < 0 || p >= n) continue;
+      active.push_back(s);
+      slots.push_back(seqs + 1 - s);  // not the identity, to catch slot mix-ups
+      pos.push_back(p);
+    }
+    const at::Tensor idx = at::tensor(active, at::kLong);
+    const at::Tensor pos_t = at::tensor(pos, at::kLong);
+    auto gather = [&](const at::Tensor& x) {
+      // x: [S, H, n, d] -> [active, H, d] at each active sequence's position
+      return x.index_select(0, idx).gather(2, pos_t.view({-1, 1, 1, 1}).expand({-1, h, 1, d})).squeeze(2);
+    };
+    DecodeSelection selection;
+    auto r = KrauseDecodeStep(gather(q), gather(k), gather(v), log_sigma, top_k,
+                              at::tensor(slots, at::kLong), pos_t, &cache, &selection);
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (size_t a = 0; a < active.size(); ++a) {
+      out->select(0, active[a]).select(1, pos[a]).copy_(r->select(0, a));
+      sel->select(0, active[a]).select(1, pos[a]).copy_(selection.indices.select(0, a));
+    }
+  }
+}
+
+TEST_P(DecodeParityTest, StepByStepEqualsCausalPrefill) {
+  const DecodeCase& c = GetParam();
+  at::Generator gen = at::detail::createCPUGenerator(c.n * 31 + c.window);
+  const int64_t seqs = 3;
+  const at::Tensor q = at::normal(0, 0.4, {seqs, c.heads, c.n, c.head_dim}, gen).to(at::kFloat);
+  const at::Tensor k = at::normal(0, 0.4, {seqs, c.heads, c.n, c.head_dim}, gen).to(at::kFloat);
+  const at::Tensor v = at::normal(0, 1.0, {seqs, c.heads, c.n, c.head_dim}, gen).to(at::kFloat);
+  const at::Tensor ls = at::full({c.heads}, 0.1f);
+
+  KrauseOptions opts;
+  opts.neighbourhood = Neighbourhood::Causal(c.window);
+  opts.top_k = c.top_k;
+  opts.return_selection = true;
+  opts.impl = KrauseImpl::kReference;
+  KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseResult ref, KrauseAttention(q, k, v, ls, opts));
+  opts.impl = KrauseImpl::kFusedCpu;
+
+  for (int vi = 0; vi < cpu::NumCpuKernelVariants(); ++vi) {
+    SCOPED_TRACE(cpu::CpuKernelVariantName(vi));
+    ASSERT_TRUE(cpu::SetCpuKernelsForTesting(cpu::CpuKernelVariantName(vi)));
+    KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseResult fused, KrauseAttention(q, k, v, ls, opts));
+    at::Tensor out, sel;
+    DecodeAll(q, k, v, ls, c.window, c.top_k, /*stagger=*/c.window / 2 + 1, &out, &sel);
+    // Same kernel family: bit-for-bit equal to the fused prefill, selections included.
+    EXPECT_TRUE(at::equal(out, fused.out)) << "max diff " << (out - fused.out).abs().max();
+    const int64_t kcols = std::min(c.top_k, c.window);
+    EXPECT_TRUE(at::equal(sel, fused.indices.narrow(3, 0, kcols)));
+    // And within the fp32 tolerance of the reference.
+    EXPECT_LE(RelativeMaxError(out, ref.out), 1e-5);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, DecodeParityTest,
+                         ::testing::Values(DecodeCase{4, 3, 2, 2, 16},    // N = W - 1
+                                           DecodeCase{4, 4, 2, 2, 16},    // N = W
+                                           DecodeCase{4, 5, 3, 1, 32},    // N = W + 1
+                                           DecodeCase{1, 6, 1, 2, 16},    // W = 1
+                                           DecodeCase{16, 53, 5, 2, 64},  // several wraps
+                                           DecodeCase{16, 40, 20, 1, 16},  // k > W
+                                           DecodeCase{128, 129, 96, 2, 32},
+                                           DecodeCase{33, 100, 1, 3, 16}),
+                         [](const ::testing::TestParamInfo<DecodeCase>& info) {
+                           std::ostringstream os;
+                           PrintTo(info.param, &os);
+                           return os.str();
+                         });
+
+TEST(DecodeStep, BadArgumentsNameTheArgumentAndLeaveTheCacheAlone) {
+  auto cache_or = KrauseRingCache::Create(2, 2, 8, 4);
+  ASSERT_TRUE(cache_or.ok());
+  KrauseRingCache cache = std::move(cache_or).value();
+  const at::Tensor before = cache.keys_t().clone();
+  const at::Tensor x = at::ones({2, 2, 8});
+  const at::Tensor ls = at::zeros({});
+  const at::Tensor good_slots = at::tensor({0, 1}, at::kLong);
+  const at::Tensor pos = at::tensor({0, 3}, at::kLong);
+  using krause::testing::StatusOf;
+  EXPECT_THAT(StatusOf(KrauseDecodeStep(x, x, x, ls, 2, at::tensor({0, 0}, at::kLong), pos, &cache)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("appears twice")));
+  EXPECT_THAT(StatusOf(KrauseDecodeStep(x, x, x, ls, 2, at::tensor({0, 2}, at::kLong), pos, &cache)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slots[1]")));
+  EXPECT_THAT(StatusOf(KrauseDecodeStep(x, x, x, ls, 2, good_slots, at::tensor({0, -1}, at::kLong), &cache)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("positions[1]")));
+  EXPECT_THAT(StatusOf(KrauseDecodeStep(x, x, x, ls, 0, good_slots, pos, &cache)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("top_k")));
+  EXPECT_THAT(StatusOf(KrauseDecodeStep(x, at::ones({2, 2, 7}), x, ls, 2, good_slots, pos, &cache)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("k must have shape")));
+  EXPECT_THAT(StatusOf(KrauseDecodeStep(x, x, x, at::full({}, NAN), 2, good_slots, pos, &cache)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("log_sigma")));
+  EXPECT_THAT(StatusOf(KrauseDecodeStep(x, x, x, ls, 2, good_slots, pos, nullptr)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cache")));
+  EXPECT_TRUE(at::equal(cache.keys_t(), before));
+  EXPECT_THAT(KrauseRingCache::Create(1, 1, 1, 0).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("window")));
+}
+
+TEST(DecodeStep, MemoryPerSequenceIsIndependentOfPosition) {
+  auto cache = KrauseRingCache::Create(1, 8, 64, 256);
+  ASSERT_TRUE(cache.ok());
+  // keys (transposed, padded to 16) + values + biases, fp32.
+  EXPECT_EQ(cache->bytes_per_slot(), 8 * (64 * 256 + 256 * 64 + 256) * 4);
+}
+
+}  // namespace
+}  // namespace krause
