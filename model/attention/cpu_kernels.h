@@ -29,8 +29,10 @@ inline int64_t RoundUpToChunk(int64_t x) { return (x + kScoreChunk - 1) / kScore
 struct Scratch {
   float* raw;      // [kQueryGroup * RoundUpToChunk(max_candidates + kQueryGroup)]
   float* score;    // [max_candidates]
+  int32_t* tmp;    // [max_candidates]
   int64_t* key;    // [max_candidates]
   int32_t* order;  // [max_candidates]
+  float* weight;   // [max_candidates]
   int64_t raw_stride;
 };
 int64_t ScratchFloats(int64_t max_candidates);  // size of `raw`

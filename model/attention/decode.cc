@@ -138,12 +138,16 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
     float* swp = selection ? selection->weights.data_ptr<float>() : nullptr;
 
     at::parallel_for(0, s * h, 1, [&](int64_t w0, int64_t w1) {
-      std::vector<float> raw(static_cast<size_t>(cpu::ScratchFloats(win)));
-      std::vector<float> score(static_cast<size_t>(win));
-      std::vector<int64_t> key(static_cast<size_t>(win));
-      std::vector<int32_t> order(static_cast<size_t>(win));
-      const cpu::Scratch scratch{raw.data(), score.data(), key.data(), order.data(),
-                                 static_cast<int64_t>(raw.size()) / cpu::kQueryGroup};
+      // Scratch as tensors, so that memory accounting sees it (bench/attention_bench).
+    const int64_t raw_floats = cpu::ScratchFloats(win);
+    at::Tensor raw = at::empty({raw_floats + 2 * win}, at::kFloat);
+    at::Tensor key = at::empty({win}, at::kLong);
+    at::Tensor order = at::empty({2 * win}, at::kInt);
+    const cpu::Scratch scratch{raw.data_ptr<float>(), raw.data_ptr<float>() + raw_floats,
+                               order.data_ptr<int32_t>() + win,
+                               key.data_ptr<int64_t>(), order.data_ptr<int32_t>(),
+                               raw.data_ptr<float>() + raw_floats + win,
+                               raw_floats / cpu::kQueryGroup};
       for (int64_t w = w0; w < w1; ++w) {
         const int64_t i = w / h, head = w % h;
         const int64_t ring = sp[i] * h + head;  // (slot, head)
