@@ -5,12 +5,13 @@
 //   reference      dense masked N x N (what the authors' code does), stable sort for the tie rule
 //   windowed       device-agnostic LibTorch training path
 //   fused_cpu      the fused CPU kernel
-//   softmax_dense  plain dense softmax attention: matmul, softmax, matmul (no mask: its cheapest form)
+//   softmax_dense  plain dense softmax attention: matmul, softmax, matmul (no mask: its cheapest
+//   form)
 // Decode (S in {1, 16, 64} sequences at positions 300 and 3000, W = 256, k = 192):
 //   fused_decode    one step over the ring-buffer caches
 //   softmax_prefix  dense softmax of the new token over its whole prefix (preallocated cache)
 //
-// Each figure is the median of several runs after a warm-up (one run when a run takes > 1 s).
+// Each figure is the median of several runs after a warm-up (one run when a run takes > 2 s).
 // Peak extra memory: bytes LibTorch allocated during the call above what was in use before it.
 // Ratios are printed from this one run: compare figures only within one run (noisy machines).
 #include <ATen/ATen.h>
@@ -125,7 +126,7 @@ void Measure(const std::function<void()>& fn, int reps, Record* r) {
   const double first = std::chrono::duration<double>(Clock::now() - t0).count();
   r->peak_extra_bytes = alloc.peak() - before;
   std::vector<double> times;
-  if (first > 1.0) {
+  if (first > 2.0) {
     times.push_back(first);
   } else {
     for (int i = 0; i < reps; ++i) {
@@ -205,8 +206,7 @@ void RunPrefill(const PrefillConfig& c, const Options& o, std::vector<Record>* o
     r.impl = name;
     r.neighbourhood = c.nb.ToString();
     r.n = c.n;
-    r.window = c.nb.kind == Neighbourhood::Kind::kCausal ? c.nb.window
-                                                         : MaxCandidates(c.nb, c.n);
+    r.window = c.nb.kind == Neighbourhood::Kind::kCausal ? c.nb.window : MaxCandidates(c.nb, c.n);
     r.top_k = c.top_k;
     r.batch = c.batch;
     r.heads = kHeads;
@@ -224,7 +224,9 @@ void RunDecode(const DecodeConfig& c, const Options& o, std::vector<Record>* out
   if (!cache_or.ok()) std::exit(1);
   KrauseRingCache cache = std::move(cache_or).value();
   // A full window of random history in every slot (bias consistent with the keys).
-  cache.keys_t().narrow(3, 0, c.window).copy_(at::randn({c.streams, kHeads, kHeadDim, c.window}) * 0.3);
+  cache.keys_t()
+      .narrow(3, 0, c.window)
+      .copy_(at::randn({c.streams, kHeads, kHeadDim, c.window}) * 0.3);
   cache.values().copy_(at::randn(cache.values().sizes()));
   cache.bias().copy_(-0.5 * cache.keys_t().pow(2).sum(2));
   const at::Tensor q = at::randn({c.streams, kHeads, kHeadDim}) * 0.3;
@@ -267,9 +269,8 @@ void RunDecode(const DecodeConfig& c, const Options& o, std::vector<Record>* out
     r.position = c.position;
     r.heads = kHeads;
     r.head_dim = kHeadDim;
-    r.kv_bytes_per_sequence = name == "fused_decode"
-                                  ? cache.bytes_per_slot()
-                                  : visible * kHeads * kHeadDim * 2 * int64_t{4};
+    r.kv_bytes_per_sequence = name == "fused_decode" ? cache.bytes_per_slot()
+                                                     : visible * kHeads * kHeadDim * 2 * int64_t{4};
     Measure(fn, std::max(o.reps, 20), &r);
     out->push_back(r);
     progress->Step(c.label() + " " + name);
@@ -286,7 +287,8 @@ const Record* Find(const std::vector<Record>& rs, const std::string& label_impl,
 int Main(int argc, char** argv) {
   Options o;
   if (!ParseOptions(argc, argv, &o)) return 2;
-  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
+  const int threads =
+      o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
   at::set_num_threads(threads);
   CountingAllocator::Install();
 
@@ -342,8 +344,7 @@ int Main(int argc, char** argv) {
   for (const Record& f : records) {
     if (f.impl != "fused_cpu") continue;
     auto same = [&](const Record& r) {
-      return r.op == f.op && r.neighbourhood == f.neighbourhood && r.n == f.n &&
-             r.batch == f.batch;
+      return r.op == f.op && r.neighbourhood == f.neighbourhood && r.n == f.n && r.batch == f.batch;
     };
     std::string line = absl::StrFormat("  %-32s N=%-5d B=%d:", f.neighbourhood, f.n, f.batch);
     for (const char* other : {"reference", "windowed", "softmax_dense"}) {

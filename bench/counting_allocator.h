@@ -23,17 +23,10 @@ class CountingAllocator final : public c10::Allocator {
     return *instance;
   }
 
-  c10::DataPtr allocate(size_t n) const override {
-    c10::DataPtr inner = base_->allocate(n);
-    void* data = inner.get();
-    const c10::Device device = inner.device();
-    auto* ctx = new Context{std::move(inner), n, this};
-    const int64_t now = in_use_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
-    int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-    }
-    return {data, ctx, &Release, device};
-  }
+  // LibTorch 1.13 declares allocate() const, 2.x non-const: define both (no `override`), so the
+  // class builds against either and the virtual call lands here.
+  c10::DataPtr allocate(size_t n) const { return Allocate(n); }
+  c10::DataPtr allocate(size_t n) { return Allocate(n); }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   // Pure virtual in newer LibTorch (2.x); a plain extra method on 1.13.
   void copy_data(void* dest, const void* src, std::size_t count) const {
@@ -46,6 +39,17 @@ class CountingAllocator final : public c10::Allocator {
   int64_t peak() const { return peak_.load(); }
 
  private:
+  c10::DataPtr Allocate(size_t n) const {
+    c10::DataPtr inner = base_->allocate(n);
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    auto* ctx = new Context{std::move(inner), n, this};
+    const int64_t now = in_use_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+    return {data, ctx, &Release, device};
+  }
   struct Context {
     c10::DataPtr inner;
     size_t bytes;

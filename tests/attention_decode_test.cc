@@ -57,7 +57,9 @@ void DecodeAll(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor pos_t = at::tensor(pos, at::kLong);
     auto gather = [&](const at::Tensor& x) {
       // x: [S, H, n, d] -> [active, H, d] at each active sequence's position
-      return x.index_select(0, idx).gather(2, pos_t.view({-1, 1, 1, 1}).expand({-1, h, 1, d})).squeeze(2);
+      return x.index_select(0, idx)
+          .gather(2, pos_t.view({-1, 1, 1, 1}).expand({-1, h, 1, d}))
+          .squeeze(2);
     };
     DecodeSelection selection;
     auto r = KrauseDecodeStep(gather(q), gather(k), gather(v), log_sigma, top_k,
@@ -103,11 +105,11 @@ TEST_P(DecodeParityTest, StepByStepEqualsCausalPrefill) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, DecodeParityTest,
-                         ::testing::Values(DecodeCase{4, 3, 2, 2, 16},    // N = W - 1
-                                           DecodeCase{4, 4, 2, 2, 16},    // N = W
-                                           DecodeCase{4, 5, 3, 1, 32},    // N = W + 1
-                                           DecodeCase{1, 6, 1, 2, 16},    // W = 1
-                                           DecodeCase{16, 53, 5, 2, 64},  // several wraps
+                         ::testing::Values(DecodeCase{4, 3, 2, 2, 16},     // N = W - 1
+                                           DecodeCase{4, 4, 2, 2, 16},     // N = W
+                                           DecodeCase{4, 5, 3, 1, 32},     // N = W + 1
+                                           DecodeCase{1, 6, 1, 2, 16},     // W = 1
+                                           DecodeCase{16, 53, 5, 2, 64},   // several wraps
                                            DecodeCase{16, 40, 20, 1, 16},  // k > W
                                            DecodeCase{128, 129, 96, 2, 32},
                                            DecodeCase{33, 100, 1, 3, 16}),
@@ -127,11 +129,14 @@ TEST(DecodeStep, BadArgumentsNameTheArgumentAndLeaveTheCacheAlone) {
   const at::Tensor good_slots = at::tensor({0, 1}, at::kLong);
   const at::Tensor pos = at::tensor({0, 3}, at::kLong);
   using krause::testing::StatusOf;
-  EXPECT_THAT(StatusOf(KrauseDecodeStep(x, x, x, ls, 2, at::tensor({0, 0}, at::kLong), pos, &cache)),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("appears twice")));
-  EXPECT_THAT(StatusOf(KrauseDecodeStep(x, x, x, ls, 2, at::tensor({0, 2}, at::kLong), pos, &cache)),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slots[1]")));
-  EXPECT_THAT(StatusOf(KrauseDecodeStep(x, x, x, ls, 2, good_slots, at::tensor({0, -1}, at::kLong), &cache)),
+  EXPECT_THAT(
+      StatusOf(KrauseDecodeStep(x, x, x, ls, 2, at::tensor({0, 0}, at::kLong), pos, &cache)),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("appears twice")));
+  EXPECT_THAT(
+      StatusOf(KrauseDecodeStep(x, x, x, ls, 2, at::tensor({0, 2}, at::kLong), pos, &cache)),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slots[1]")));
+  EXPECT_THAT(StatusOf(KrauseDecodeStep(x, x, x, ls, 2, good_slots, at::tensor({0, -1}, at::kLong),
+                                        &cache)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("positions[1]")));
   EXPECT_THAT(StatusOf(KrauseDecodeStep(x, x, x, ls, 0, good_slots, pos, &cache)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("top_k")));

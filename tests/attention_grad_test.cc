@@ -88,15 +88,16 @@ TEST_P(AttentionGradTest, MatchesFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, AttentionGradTest,
-    ::testing::Values(
-        GradCase{"causal_w3_k2", Neighbourhood::Causal(3), 7, 2, 2, true},
-        GradCase{"causal_w4_k9", Neighbourhood::Causal(4), 6, 9, 1, false},
-        GradCase{"causal_w2_k1", Neighbourhood::Causal(2), 5, 1, 2, false},
-        GradCase{"grid_3x3_r1_cls", Neighbourhood::Grid(3, 3, 1, GridMetric::kManhattan, true), 10,
-                 3, 2, false},
-        GradCase{"grid_2x3_r1_cheb", Neighbourhood::Grid(2, 3, 1, GridMetric::kChebyshev, false),
-                 6, 4, 2, true},
-        GradCase{"global_k3", Neighbourhood::Global(), 6, 3, 1, true}),
+    ::testing::Values(GradCase{"causal_w3_k2", Neighbourhood::Causal(3), 7, 2, 2, true},
+                      GradCase{"causal_w4_k9", Neighbourhood::Causal(4), 6, 9, 1, false},
+                      GradCase{"causal_w2_k1", Neighbourhood::Causal(2), 5, 1, 2, false},
+                      GradCase{"grid_3x3_r1_cls",
+                               Neighbourhood::Grid(3, 3, 1, GridMetric::kManhattan, true), 10, 3, 2,
+                               false},
+                      GradCase{"grid_2x3_r1_cheb",
+                               Neighbourhood::Grid(2, 3, 1, GridMetric::kChebyshev, false), 6, 4, 2,
+                               true},
+                      GradCase{"global_k3", Neighbourhood::Global(), 6, 3, 1, true}),
     [](const ::testing::TestParamInfo<GradCase>& info) { return info.param.name; });
 
 }  // namespace

@@ -32,8 +32,8 @@ struct Case {
   std::string name;
   Neighbourhood nb;
   int64_t n = 0, top_k = 1, batch = 2, heads = 2, head_dim = 16;
-  int sigma_log2 = 0;    // sigma = 2^sigma_log2
-  int scale_log2 = 0;    // inputs = sigma * quantized * 2^scale_log2
+  int sigma_log2 = 0;  // sigma = 2^sigma_log2
+  int scale_log2 = 0;  // inputs = sigma * quantized * 2^scale_log2
   bool per_head_sigma = false;
   Family family = Family::kQuantized;
 };
@@ -117,8 +117,9 @@ std::vector<Case> AllCases() {
     cases.push_back(c);
   }
   // Ties: constant inputs, every score equal.
-  for (Neighbourhood nb : {Neighbourhood::Causal(8), Neighbourhood::Grid(4, 4, 1, GridMetric::kChebyshev, true),
-                           Neighbourhood::Global()}) {
+  for (Neighbourhood nb :
+       {Neighbourhood::Causal(8), Neighbourhood::Grid(4, 4, 1, GridMetric::kChebyshev, true),
+        Neighbourhood::Global()}) {
     Case c;
     c.nb = nb;
     c.n = nb.kind == Neighbourhood::Kind::kGrid ? 17 : 20;
@@ -137,11 +138,14 @@ std::vector<Case> AllCases() {
     cases.push_back(c);
   }
   for (auto& c : cases) {
-    const char* fam = c.family == Family::kQuantized ? "q" : c.family == Family::kGaussian ? "g" : "const";
-    c.name = Sanitize(absl::StrCat(c.nb.ToString(), "_N", c.n, "_k", c.top_k, "_B", c.batch, "H",
-                                   c.heads, "d", c.head_dim, "_s", c.sigma_log2 < 0 ? "m" : "",
-                                   std::abs(c.sigma_log2), "_x", c.scale_log2 < 0 ? "m" : "",
-                                   std::abs(c.scale_log2), c.per_head_sigma ? "_ph" : "", "_", fam));
+    const char* fam = c.family == Family::kQuantized  ? "q"
+                      : c.family == Family::kGaussian ? "g"
+                                                      : "const";
+    c.name =
+        Sanitize(absl::StrCat(c.nb.ToString(), "_N", c.n, "_k", c.top_k, "_B", c.batch, "H",
+                              c.heads, "d", c.head_dim, "_s", c.sigma_log2 < 0 ? "m" : "",
+                              std::abs(c.sigma_log2), "_x", c.scale_log2 < 0 ? "m" : "",
+                              std::abs(c.scale_log2), c.per_head_sigma ? "_ph" : "", "_", fam));
   }
   return cases;
 }
@@ -189,8 +193,8 @@ struct ImplUnderTest {
 std::vector<ImplUnderTest> Impls() {
   std::vector<ImplUnderTest> impls = {{"windowed", KrauseImpl::kWindowed, nullptr}};
   for (int i = 0; i < cpu::NumCpuKernelVariants(); ++i) {
-    impls.push_back({absl::StrCat("fused_cpu_", cpu::CpuKernelVariantName(i)), KrauseImpl::kFusedCpu,
-                     cpu::CpuKernelVariantName(i)});
+    impls.push_back({absl::StrCat("fused_cpu_", cpu::CpuKernelVariantName(i)),
+                     KrauseImpl::kFusedCpu, cpu::CpuKernelVariantName(i)});
   }
   return impls;
 }
@@ -208,7 +212,8 @@ TEST_P(AttentionParityTest, EveryImplementationMatchesTheReference) {
   opts.top_k = c.top_k;
   opts.return_selection = true;
   opts.impl = KrauseImpl::kReference;
-  KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseResult ref, KrauseAttention(in.q, in.k, in.v, in.log_sigma, opts));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseResult ref,
+                              KrauseAttention(in.q, in.k, in.v, in.log_sigma, opts));
   ASSERT_TRUE(at::isfinite(ref.out).all().item<bool>());
 
   for (const ImplUnderTest& impl : Impls()) {
@@ -217,7 +222,8 @@ TEST_P(AttentionParityTest, EveryImplementationMatchesTheReference) {
       ASSERT_TRUE(cpu::SetCpuKernelsForTesting(impl.cpu_variant));
     }
     opts.impl = impl.impl;
-    KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseResult got, KrauseAttention(in.q, in.k, in.v, in.log_sigma, opts));
+    KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseResult got,
+                                KrauseAttention(in.q, in.k, in.v, in.log_sigma, opts));
     cpu::SetCpuKernelsForTesting(nullptr);
     ASSERT_EQ(got.out.sizes(), ref.out.sizes());
     EXPECT_LE(RelativeMaxError(got.out, ref.out), 1e-5);
@@ -233,7 +239,9 @@ TEST_P(AttentionParityTest, EveryImplementationMatchesTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, AttentionParityTest, ::testing::ValuesIn(AllCases()),
-                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
 
 // The documented tie rule, checked on the reference itself: with every score equal, a causal
 // window keeps its last (largest-index) keys, in descending index order.

@@ -44,8 +44,9 @@ TEST(AttentionValidation, RejectsBadArgumentsByName) {
               StatusIs(kInvalid, HasSubstr("log_sigma must hold 1 value (shared) or H = 2")));
   EXPECT_THAT(StatusOf(KrauseAttention(x, x, x.to(at::kDouble), ls, Causal(2, 1))),
               StatusIs(kInvalid, HasSubstr("v is Double")));
-  EXPECT_THAT(StatusOf(KrauseAttention(x.to(at::kInt), x.to(at::kInt), x.to(at::kInt), ls, Causal(2, 1))),
-              StatusIs(kInvalid, HasSubstr("q must be a floating-point tensor")));
+  EXPECT_THAT(
+      StatusOf(KrauseAttention(x.to(at::kInt), x.to(at::kInt), x.to(at::kInt), ls, Causal(2, 1))),
+      StatusIs(kInvalid, HasSubstr("q must be a floating-point tensor")));
   EXPECT_THAT(StatusOf(KrauseAttention(x.to(at::kDouble), x.to(at::kDouble), x.to(at::kDouble), ls,
                                        Causal(2, 1, KrauseImpl::kFusedCpu))),
               StatusIs(kInvalid, HasSubstr("fused_cpu needs fp32 CPU tensors")));

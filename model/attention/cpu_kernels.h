@@ -23,7 +23,9 @@ constexpr int64_t kScoreChunk = 16;
 // Queries scored together against one shared run of keys.
 constexpr int64_t kQueryGroup = 4;
 
-inline int64_t RoundUpToChunk(int64_t x) { return (x + kScoreChunk - 1) / kScoreChunk * kScoreChunk; }
+inline int64_t RoundUpToChunk(int64_t x) {
+  return (x + kScoreChunk - 1) / kScoreChunk * kScoreChunk;
+}
 
 // Scratch one worker needs for queries with at most `max_candidates` candidates.
 struct Scratch {
@@ -52,19 +54,19 @@ struct PrefillSlice {
   const int64_t* table;        // kind 2: [n, table_width], ascending, -1 padded
   const int64_t* table_count;  // kind 2: [n]
   int64_t table_width;
-  float* out;             // [N, d]
-  int64_t* sel_index;     // optional [N, kept]
-  float* sel_weight;      // optional [N, kept]
+  float* out;          // [N, d]
+  int64_t* sel_index;  // optional [N, kept]
+  float* sel_weight;   // optional [N, kept]
   int64_t kept;
 };
 
 // One decode-step work item: one sequence, one head.
 struct DecodeItem {
-  const float* q;  // [d] the new token's query
-  const float* k;  // [d] its key   (written into the ring)
-  const float* v;  // [d] its value (written into the ring)
-  float* ring_kt;  // [d, ring_stride]: key of position p at column p % window
-  float* ring_v;   // [window, d]
+  const float* q;    // [d] the new token's query
+  const float* k;    // [d] its key   (written into the ring)
+  const float* v;    // [d] its value (written into the ring)
+  float* ring_kt;    // [d, ring_stride]: key of position p at column p % window
+  float* ring_v;     // [window, d]
   float* ring_bias;  // [ring_stride]
   int64_t position, window, ring_stride, d, top_k;
   float inv_var;

@@ -92,7 +92,8 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
     RETURN_IF_ERROR(CheckStepTensor(v, "v", s, h, d));
     RETURN_IF_ERROR(CheckIndexVector(slots, "slots", s));
     RETURN_IF_ERROR(CheckIndexVector(positions, "positions", s));
-    if (top_k < 1) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 1, got ", top_k));
+    if (top_k < 1)
+      return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 1, got ", top_k));
     ASSIGN_OR_RETURN(at::Tensor log_sig, NormalizeLogSigma(log_sigma, h, q.options()));
 
     const at::Tensor slot_c = slots.contiguous(), pos_c = positions.contiguous();
@@ -101,8 +102,8 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
     std::vector<bool> seen(static_cast<size_t>(cache->slots()), false);
     for (int64_t i = 0; i < s; ++i) {
       if (sp[i] < 0 || sp[i] >= cache->slots()) {
-        return absl::InvalidArgumentError(absl::StrCat("slots[", i, "] = ", sp[i],
-                                                       " is outside [0, ", cache->slots(), ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("slots[", i, "] = ", sp[i], " is outside [0, ", cache->slots(), ")"));
       }
       if (seen[sp[i]]) {
         return absl::InvalidArgumentError(
@@ -139,15 +140,15 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
 
     at::parallel_for(0, s * h, 1, [&](int64_t w0, int64_t w1) {
       // Scratch as tensors, so that memory accounting sees it (bench/attention_bench).
-    const int64_t raw_floats = cpu::ScratchFloats(win);
-    at::Tensor raw = at::empty({raw_floats + 2 * win}, at::kFloat);
-    at::Tensor key = at::empty({win}, at::kLong);
-    at::Tensor order = at::empty({2 * win}, at::kInt);
-    const cpu::Scratch scratch{raw.data_ptr<float>(), raw.data_ptr<float>() + raw_floats,
-                               order.data_ptr<int32_t>() + win,
-                               key.data_ptr<int64_t>(), order.data_ptr<int32_t>(),
-                               raw.data_ptr<float>() + raw_floats + win,
-                               raw_floats / cpu::kQueryGroup};
+      const int64_t raw_floats = cpu::ScratchFloats(win);
+      at::Tensor raw = at::empty({raw_floats + 2 * win}, at::kFloat);
+      at::Tensor key = at::empty({win}, at::kLong);
+      at::Tensor order = at::empty({2 * win}, at::kInt);
+      const cpu::Scratch scratch{
+          raw.data_ptr<float>(),           raw.data_ptr<float>() + raw_floats,
+          order.data_ptr<int32_t>() + win, key.data_ptr<int64_t>(),
+          order.data_ptr<int32_t>(),       raw.data_ptr<float>() + raw_floats + win,
+          raw_floats / cpu::kQueryGroup};
       for (int64_t w = w0; w < w1; ++w) {
         const int64_t i = w / h, head = w % h;
         const int64_t ring = sp[i] * h + head;  // (slot, head)

@@ -17,8 +17,8 @@ double DenseAttentionQueryFlops(int64_t visible, int64_t heads, int64_t head_dim
   return heads * QueryFlops(visible, visible, head_dim);
 }
 
-AttentionCost KrauseAttentionCost(const Neighbourhood& nb, int64_t n, int64_t top_k,
-                                  int64_t heads, int64_t head_dim) {
+AttentionCost KrauseAttentionCost(const Neighbourhood& nb, int64_t n, int64_t top_k, int64_t heads,
+                                  int64_t head_dim) {
   AttentionCost cost;
   double per_head = 0, dense = 0, selection = 0;
   for (int64_t i = 0; i < n; ++i) {

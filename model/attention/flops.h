@@ -36,8 +36,8 @@ struct AttentionCost {
 
 // For one sequence of n tokens (multiply by the batch size for a batch).
 // Precondition: ValidateNeighbourhood(nb, n).ok(), top_k >= 1.
-AttentionCost KrauseAttentionCost(const Neighbourhood& nb, int64_t n, int64_t top_k,
-                                  int64_t heads, int64_t head_dim);
+AttentionCost KrauseAttentionCost(const Neighbourhood& nb, int64_t n, int64_t top_k, int64_t heads,
+                                  int64_t head_dim);
 
 // One decode step of one sequence at absolute position `position` with a causal window.
 AttentionCost KrauseDecodeStepCost(int64_t position, int64_t window, int64_t top_k, int64_t heads,

@@ -74,9 +74,11 @@ KrauseResult FusedCpuAttention(const AttentionArgs& a, const KrauseOptions& o) {
     at::Tensor raw = at::empty({raw_floats + 2 * max_cand}, at::kFloat);
     at::Tensor key = at::empty({max_cand}, at::kLong);
     at::Tensor order = at::empty({2 * max_cand}, at::kInt);
-    const cpu::Scratch scratch{raw.data_ptr<float>(), raw.data_ptr<float>() + raw_floats,
+    const cpu::Scratch scratch{raw.data_ptr<float>(),
+                               raw.data_ptr<float>() + raw_floats,
                                order.data_ptr<int32_t>() + max_cand,
-                               key.data_ptr<int64_t>(), order.data_ptr<int32_t>(),
+                               key.data_ptr<int64_t>(),
+                               order.data_ptr<int32_t>(),
                                raw.data_ptr<float>() + raw_floats + max_cand,
                                raw_floats / cpu::kQueryGroup};
     for (int64_t w = w0; w < w1; ++w) {

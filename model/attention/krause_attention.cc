@@ -72,8 +72,8 @@ absl::StatusOr<KrauseResult> KrauseAttention(const at::Tensor& q, const at::Tens
                      internal::ValidateAttentionArgs(q, k, v, log_sigma, options));
     KrauseImpl impl = options.impl;
     const bool needs_grad =
-        at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() ||
-                                       v.requires_grad() || log_sigma.requires_grad());
+        at::GradMode::is_enabled() &&
+        (q.requires_grad() || k.requires_grad() || v.requires_grad() || log_sigma.requires_grad());
     if (impl == KrauseImpl::kAuto) {
       impl = (q.device().is_cpu() && q.scalar_type() == at::kFloat && !needs_grad)
                  ? KrauseImpl::kFusedCpu
@@ -83,8 +83,8 @@ absl::StatusOr<KrauseResult> KrauseAttention(const at::Tensor& q, const at::Tens
       KrauseResult empty;
       empty.out = at::zeros_like(q);
       if (options.return_selection) {
-        empty.indices = at::full({args.batch, args.heads, args.n, args.kept}, -1,
-                                 q.options().dtype(at::kLong));
+        empty.indices =
+            at::full({args.batch, args.heads, args.n, args.kept}, -1, q.options().dtype(at::kLong));
         empty.weights = at::zeros({args.batch, args.heads, args.n, args.kept}, q.options());
       }
       return empty;

@@ -61,9 +61,9 @@ absl::Status ValidateNeighbourhood(const Neighbourhood& nb, int64_t n) {
       }
       const int64_t expected = nb.rows * nb.cols + (nb.cls ? 1 : 0);
       if (expected != n) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "neighbourhood grid ", nb.rows, "x", nb.cols, nb.cls ? " + CLS" : "", " needs N = ",
-            expected, " tokens, but q/k/v have N = ", n));
+        return absl::InvalidArgumentError(
+            absl::StrCat("neighbourhood grid ", nb.rows, "x", nb.cols, nb.cls ? " + CLS" : "",
+                         " needs N = ", expected, " tokens, but q/k/v have N = ", n));
       }
       return absl::OkStatus();
     }
@@ -78,8 +78,7 @@ namespace {
 bool GridAdmits(const Neighbourhood& nb, int64_t dr, int64_t dc) {
   dr = std::llabs(dr);
   dc = std::llabs(dc);
-  return nb.metric == GridMetric::kManhattan ? dr + dc <= nb.radius
-                                             : std::max(dr, dc) <= nb.radius;
+  return nb.metric == GridMetric::kManhattan ? dr + dc <= nb.radius : std::max(dr, dc) <= nb.radius;
 }
 
 }  // namespace

@@ -35,8 +35,8 @@ KrauseResult ReferenceAttention(const AttentionArgs& a, const KrauseOptions& o) 
     for (int64_t h = 0; h < a.heads; ++h) {
       const at::Tensor q = a.q[b][h], k = a.k[b][h], v = a.v[b][h];  // [N, d]
       // ||q_i - k_j||^2 for every pair, then score = -dist2 / (2 sigma^2).
-      const at::Tensor dist2 = (q * q).sum(-1, true) + (k * k).sum(-1).unsqueeze(0) -
-                               2.0 * at::matmul(q, k.t());
+      const at::Tensor dist2 =
+          (q * q).sum(-1, true) + (k * k).sum(-1).unsqueeze(0) - 2.0 * at::matmul(q, k.t());
       const at::Tensor two_var = 2.0 * at::exp(2.0 * a.log_sigma[h]);
       const at::Tensor score = at::where(allowed, -dist2 / two_var, neg_inf);  // [N, N]
 

@@ -89,14 +89,15 @@ KrauseResult CausalWindowed(const AttentionArgs& a, const KrauseOptions& o) {
   for (int64_t s = 0; s < n; s += block) {
     const int64_t r = std::min(block, n - s);
     const int64_t c = r + w - 1;  // keys of this block in padded coordinates [s, s + c)
-    const at::Tensor scores = (at::matmul(a.q.narrow(2, s, r), kp.narrow(2, s, c).transpose(-1, -2)) +
-                               bp.narrow(2, s, c).unsqueeze(-2)) *
-                              inv_var;  // [B, H, r, c]
+    const at::Tensor scores =
+        (at::matmul(a.q.narrow(2, s, r), kp.narrow(2, s, c).transpose(-1, -2)) +
+         bp.narrow(2, s, c).unsqueeze(-2)) *
+        inv_var;  // [B, H, r, c]
     // band column of (row i, window slot t) = i + t; its key index = s + i - (w - 1) + t.
     const at::Tensor rows = at::arange(r, long_opts).unsqueeze(1);
     const at::Tensor slots = at::arange(w, long_opts).unsqueeze(0);
-    const at::Tensor band_col = rows + slots;                       // [r, w]
-    const at::Tensor key_index = band_col + (s - (w - 1));          // [r, w]
+    const at::Tensor band_col = rows + slots;               // [r, w]
+    const at::Tensor key_index = band_col + (s - (w - 1));  // [r, w]
     const at::Tensor band = scores.gather(-1, band_col.expand({a.batch, a.heads, r, w}))
                                 .masked_fill(key_index < 0, kNegInf);
     Selected sel = SelectAndNormalise(band, kept);
@@ -111,9 +112,9 @@ KrauseResult CausalWindowed(const AttentionArgs& a, const KrauseOptions& o) {
 // Dense rows [row0, row0 + r) against all N keys (global neighbourhood, or the CLS row).
 KrauseResult DenseRows(const AttentionArgs& a, int64_t row0, int64_t r, int64_t kept,
                        bool selection) {
-  const at::Tensor scores = (at::matmul(a.q.narrow(2, row0, r), a.k.transpose(-1, -2)) +
-                             KeyBias(a.k).unsqueeze(-2)) *
-                            InverseVariance(a);  // [B, H, r, N]
+  const at::Tensor scores =
+      (at::matmul(a.q.narrow(2, row0, r), a.k.transpose(-1, -2)) + KeyBias(a.k).unsqueeze(-2)) *
+      InverseVariance(a);  // [B, H, r, N]
   Selected sel = SelectAndNormalise(scores, kept);
   const at::Tensor attn = at::zeros_like(scores).scatter(-1, sel.position, sel.weight);
   Pieces pieces;
@@ -155,7 +156,8 @@ KrauseResult GridWindowed(const AttentionArgs& a, const KrauseOptions& o) {
   Selected sel = SelectAndNormalise(scores, kept);
   const at::Tensor attn = at::zeros_like(scores).scatter(-1, sel.position, sel.weight);
   const at::Tensor patch_out = at::matmul(attn.unsqueeze(-2), vg).squeeze(-2);  // [B, H, r, d]
-  const at::Tensor patch_index = index.expand({a.batch, a.heads, r, width}).gather(-1, sel.position);
+  const at::Tensor patch_index =
+      index.expand({a.batch, a.heads, r, width}).gather(-1, sel.position);
 
   Pieces pieces;
   if (nb.cls) {

@@ -36,8 +36,8 @@ absl::Status CheckSameShape(const at::Tensor& t, const at::Tensor& ref, const ch
 
 absl::Status CheckFloating(const at::Tensor& t, const char* name) {
   if (!at::isFloatingType(t.scalar_type())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, " must be a floating-point tensor, got ", c10::toString(t.scalar_type())));
+    return absl::InvalidArgumentError(absl::StrCat(name, " must be a floating-point tensor, got ",
+                                                   c10::toString(t.scalar_type())));
   }
   return absl::OkStatus();
 }
@@ -76,9 +76,9 @@ absl::StatusOr<at::Tensor> NormalizeLogSigma(const at::Tensor& log_sigma, int64_
     at::NoGradGuard no_grad;
     const at::Tensor inv_var = at::exp(-2.0 * flat);
     if (!(at::isfinite(inv_var).all().item<bool>() && (inv_var > 0).all().item<bool>())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "log_sigma out of range for ", c10::toString(options.dtype().toScalarType()),
-          ": 1/sigma^2 = exp(-2 log_sigma) must be finite and non-zero"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("log_sigma out of range for ", c10::toString(options.dtype().toScalarType()),
+                       ": 1/sigma^2 = exp(-2 log_sigma) must be finite and non-zero"));
     }
   }
   return numel == heads ? flat : flat.expand({heads});

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what it needs, builds, and runs every ctest test (labels unit,
+# parity, e2e; gpu tests skip themselves without a GPU). Extra arguments go to ctest, e.g.
+#   scripts/test.sh -L parity
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/build.sh
+BUILD_DIR=${BUILD_DIR:-build}
+cd "$BUILD_DIR"
+ctest --output-on-failure -j "$(nproc)" --timeout 900 "$@"
