@@ -126,7 +126,7 @@ void Measure(const std::function<void()>& fn, int reps, Record* r) {
   const double first = std::chrono::duration<double>(Clock::now() - t0).count();
   r->peak_extra_bytes = alloc.peak() - before;
   std::vector<double> times;
-  if (first > 2.0) {
+  if (first > 2.0 || reps == 0) {
     times.push_back(first);
   } else {
     for (int i = 0; i < reps; ++i) {
@@ -163,9 +163,10 @@ struct PrefillConfig {
 };
 
 struct DecodeConfig {
-  int64_t streams, position, window, top_k;
+  int64_t streams, window, top_k;
+  std::vector<int64_t> positions;  // measured interleaved, so their ratio is side by side
   std::string label() const {
-    return absl::StrFormat("decode W=%d k=%d S=%d pos=%d", window, top_k, streams, position);
+    return absl::StrFormat("decode W=%d k=%d S=%d", window, top_k, streams);
   }
 };
 
@@ -217,62 +218,96 @@ void RunPrefill(const PrefillConfig& c, const Options& o, std::vector<Record>* o
   }
 }
 
+// The state of one decode measurement: S sequences whose next token is at `position`.
+struct DecodeState {
+  int64_t position;
+  KrauseRingCache cache;
+  at::Tensor q, k, v, slots, pos;
+  at::Tensor kc, vc;  // softmax baseline: preallocated [S, H, P, d] prefix caches
+};
+
+DecodeState MakeDecodeState(const DecodeConfig& c, int64_t position) {
+  DecodeState st;
+  st.position = position;
+  auto cache_or = KrauseRingCache::Create(c.streams, kHeads, kHeadDim, c.window);
+  if (!cache_or.ok()) std::exit(1);
+  st.cache = std::move(cache_or).value();
+  // A full window of random history in every slot (bias consistent with the keys).
+  st.cache.keys_t()
+      .narrow(3, 0, c.window)
+      .copy_(at::randn({c.streams, kHeads, kHeadDim, c.window}) * 0.3);
+  st.cache.values().copy_(at::randn(st.cache.values().sizes()));
+  st.cache.bias().copy_(-0.5 * st.cache.keys_t().pow(2).sum(2));
+  st.q = at::randn({c.streams, kHeads, kHeadDim}) * 0.3;
+  st.k = at::randn({c.streams, kHeads, kHeadDim}) * 0.3;
+  st.v = at::randn({c.streams, kHeads, kHeadDim});
+  st.slots = at::arange(c.streams, at::kLong);
+  st.pos = at::full({c.streams}, position, at::kLong);
+  st.kc = at::randn({c.streams, kHeads, position + 1, kHeadDim}) * 0.3;
+  st.vc = at::randn({c.streams, kHeads, position + 1, kHeadDim});
+  return st;
+}
+
 void RunDecode(const DecodeConfig& c, const Options& o, std::vector<Record>* out,
                Progress* progress) {
   at::manual_seed(2);
-  auto cache_or = KrauseRingCache::Create(c.streams, kHeads, kHeadDim, c.window);
-  if (!cache_or.ok()) std::exit(1);
-  KrauseRingCache cache = std::move(cache_or).value();
-  // A full window of random history in every slot (bias consistent with the keys).
-  cache.keys_t()
-      .narrow(3, 0, c.window)
-      .copy_(at::randn({c.streams, kHeads, kHeadDim, c.window}) * 0.3);
-  cache.values().copy_(at::randn(cache.values().sizes()));
-  cache.bias().copy_(-0.5 * cache.keys_t().pow(2).sum(2));
-  const at::Tensor q = at::randn({c.streams, kHeads, kHeadDim}) * 0.3;
-  const at::Tensor k = at::randn({c.streams, kHeads, kHeadDim}) * 0.3;
-  const at::Tensor v = at::randn({c.streams, kHeads, kHeadDim});
+  std::vector<DecodeState> states;
+  for (int64_t p : c.positions) states.push_back(MakeDecodeState(c, p));
   const at::Tensor ls = at::zeros({kHeads});
-  const at::Tensor slots = at::arange(c.streams, at::kLong);
-  const at::Tensor pos = at::full({c.streams}, c.position, at::kLong);
-
-  // Softmax baseline: preallocated [S, H, P, d] caches holding the prefix; one step writes the new
-  // key/value at its position and attends over positions 0..p.
-  const int64_t visible = c.position + 1;
-  at::Tensor kc = at::randn({c.streams, kHeads, visible, kHeadDim}) * 0.3;
-  at::Tensor vc = at::randn({c.streams, kHeads, visible, kHeadDim});
   const double scale = 1.0 / std::sqrt(static_cast<double>(kHeadDim));
-
-  std::vector<std::pair<std::string, std::function<void()>>> impls = {
-      {"fused_decode",
-       [&] {
-         auto r = KrauseDecodeStep(q, k, v, ls, c.top_k, slots, pos, &cache);
-         if (!r.ok()) std::exit(1);
-       }},
-      {"softmax_prefix", [&] {
-         kc.select(2, c.position).copy_(k);
-         vc.select(2, c.position).copy_(v);
-         at::Tensor s = at::matmul(q.unsqueeze(2), kc.transpose(-1, -2)) * scale;  // [S,H,1,P]
-         at::Tensor o2 = at::matmul(at::softmax(s, -1), vc);
-       }}};
-  for (auto& [name, fn] : impls) {
-    Record r;
-    r.op = "decode";
-    r.impl = name;
-    r.neighbourhood = name == "fused_decode" ? Neighbourhood::Causal(c.window).ToString()
-                                             : std::string("causal(full prefix)");
-    r.n = visible;
-    r.window = name == "fused_decode" ? c.window : visible;
-    r.top_k = name == "fused_decode" ? c.top_k : visible;
-    r.batch = c.streams;
-    r.streams = c.streams;
-    r.position = c.position;
-    r.heads = kHeads;
-    r.head_dim = kHeadDim;
-    r.kv_bytes_per_sequence = name == "fused_decode" ? cache.bytes_per_slot()
-                                                     : visible * kHeads * kHeadDim * 2 * int64_t{4};
-    Measure(fn, std::max(o.reps, 20), &r);
-    out->push_back(r);
+  auto krause_step = [&](DecodeState& st) {
+    auto r = KrauseDecodeStep(st.q, st.k, st.v, ls, c.top_k, st.slots, st.pos, &st.cache);
+    if (!r.ok()) std::exit(1);
+  };
+  // Softmax baseline: write the new key/value at its position, attend over positions 0..p.
+  auto softmax_step = [&](DecodeState& st) {
+    st.kc.select(2, st.position).copy_(st.k);
+    st.vc.select(2, st.position).copy_(st.v);
+    at::Tensor s = at::matmul(st.q.unsqueeze(2), st.kc.transpose(-1, -2)) * scale;  // [S,H,1,P]
+    at::Tensor o2 = at::matmul(at::softmax(s, -1), st.vc);
+  };
+  const std::vector<std::pair<std::string, std::function<void(DecodeState&)>>> impls = {
+      {"fused_decode", krause_step}, {"softmax_prefix", softmax_step}};
+  for (const auto& [name, step] : impls) {
+    std::vector<Record> recs(states.size());
+    std::vector<std::vector<double>> times(states.size());
+    for (size_t i = 0; i < states.size(); ++i) {  // warm-up, measuring peak memory
+      Measure([&] { step(states[i]); }, 0, &recs[i]);
+    }
+    // Interleaved timed runs: at least `reps`, and at least 0.3 s in all.
+    const auto start = Clock::now();
+    for (int rep = 0; rep < std::max(o.reps, 30) ||
+                      std::chrono::duration<double>(Clock::now() - start).count() < 0.3;
+         ++rep) {
+      for (size_t i = 0; i < states.size(); ++i) {
+        const auto t0 = Clock::now();
+        step(states[i]);
+        times[i].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+    }
+    for (size_t i = 0; i < states.size(); ++i) {
+      Record& r = recs[i];
+      std::sort(times[i].begin(), times[i].end());
+      r.seconds = times[i][times[i].size() / 2];
+      r.runs = static_cast<int>(times[i].size());
+      const int64_t visible = states[i].position + 1;
+      r.op = "decode";
+      r.impl = name;
+      const bool krause = name == "fused_decode";
+      r.neighbourhood = krause ? Neighbourhood::Causal(c.window).ToString()
+                               : std::string("causal(full prefix)");
+      r.n = visible;
+      r.window = krause ? c.window : visible;
+      r.top_k = krause ? c.top_k : visible;
+      r.batch = c.streams;
+      r.streams = c.streams;
+      r.position = states[i].position;
+      r.heads = kHeads;
+      r.head_dim = kHeadDim;
+      r.kv_bytes_per_sequence = krause ? states[i].cache.bytes_per_slot()
+                                       : visible * kHeads * kHeadDim * 2 * int64_t{4};
+      out->push_back(r);
+    }
     progress->Step(c.label() + " " + name);
   }
 }
@@ -310,7 +345,7 @@ int Main(int argc, char** argv) {
   std::vector<DecodeConfig> decode;
   for (int64_t s : {1, 16, 64}) {
     if (o.quick && s == 16) continue;
-    for (int64_t p : {300, 3000}) decode.push_back({s, p, 256, 192});
+    decode.push_back({s, 256, 192, {300, 3000}});
   }
   auto keep = [&](const std::string& label) {
     return o.filter.empty() || label.find(o.filter) != std::string::npos;
