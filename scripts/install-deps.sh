@@ -16,6 +16,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # image and compressed-data I/O
   libpng-dev zlib1g-dev
+  # JSON (safetensors headers, model configs, reports)
+  nlohmann-json3-dev
   # real data (Fashion-MNIST IDX files)
   dataset-fashion-mnist
   # PyTorch for the checkpoint converter and its test

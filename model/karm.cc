@@ -1,0 +1,185 @@
+#include "model/karm.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "model/nn/layers.h"
+#include "model/util/status_macros.h"
+
+namespace krause {
+
+std::string ArmConfig::ToJson() const {
+  nlohmann::json j = {
+      {"model", "arm"},       {"attention", attention},   {"height", height},
+      {"width_px", width_px}, {"channels", channels},     {"width", width},
+      {"depth", depth},       {"heads", heads},           {"window", window},
+      {"top_k", top_k},       {"sigma_init", sigma_init}, {"start_token", start_token}};
+  return j.dump();
+}
+
+absl::StatusOr<ArmConfig> ArmConfig::FromJson(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return absl::InvalidArgumentError("config: not a JSON object");
+  ArmConfig c;
+  try {
+    if (j.value("model", "arm") != "arm")
+      return absl::InvalidArgumentError("config: model is not \"arm\"");
+    c.attention = j.value("attention", c.attention);
+    c.height = j.value("height", c.height);
+    c.width_px = j.value("width_px", c.width_px);
+    c.channels = j.value("channels", c.channels);
+    c.width = j.value("width", c.width);
+    c.depth = j.value("depth", c.depth);
+    c.heads = j.value("heads", c.heads);
+    c.window = j.value("window", c.window);
+    c.top_k = j.value("top_k", c.top_k);
+    c.sigma_init = j.value("sigma_init", c.sigma_init);
+    c.start_token = j.value("start_token", c.start_token);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", e.what()));
+  }
+  RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+absl::Status ArmConfig::Validate() const {
+  if (attention != "krause" && attention != "softmax") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.attention must be krause or softmax, got ", attention));
+  }
+  if (height < 1 || width_px < 1 || channels < 1) {
+    return absl::InvalidArgumentError("config: height, width_px and channels must be >= 1");
+  }
+  if (width < 1 || heads < 1 || width % heads != 0 || depth < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: width ", width, " must be a multiple of heads ", heads, ", depth >= 1"));
+  }
+  if (attention == "krause" && (window < 1 || top_k < 1 || !(sigma_init > 0))) {
+    return absl::InvalidArgumentError("config: window, top_k and sigma_init must be positive");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Arm> Arm::Create(const ArmConfig& config, uint64_t seed) {
+  RETURN_IF_ERROR(config.Validate());
+  Arm m;
+  m.config_ = config;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  ParameterStore& p = m.params_;
+  const int64_t d = config.width;
+  p.Add("token_emb.weight", nn::TruncNormal({256, d}, 0.02, gen));
+  p.Add("pos_emb.weight", nn::TruncNormal({config.seq_len(), d}, 0.02, gen));
+  if (config.start_token) p.Add("start_token", nn::TruncNormal({d}, 0.02, gen));
+  const bool krause = config.attention == "krause";
+  for (int64_t l = 0; l < config.depth; ++l) {
+    const std::string b = absl::StrCat("layers.", l, ".");
+    nn::AddLayerNorm(&p, b + "ln1", d);
+    for (const char* proj : {"q", "k", "v"}) {
+      const std::string name = krause ? absl::StrCat("W_", proj) : absl::StrCat(proj, "_proj");
+      nn::AddLinear(&p, b + "attn." + name, d, d, gen);
+    }
+    nn::AddLinear(&p, b + "attn.out_proj", d, d, gen);
+    if (krause) {
+      p.Add(b + "attn.log_sigma", at::full({config.heads, 1, 1}, std::log(config.sigma_init)));
+    }
+    nn::AddLayerNorm(&p, b + "ln2", d);
+    nn::AddLinear(&p, b + "mlp.0", d, config.mlp(), gen);
+    nn::AddLinear(&p, b + "mlp.2", config.mlp(), d, gen);
+  }
+  nn::AddLayerNorm(&p, "ln_f", d);
+  nn::AddLinear(&p, "head", d, 256, gen);
+  return m;
+}
+
+at::Tensor Arm::Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl) const {
+  // x: [B, T, D] -> [B, T, D]
+  const std::string a = absl::StrCat("layers.", layer, ".attn.");
+  const bool krause = config_.attention == "krause";
+  const at::Tensor q =
+      nn::SplitHeads(nn::Linear(params_, a + (krause ? "W_q" : "q_proj"), x), config_.heads);
+  const at::Tensor k =
+      nn::SplitHeads(nn::Linear(params_, a + (krause ? "W_k" : "k_proj"), x), config_.heads);
+  const at::Tensor v =
+      nn::SplitHeads(nn::Linear(params_, a + (krause ? "W_v" : "v_proj"), x), config_.heads);
+  at::Tensor out;
+  if (!krause) {
+    const int64_t t = x.size(1);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+    const at::Tensor future =
+        at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu(1);
+    const at::Tensor s =
+        (at::matmul(q, k.transpose(-1, -2)) * scale).masked_fill(future, -INFINITY);
+    out = at::matmul(at::softmax(s, -1), v);
+  } else {
+    KrauseOptions o;
+    o.neighbourhood = Neighbourhood::Causal(config_.window);
+    o.top_k = config_.top_k;
+    o.impl = impl;
+    auto r = KrauseAttention(q, k, v, params_.Get(a + "log_sigma"), o);
+    TORCH_CHECK(r.ok(), r.status().ToString());
+    out = r->out;
+  }
+  return nn::Linear(params_, a + "out_proj", nn::MergeHeads(out));
+}
+
+at::Tensor Arm::Forward(const at::Tensor& pixels, KrauseImpl impl) const {
+  const int64_t b = pixels.size(0);
+  at::Tensor x = at::embedding(params_.Get("token_emb.weight"), pixels);  // [B, T', D]
+  if (config_.start_token) {
+    x = at::cat({params_.Get("start_token").view({1, 1, -1}).expand({b, 1, config_.width}), x}, 1);
+  }
+  const int64_t t = x.size(1);
+  x = x + params_.Get("pos_emb.weight").narrow(0, 0, t);
+  for (int64_t l = 0; l < config_.depth; ++l) {
+    const std::string p = absl::StrCat("layers.", l, ".");
+    x = x + Attention(l, nn::LayerNorm(params_, p + "ln1", x), impl);
+    const at::Tensor h = nn::LayerNorm(params_, p + "ln2", x);
+    x = x + nn::Linear(params_, p + "mlp.2", nn::Gelu(nn::Linear(params_, p + "mlp.0", h)));
+  }
+  return nn::Linear(params_, "head", nn::LayerNorm(params_, "ln_f", x));
+}
+
+at::Tensor Arm::NllPerImage(const at::Tensor& images, KrauseImpl impl) const {
+  // images: [B, N] int64
+  const int64_t n = images.size(1);
+  at::Tensor logits, targets;
+  if (config_.start_token) {
+    logits = Forward(images.narrow(1, 0, n - 1), impl);  // N positions predict x_0..x_{N-1}
+    targets = images;
+  } else {
+    logits = Forward(images.narrow(1, 0, n - 1), impl);  // N-1 positions predict x_1..x_{N-1}
+    targets = images.narrow(1, 1, n - 1);
+  }
+  const at::Tensor logp = at::log_softmax(logits, -1);
+  return -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).mean(1);
+}
+
+AttentionCost Arm::FlopsPerImage() const {
+  const int64_t n = config_.seq_len(), d = config_.width, dh = d / config_.heads;
+  const double per_token = 2.0 * d * 3 * d + 2.0 * d * d + 2.0 * d * config_.mlp() * 2;
+  AttentionCost total;
+  for (int64_t l = 0; l < config_.depth; ++l) {
+    AttentionCost a;
+    if (config_.attention == "krause") {
+      a = KrauseAttentionCost(Neighbourhood::Causal(config_.window), n, config_.top_k,
+                              config_.heads, dh);
+    } else {
+      a = KrauseAttentionCost(Neighbourhood::Causal(n), n, n, config_.heads, dh);
+      a.executed_flops = a.dense_equivalent_flops;  // softmax: no key biases, no selection
+      a.selection_comparisons = 0;
+    }
+    total.executed_flops += a.executed_flops + n * per_token;
+    total.dense_equivalent_flops += a.dense_equivalent_flops + n * per_token;
+    total.selection_comparisons += a.selection_comparisons;
+  }
+  const double head = 2.0 * n * d * 256;
+  total.executed_flops += head;
+  total.dense_equivalent_flops += head;
+  return total;
+}
+
+}  // namespace krause

@@ -1,0 +1,68 @@
+// KARM (Krause autoregressive pixel model) and its softmax ARM baseline, in the authors' official
+// layout (KRAUSE.md section 3): pixels are 8-bit tokens in raster order (row, column, channel),
+// token_emb + pos_emb, pre-LN blocks x += attn(ln1(x)); x += mlp(ln2(x)), ln_f, head -> 256.
+// KARM attention: causal(W), top-k, one log_sigma per head ([H, 1, 1]). ARM: full causal softmax
+// attention with 1/sqrt(d_head), projections named q_proj/k_proj/v_proj/out_proj.
+//
+// Sequence convention:
+//   start_token = false (official checkpoints): input position t holds pixel x_t, and its logits
+//     predict x_{t+1}; the first subpixel is not modelled (N - 1 scored subpixels).
+//   start_token = true: input position 0 holds a learned start embedding, position t >= 1 holds
+//     x_{t-1}; logits at t predict x_t, so all N subpixels are scored.
+// Thread-safety: Forward is const; loading is not.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "model/attention/flops.h"
+#include "model/attention/krause_attention.h"
+#include "model/nn/parameters.h"
+
+namespace krause {
+
+struct ArmConfig {
+  std::string attention = "krause";  // "krause" (KARM) or "softmax" (ARM)
+  int64_t height = 28, width_px = 28, channels = 1;
+  int64_t width = 64, depth = 4, heads = 4;
+  int64_t window = 64, top_k = 32;  // KARM only
+  double sigma_init = 2.5;
+  bool start_token = true;
+
+  int64_t seq_len() const { return height * width_px * channels; }
+  int64_t mlp() const { return 4 * width; }
+  std::string ToJson() const;
+  static absl::StatusOr<ArmConfig> FromJson(const std::string& json);
+  absl::Status Validate() const;
+};
+
+class Arm {
+ public:
+  static absl::StatusOr<Arm> Create(const ArmConfig& config, uint64_t seed);
+
+  // inputs: [B, T] int64 model inputs (see the sequence convention; with a start token, pass the
+  // pixels x_0..x_{T-2} and the start embedding is prepended: T - 1 pixels give T positions).
+  // Returns logits [B, T, 256] for positions 0..T-1.
+  at::Tensor Forward(const at::Tensor& pixels, KrauseImpl impl = KrauseImpl::kAuto) const;
+
+  // Teacher-forced mean negative log-likelihood in nats per scored subpixel, per image: [B].
+  // images: [B, seq_len] int64 (raster order).
+  at::Tensor NllPerImage(const at::Tensor& images, KrauseImpl impl = KrauseImpl::kAuto) const;
+
+  // FLOPs per generated image (full sequence, teacher-forced equivalent).
+  AttentionCost FlopsPerImage() const;
+
+  const ArmConfig& config() const { return config_; }
+  ParameterStore& parameters() { return params_; }
+  const ParameterStore& parameters() const { return params_; }
+
+ private:
+  at::Tensor Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl) const;
+
+  ArmConfig config_;
+  ParameterStore params_;
+};
+
+}  // namespace krause

@@ -1,0 +1,68 @@
+// Krause ViT and its softmax baseline (the same backbone, only the attention differs), in the
+// authors' official layout (KRAUSE.md section 3): conv patch embedding, CLS token, learned
+// absolute positions, post-LN blocks x = norm1(x + attn(x)); x = norm2(x + ffn(x)), a final
+// LayerNorm and a linear head on the CLS token (mean of the patch tokens when cls is off).
+//
+// Krause attention uses the grid neighbourhood (radius, metric, CLS), one log_sigma per layer and
+// the top-k schedule round(linspace(k, 2k, depth)). Device-agnostic; Forward picks the windowed
+// (differentiable) operator when gradients are on and the fused CPU kernel for CPU inference.
+// Thread-safety: Forward is const and may run concurrently with itself; loading is not.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/attention/flops.h"
+#include "model/attention/krause_attention.h"
+#include "model/nn/parameters.h"
+
+namespace krause {
+
+struct ViTConfig {
+  std::string attention = "krause";  // "krause" or "softmax"
+  int64_t image_size = 28, channels = 1, patch = 4;
+  int64_t width = 64, depth = 4, heads = 4, mlp = 128, classes = 10;
+  int64_t radius = 1;
+  GridMetric metric = GridMetric::kManhattan;
+  int64_t top_k = 2;  // the schedule runs from top_k to 2 * top_k over depth
+  double sigma_init = 2.5;
+  bool cls = true;
+  std::vector<std::string> labels;  // class names, optional
+
+  int64_t grid() const { return image_size / patch; }
+  int64_t tokens() const { return grid() * grid() + (cls ? 1 : 0); }
+  std::vector<int64_t> TopKSchedule() const;
+  std::string ToJson() const;
+  static absl::StatusOr<ViTConfig> FromJson(const std::string& json);
+  absl::Status Validate() const;
+};
+
+class ViT {
+ public:
+  // Random initialisation (seeded), in the official layout.
+  static absl::StatusOr<ViT> Create(const ViTConfig& config, uint64_t seed);
+
+  // images: [B, C, H, W] float, normalised. Returns logits [B, classes].
+  // `impl` forces an attention implementation (tests); kAuto otherwise.
+  at::Tensor Forward(const at::Tensor& images, KrauseImpl impl = KrauseImpl::kAuto) const;
+
+  // Executed and dense-equivalent FLOPs per image (KRAUSE.md section 5).
+  AttentionCost FlopsPerImage() const;
+
+  const ViTConfig& config() const { return config_; }
+  ParameterStore& parameters() { return params_; }
+  const ParameterStore& parameters() const { return params_; }
+  // Derived buffers of the official checkpoints, ignored when loading.
+  static const std::set<std::string>& IgnoredCheckpointNames();
+
+ private:
+  at::Tensor Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl) const;
+
+  ViTConfig config_;
+  ParameterStore params_;
+};
+
+}  // namespace krause

@@ -1,0 +1,178 @@
+// Krause ViT, KARM and their softmax baselines: layouts, configs, the training (windowed) vs
+// inference (fused) forward parity, causality, and checkpoint round trips.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "model/checkpoint/safetensors.h"
+#include "model/karm.h"
+#include "model/vit.h"
+#include "tests/test_util.h"
+
+namespace krause {
+namespace {
+
+using ::krause::testing::RelativeMaxError;
+using ::krause::testing::StatusIs;
+using ::testing::HasSubstr;
+
+ViTConfig SmallViT(const std::string& attention) {
+  ViTConfig c;
+  c.attention = attention;
+  c.image_size = 12;
+  c.patch = 3;
+  c.width = 32;
+  c.depth = 3;
+  c.heads = 4;
+  c.mlp = 48;
+  c.top_k = 2;
+  return c;
+}
+
+ArmConfig SmallArm(const std::string& attention, bool start) {
+  ArmConfig c;
+  c.attention = attention;
+  c.height = 5;
+  c.width_px = 6;
+  c.width = 32;
+  c.depth = 2;
+  c.heads = 4;
+  c.window = 7;
+  c.top_k = 4;
+  c.start_token = start;
+  return c;
+}
+
+TEST(ViT, TopKScheduleMatchesTheOfficialCifarModel) {
+  ViTConfig c;
+  c.depth = 12;
+  c.top_k = 2;
+  EXPECT_EQ(c.TopKSchedule(), (std::vector<int64_t>{2, 2, 2, 3, 3, 3, 3, 3, 3, 4, 4, 4}));
+}
+
+TEST(ViT, OfficialParameterNames) {
+  KRAUSE_ASSERT_OK_AND_ASSIGN(ViT m, ViT::Create(SmallViT("krause"), 1));
+  for (const char* name :
+       {"patch_embed.proj.weight", "cls_token", "pos_embed", "blocks.0.attention.W_q.weight",
+        "blocks.2.attention.log_sigma", "blocks.1.ffn.3.bias", "norm.weight", "head.bias"}) {
+    EXPECT_TRUE(m.parameters().Has(name)) << name;
+  }
+  EXPECT_EQ(m.parameters().Get("pos_embed").sizes(), (std::vector<int64_t>{1, 17, 32}));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(ViT s, ViT::Create(SmallViT("softmax"), 1));
+  EXPECT_FALSE(s.parameters().Has("blocks.0.attention.log_sigma"));
+  // Same backbone: only log_sigma differs.
+  EXPECT_EQ(m.parameters().NumParameters() - s.parameters().NumParameters(), 3);
+}
+
+TEST(ViT, TrainingAndInferenceForwardAgree) {
+  for (bool cls : {true, false}) {
+    ViTConfig c = SmallViT("krause");
+    c.cls = cls;
+    c.metric = cls ? GridMetric::kManhattan : GridMetric::kChebyshev;
+    KRAUSE_ASSERT_OK_AND_ASSIGN(ViT m, ViT::Create(c, 3));
+    const at::Tensor x = at::randn({5, 1, 12, 12});
+    at::NoGradGuard no_grad;
+    const at::Tensor train = m.Forward(x, KrauseImpl::kWindowed);
+    const at::Tensor infer = m.Forward(x, KrauseImpl::kFusedCpu);
+    const at::Tensor ref = m.Forward(x, KrauseImpl::kReference);
+    EXPECT_EQ(infer.sizes(), (std::vector<int64_t>{5, 10}));
+    EXPECT_LE(RelativeMaxError(train, ref), 1e-5);
+    EXPECT_LE(RelativeMaxError(infer, ref), 1e-5);
+  }
+}
+
+TEST(ViT, ConfigJsonRoundTripAndValidation) {
+  ViTConfig c = SmallViT("krause");
+  c.labels = {"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"};
+  KRAUSE_ASSERT_OK_AND_ASSIGN(ViTConfig back, ViTConfig::FromJson(c.ToJson()));
+  EXPECT_EQ(back.ToJson(), c.ToJson());
+  c.patch = 5;
+  EXPECT_THAT(ViTConfig::FromJson(c.ToJson()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("multiple of patch")));
+  EXPECT_THAT(ViTConfig::FromJson("[1]").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("JSON")));
+}
+
+TEST(ViT, CheckpointRoundTripReproducesOutputs) {
+  KRAUSE_ASSERT_OK_AND_ASSIGN(ViT a, ViT::Create(SmallViT("krause"), 5));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(ViT b, ViT::Create(SmallViT("krause"), 6));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(
+      std::string bytes,
+      SerializeSafetensors(a.parameters().items(), {{"config", a.config().ToJson()}}));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(SafetensorsContents c, ParseSafetensors(bytes));
+  ASSERT_TRUE(b.parameters().LoadStrict(c.tensors, ViT::IgnoredCheckpointNames()).ok());
+  at::NoGradGuard no_grad;
+  const at::Tensor x = at::randn({2, 1, 12, 12});
+  EXPECT_TRUE(at::equal(a.Forward(x), b.Forward(x)));
+}
+
+TEST(Arm, OfficialParameterNames) {
+  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm k, Arm::Create(SmallArm("krause", false), 1));
+  for (const char* name :
+       {"token_emb.weight", "pos_emb.weight", "layers.0.ln1.weight", "layers.1.attn.W_v.bias",
+        "layers.0.attn.log_sigma", "layers.1.mlp.2.weight", "ln_f.bias", "head.weight"}) {
+    EXPECT_TRUE(k.parameters().Has(name)) << name;
+  }
+  EXPECT_EQ(k.parameters().Get("layers.0.attn.log_sigma").sizes(), (std::vector<int64_t>{4, 1, 1}));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm s, Arm::Create(SmallArm("softmax", false), 1));
+  EXPECT_TRUE(s.parameters().Has("layers.0.attn.q_proj.weight"));
+  EXPECT_FALSE(s.parameters().Has("start_token"));
+}
+
+TEST(Arm, TrainingAndInferenceForwardAgree) {
+  for (bool start : {false, true}) {
+    KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(SmallArm("krause", start), 2));
+    const at::Tensor px = at::randint(0, 256, {3, 29}, at::kLong);
+    at::NoGradGuard no_grad;
+    const at::Tensor ref = m.Forward(px, KrauseImpl::kReference);
+    EXPECT_EQ(ref.sizes(), (std::vector<int64_t>{3, start ? 30 : 29, 256}));
+    EXPECT_LE(RelativeMaxError(m.Forward(px, KrauseImpl::kWindowed), ref), 1e-5);
+    EXPECT_LE(RelativeMaxError(m.Forward(px, KrauseImpl::kFusedCpu), ref), 1e-5);
+  }
+}
+
+TEST(Arm, BothAttentionsAreCausal) {
+  for (const char* attention : {"krause", "softmax"}) {
+    KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(SmallArm(attention, true), 4));
+    at::Tensor px = at::randint(0, 256, {1, 29}, at::kLong);
+    at::NoGradGuard no_grad;
+    const at::Tensor before = m.Forward(px);
+    px[0][20] = (px[0][20].item<int64_t>() + 1) % 256;  // changes input position 21 onwards
+    const at::Tensor after = m.Forward(px);
+    EXPECT_TRUE(at::equal(before.narrow(1, 0, 21), after.narrow(1, 0, 21))) << attention;
+    EXPECT_FALSE(at::equal(before.narrow(1, 21, 9), after.narrow(1, 21, 9))) << attention;
+  }
+}
+
+TEST(Arm, NllMatchesCrossEntropyByHand) {
+  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(SmallArm("krause", true), 7));
+  const at::Tensor img = at::randint(0, 256, {2, 30}, at::kLong);
+  at::NoGradGuard no_grad;
+  const at::Tensor nll = m.NllPerImage(img);
+  const at::Tensor logits = m.Forward(img.narrow(1, 0, 29));  // 30 positions
+  double by_hand = 0;
+  for (int64_t t = 0; t < 30; ++t) {
+    const at::Tensor lp = at::log_softmax(logits[0][t], -1);
+    by_hand -= lp[img[0][t].item<int64_t>()].item<double>();
+  }
+  EXPECT_NEAR(nll[0].item<double>(), by_hand / 30, 1e-5);
+  // Without a start token the first subpixel is not scored: N - 1 targets.
+  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm off, Arm::Create(SmallArm("krause", false), 7));
+  EXPECT_EQ(off.Forward(img.narrow(1, 0, 29)).size(1), 29);
+  EXPECT_TRUE(at::isfinite(off.NllPerImage(img)).all().item<bool>());
+}
+
+TEST(Flops, KarmSavesAttentionFlopsAtLongSequences) {
+  ArmConfig k = SmallArm("krause", true);
+  k.height = k.width_px = 28;
+  k.window = 64;
+  k.top_k = 32;
+  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm karm, Arm::Create(k, 1));
+  const AttentionCost c = karm.FlopsPerImage();
+  EXPECT_LT(c.executed_flops, c.dense_equivalent_flops);
+  k.attention = "softmax";
+  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm arm, Arm::Create(k, 1));
+  EXPECT_DOUBLE_EQ(arm.FlopsPerImage().executed_flops, c.dense_equivalent_flops);
+}
+
+}  // namespace
+}  // namespace krause
