@@ -1,0 +1,169 @@
+#include "model/data/datasets.h"
+
+#include <ATen/ATen.h>
+#include <zlib.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "model/util/status_macros.h"
+
+namespace krause {
+
+const char* const kFashionMnistLabels[10] = {"T-shirt/top", "Trouser",   "Pullover", "Dress",
+                                             "Coat",        "Sandal",    "Shirt",    "Sneaker",
+                                             "Bag",         "Ankle boot"};
+const char* const kCifar10Labels[10] = {"airplane", "automobile", "bird",  "cat",  "deer",
+                                        "dog",      "frog",       "horse", "ship", "truck"};
+
+absl::StatusOr<std::string> ReadMaybeGzip(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::string out;
+  char buf[1 << 16];
+  while (true) {
+    const int n = gzread(f, buf, sizeof(buf));
+    if (n < 0) {
+      int err = 0;
+      const std::string msg = gzerror(f, &err);
+      gzclose(f);
+      return absl::DataLossError(absl::StrCat(path, ": corrupt compressed data (", msg, ")"));
+    }
+    if (n == 0) break;
+    out.append(buf, n);
+  }
+  int err = 0;
+  const char* msg = gzerror(f, &err);
+  const std::string message = msg ? msg : "";
+  gzclose(f);
+  if (err != Z_OK && err != Z_STREAM_END) {
+    return absl::DataLossError(absl::StrCat(path, ": ", message));
+  }
+  return out;
+}
+
+namespace {
+
+uint32_t BigEndian32(const std::string& b, size_t at) {
+  return (uint32_t{static_cast<uint8_t>(b[at])} << 24) |
+         (uint32_t{static_cast<uint8_t>(b[at + 1])} << 16) |
+         (uint32_t{static_cast<uint8_t>(b[at + 2])} << 8) |
+         uint32_t{static_cast<uint8_t>(b[at + 3])};
+}
+
+}  // namespace
+
+absl::StatusOr<at::Tensor> ReadIdx(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string bytes, ReadMaybeGzip(path));
+  if (bytes.size() < 4 || bytes[0] != 0 || bytes[1] != 0) {
+    return absl::DataLossError(absl::StrCat(path, ": not an IDX file (bad magic)"));
+  }
+  if (static_cast<uint8_t>(bytes[2]) != 0x08) {
+    return absl::DataLossError(absl::StrCat(path, ": IDX element type 0x",
+                                            absl::Hex(static_cast<uint8_t>(bytes[2])),
+                                            " is not unsigned byte (0x08)"));
+  }
+  const int dims = static_cast<uint8_t>(bytes[3]);
+  if (dims < 1 || dims > 4 || bytes.size() < 4 + 4 * static_cast<size_t>(dims)) {
+    return absl::DataLossError(absl::StrCat(path, ": truncated IDX header"));
+  }
+  std::vector<int64_t> shape;
+  uint64_t numel = 1;
+  for (int i = 0; i < dims; ++i) {
+    shape.push_back(BigEndian32(bytes, 4 + 4 * i));
+    numel *= shape.back();
+  }
+  const size_t offset = 4 + 4 * dims;
+  if (bytes.size() - offset != numel) {
+    return absl::DataLossError(absl::StrCat(path, ": IDX data has ", bytes.size() - offset,
+                                            " bytes, the header says ", numel, " (truncated?)"));
+  }
+  at::Tensor t = at::empty(shape, at::kByte);
+  std::memcpy(t.data_ptr(), bytes.data() + offset, numel);
+  return t;
+}
+
+absl::StatusOr<ImageDataset> ReadMnistIdx(const std::string& images_path,
+                                          const std::string& labels_path) {
+  ASSIGN_OR_RETURN(at::Tensor images, ReadIdx(images_path));
+  ASSIGN_OR_RETURN(at::Tensor labels, ReadIdx(labels_path));
+  if (images.dim() != 3) {
+    return absl::DataLossError(
+        absl::StrCat(images_path, ": images must be N x H x W, got ", images.dim(), " dims"));
+  }
+  if (labels.dim() != 1 || labels.size(0) != images.size(0)) {
+    return absl::DataLossError(
+        absl::StrCat(labels_path, ": ", labels.numel(), " labels for ", images.size(0), " images"));
+  }
+  ImageDataset d;
+  d.images = images.unsqueeze(1);
+  d.labels = labels.to(at::kLong);
+  return d;
+}
+
+namespace {
+
+absl::StatusOr<ImageDataset> LoadMnistStyle(const std::string& dir, bool train) {
+  const std::string split = train ? "train" : "t10k";
+  auto find = [&](const std::string& stem) {
+    const std::string plain = absl::StrCat(dir, "/", split, "-", stem, "-ubyte");
+    std::ifstream gz(plain + ".gz");
+    return gz.good() ? plain + ".gz" : plain;
+  };
+  return ReadMnistIdx(find("images-idx3"), find("labels-idx1"));
+}
+
+}  // namespace
+
+absl::StatusOr<ImageDataset> LoadFashionMnist(const std::string& dir, bool train) {
+  ASSIGN_OR_RETURN(ImageDataset d, LoadMnistStyle(dir, train));
+  d.label_names.assign(kFashionMnistLabels, kFashionMnistLabels + 10);
+  return d;
+}
+
+absl::StatusOr<ImageDataset> LoadMnist(const std::string& dir, bool train) {
+  ASSIGN_OR_RETURN(ImageDataset d, LoadMnistStyle(dir, train));
+  for (int i = 0; i < 10; ++i) d.label_names.push_back(std::to_string(i));
+  return d;
+}
+
+absl::StatusOr<ImageDataset> ReadCifar10(const std::vector<std::string>& batch_files) {
+  constexpr int64_t kRecord = 1 + 3 * 32 * 32;
+  std::vector<at::Tensor> images, labels;
+  for (const std::string& path : batch_files) {
+    ASSIGN_OR_RETURN(const std::string bytes, ReadMaybeGzip(path));
+    if (bytes.empty() || bytes.size() % kRecord != 0) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": ", bytes.size(), " bytes is not a whole number of CIFAR-10 records of ", kRecord,
+          " bytes (truncated?)"));
+    }
+    const int64_t n = static_cast<int64_t>(bytes.size()) / kRecord;
+    at::Tensor raw = at::empty({n, kRecord}, at::kByte);
+    std::memcpy(raw.data_ptr(), bytes.data(), bytes.size());
+    const at::Tensor lab = raw.select(1, 0).to(at::kLong);
+    if (lab.max().item<int64_t>() > 9) {
+      return absl::DataLossError(absl::StrCat(path, ": label above 9: not a CIFAR-10 batch"));
+    }
+    labels.push_back(lab);
+    images.push_back(raw.narrow(1, 1, kRecord - 1).reshape({n, 3, 32, 32}));
+  }
+  if (images.empty()) return absl::InvalidArgumentError("no CIFAR-10 batch files given");
+  ImageDataset d;
+  d.images = at::cat(images).contiguous();
+  d.labels = at::cat(labels);
+  d.label_names.assign(kCifar10Labels, kCifar10Labels + 10);
+  return d;
+}
+
+absl::StatusOr<ImageDataset> LoadCifar10(const std::string& dir, bool train) {
+  std::vector<std::string> files;
+  if (train) {
+    for (int i = 1; i <= 5; ++i) files.push_back(absl::StrCat(dir, "/data_batch_", i, ".bin"));
+  } else {
+    files.push_back(dir + "/test_batch.bin");
+  }
+  return ReadCifar10(files);
+}
+
+}  // namespace krause

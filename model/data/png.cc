@@ -1,0 +1,84 @@
+#include "model/data/png.h"
+
+#include <ATen/ATen.h>
+#include <png.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "model/util/status_macros.h"
+#include "model/util/tensor_checks.h"
+
+namespace krause {
+
+absl::StatusOr<at::Tensor> DecodePng(std::string_view bytes, int channels) {
+  if (channels != 0 && channels != 1 && channels != 3) {
+    return absl::InvalidArgumentError(absl::StrCat("channels must be 0, 1 or 3, got ", channels));
+  }
+  png_image image;
+  std::memset(&image, 0, sizeof(image));
+  image.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_memory(&image, bytes.data(), bytes.size())) {
+    const std::string msg = image.message;
+    png_image_free(&image);
+    return absl::InvalidArgumentError(absl::StrCat("not a valid PNG: ", msg));
+  }
+  if (channels == 0) channels = (image.format & PNG_FORMAT_FLAG_COLOR) ? 3 : 1;
+  image.format = channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
+  at::Tensor out = at::empty({image.height, image.width, channels}, at::kByte);
+  if (!png_image_finish_read(&image, nullptr, out.data_ptr(), 0, nullptr)) {
+    const std::string msg = image.message;
+    png_image_free(&image);
+    return absl::InvalidArgumentError(absl::StrCat("corrupt PNG: ", msg));
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> EncodePng(const at::Tensor& hwc) {
+  if (!hwc.defined() || hwc.dim() != 3 || (hwc.size(2) != 1 && hwc.size(2) != 3) ||
+      hwc.scalar_type() != at::kByte) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PNG encode needs a uint8 [H, W, 1 or 3] tensor, got ",
+                     hwc.defined() ? ShapeString(hwc.sizes()) : "undefined"));
+  }
+  const at::Tensor c = hwc.contiguous().cpu();
+  png_image image;
+  std::memset(&image, 0, sizeof(image));
+  image.version = PNG_IMAGE_VERSION;
+  image.width = static_cast<png_uint_32>(c.size(1));
+  image.height = static_cast<png_uint_32>(c.size(0));
+  image.format = c.size(2) == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
+  png_alloc_size_t size = 0;
+  if (!png_image_write_to_memory(&image, nullptr, &size, 0, c.data_ptr(), 0, nullptr)) {
+    return absl::InternalError(absl::StrCat("PNG encode failed: ", image.message));
+  }
+  std::string out(size, '\0');
+  if (!png_image_write_to_memory(&image, out.data(), &size, 0, c.data_ptr(), 0, nullptr)) {
+    return absl::InternalError(absl::StrCat("PNG encode failed: ", image.message));
+  }
+  out.resize(size);
+  return out;
+}
+
+absl::Status WritePng(const std::string& path, const at::Tensor& hwc) {
+  ASSIGN_OR_RETURN(const std::string bytes, EncodePng(hwc));
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return f ? absl::OkStatus() : absl::DataLossError(absl::StrCat("short write to ", path));
+}
+
+absl::StatusOr<at::Tensor> ReadPng(const std::string& path, int channels) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  auto r = DecodePng(ss.str(), channels);
+  if (!r.ok())
+    return absl::Status(r.status().code(), absl::StrCat(path, ": ", r.status().message()));
+  return r;
+}
+
+}  // namespace krause

@@ -1,0 +1,121 @@
+// Data readers (IDX raw and gzip, CIFAR-10 batches) and PNG I/O, on small files the test writes,
+// including truncated and corrupt ones; plus the real Fashion-MNIST from its Debian package.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <fstream>
+
+#include "model/data/datasets.h"
+#include "model/data/png.h"
+#include "tests/test_util.h"
+
+namespace krause {
+namespace {
+
+using ::krause::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::string Idx(const std::vector<uint32_t>& dims, const std::vector<uint8_t>& data) {
+  std::string s = {0, 0, 0x08, static_cast<char>(dims.size())};
+  for (uint32_t d : dims) {
+    for (int i = 3; i >= 0; --i) s.push_back(static_cast<char>((d >> (8 * i)) & 0xff));
+  }
+  s.append(data.begin(), data.end());
+  return s;
+}
+
+std::string Write(const std::string& name, const std::string& bytes, bool gzip = false) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  if (gzip) {
+    gzFile f = gzopen(path.c_str(), "wb");
+    gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+    gzclose(f);
+  } else {
+    std::ofstream(path, std::ios::binary) << bytes;
+  }
+  return path;
+}
+
+TEST(Idx, ReadsRawAndGzipImagesAndLabels) {
+  std::vector<uint8_t> pixels(2 * 3 * 4);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i * 7);
+  for (bool gz : {false, true}) {
+    const std::string img = Write(gz ? "img.gz" : "img", Idx({2, 3, 4}, pixels), gz);
+    const std::string lab = Write(gz ? "lab.gz" : "lab", Idx({2}, {3, 9}), gz);
+    KRAUSE_ASSERT_OK_AND_ASSIGN(ImageDataset d, ReadMnistIdx(img, lab));
+    EXPECT_EQ(d.images.sizes(), (std::vector<int64_t>{2, 1, 3, 4}));
+    EXPECT_EQ(d.images[1][0][2][3].item<int>(), (23 * 7) % 256);
+    EXPECT_EQ(d.labels[1].item<int64_t>(), 9);
+  }
+}
+
+TEST(Idx, TruncatedOrCorruptFilesGiveClearErrors) {
+  const std::string full = Idx({2, 3, 4}, std::vector<uint8_t>(24, 1));
+  EXPECT_THAT(ReadIdx(Write("trunc", full.substr(0, full.size() - 3))).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated?")));
+  EXPECT_THAT(ReadIdx(Write("hdr", full.substr(0, 9))).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated IDX header")));
+  EXPECT_THAT(ReadIdx(Write("magic", "PK\x03\x04garbage")).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("bad magic")));
+  // A gzip stream cut in the middle.
+  const std::string gz_path = Write("cut.gz", std::string(5000, 'x') + full, true);
+  std::string gz;
+  {
+    std::ifstream f(gz_path, std::ios::binary);
+    gz.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  EXPECT_THAT(ReadIdx(Write("cut2.gz", gz.substr(0, gz.size() / 2))).status(),
+              StatusIs(absl::StatusCode::kDataLoss, ::testing::_));
+  EXPECT_THAT(ReadIdx("/nonexistent/idx").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("cannot open")));
+  const std::string img = Write("img3", Idx({2, 3, 4}, std::vector<uint8_t>(24, 1)));
+  EXPECT_THAT(ReadMnistIdx(img, Write("lab3", Idx({3}, {1, 2, 3}))).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("3 labels for 2 images")));
+}
+
+TEST(Cifar10, ReadsPlanarRecordsAndRejectsPartialOnes) {
+  std::string batch;
+  for (int r = 0; r < 3; ++r) {
+    batch.push_back(static_cast<char>(r + 4));
+    for (int i = 0; i < 3072; ++i) batch.push_back(static_cast<char>((i / 1024) * 100 + r));
+  }
+  KRAUSE_ASSERT_OK_AND_ASSIGN(ImageDataset d, ReadCifar10({Write("b1.bin", batch)}));
+  EXPECT_EQ(d.images.sizes(), (std::vector<int64_t>{3, 3, 32, 32}));
+  EXPECT_EQ(d.labels[2].item<int64_t>(), 6);
+  EXPECT_EQ(d.images[1][2][5][5].item<int>(), 201);  // blue plane of record 1
+  EXPECT_EQ(d.label_names[6], "frog");
+  EXPECT_THAT(ReadCifar10({Write("b2.bin", batch.substr(0, 5000))}).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("not a whole number")));
+}
+
+TEST(Png, GrayAndRgbRoundTripAndCorruptData) {
+  for (int c : {1, 3}) {
+    const at::Tensor img = at::randint(0, 256, {5, 7, c}, at::kByte);
+    KRAUSE_ASSERT_OK_AND_ASSIGN(std::string bytes, EncodePng(img));
+    KRAUSE_ASSERT_OK_AND_ASSIGN(at::Tensor back, DecodePng(bytes));
+    EXPECT_TRUE(at::equal(back, img));
+    KRAUSE_ASSERT_OK_AND_ASSIGN(at::Tensor other, DecodePng(bytes, c == 1 ? 3 : 1));
+    EXPECT_EQ(other.size(2), c == 1 ? 3 : 1);
+    EXPECT_THAT(DecodePng(bytes.substr(0, bytes.size() / 2)).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("PNG")));
+  }
+  EXPECT_THAT(DecodePng("not a png").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a valid PNG")));
+  EXPECT_THAT(EncodePng(at::zeros({4, 4, 2}, at::kByte)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[H, W, 1 or 3]")));
+}
+
+TEST(FashionMnist, TheDebianPackageLoads) {
+  const std::string dir = "/usr/share/datasets/fashion-mnist";
+  if (!std::ifstream(dir + "/t10k-labels-idx1-ubyte.gz").good()) {
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed (scripts/install-deps.sh installs it)";
+  }
+  KRAUSE_ASSERT_OK_AND_ASSIGN(ImageDataset test, LoadFashionMnist(dir, false));
+  EXPECT_EQ(test.images.sizes(), (std::vector<int64_t>{10000, 1, 28, 28}));
+  EXPECT_EQ(at::bincount(test.labels).min().item<int64_t>(), 1000);  // balanced classes
+  EXPECT_EQ(test.label_names[9], "Ankle boot");
+}
+
+}  // namespace
+}  // namespace krause
