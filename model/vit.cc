@@ -37,7 +37,9 @@ std::string ViTConfig::ToJson() const {
                       {"top_k", top_k},
                       {"sigma_init", sigma_init},
                       {"cls", cls},
-                      {"labels", labels}};
+                      {"labels", labels},
+                      {"mean", mean},
+                      {"std", std}};
   return j.dump();
 }
 
@@ -70,6 +72,8 @@ absl::StatusOr<ViTConfig> ViTConfig::FromJson(const std::string& text) {
     c.sigma_init = j.value("sigma_init", c.sigma_init);
     c.cls = j.value("cls", c.cls);
     c.labels = j.value("labels", c.labels);
+    c.mean = j.value("mean", c.mean);
+    c.std = j.value("std", c.std);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("config: ", e.what()));
   }
@@ -93,6 +97,10 @@ absl::Status ViTConfig::Validate() const {
   if (depth < 1 || mlp < 1 || classes < 1 || top_k < 1 || radius < 0 || !(sigma_init > 0)) {
     return absl::InvalidArgumentError(
         "config: depth, mlp, classes, top_k and sigma_init must be positive, radius >= 0");
+  }
+  if (mean.size() != std.size() ||
+      (!mean.empty() && static_cast<int64_t>(mean.size()) != channels)) {
+    return absl::InvalidArgumentError("config: mean and std need one value per channel");
   }
   if (!labels.empty() && static_cast<int64_t>(labels.size()) != classes) {
     return absl::InvalidArgumentError(

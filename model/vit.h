@@ -31,6 +31,8 @@ struct ViTConfig {
   double sigma_init = 2.5;
   bool cls = true;
   std::vector<std::string> labels;  // class names, optional
+  // Input normalisation applied to pixels / 255, per channel (empty: none).
+  std::vector<double> mean, std;
 
   int64_t grid() const { return image_size / patch; }
   int64_t tokens() const { return grid() * grid() + (cls ? 1 : 0); }
