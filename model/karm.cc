@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "model/engine/kv_cache.h"
 #include "model/nn/layers.h"
 #include "model/util/status_macros.h"
 
@@ -95,7 +96,8 @@ absl::StatusOr<Arm> Arm::Create(const ArmConfig& config, uint64_t seed) {
   return m;
 }
 
-at::Tensor Arm::Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl) const {
+at::Tensor Arm::Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl,
+                          std::vector<std::pair<at::Tensor, at::Tensor>>* kv) const {
   // x: [B, T, D] -> [B, T, D]
   const std::string a = absl::StrCat("layers.", layer, ".attn.");
   const bool krause = config_.attention == "krause";
@@ -105,6 +107,7 @@ at::Tensor Arm::Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl) c
       nn::SplitHeads(nn::Linear(params_, a + (krause ? "W_k" : "k_proj"), x), config_.heads);
   const at::Tensor v =
       nn::SplitHeads(nn::Linear(params_, a + (krause ? "W_v" : "v_proj"), x), config_.heads);
+  if (kv != nullptr) kv->push_back({k.detach(), v.detach()});
   at::Tensor out;
   if (!krause) {
     const int64_t t = x.size(1);
@@ -126,19 +129,79 @@ at::Tensor Arm::Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl) c
   return nn::Linear(params_, a + "out_proj", nn::MergeHeads(out));
 }
 
-at::Tensor Arm::Forward(const at::Tensor& pixels, KrauseImpl impl) const {
-  const int64_t b = pixels.size(0);
-  at::Tensor x = at::embedding(params_.Get("token_emb.weight"), pixels);  // [B, T', D]
-  if (config_.start_token) {
-    x = at::cat({params_.Get("start_token").view({1, 1, -1}).expand({b, 1, config_.width}), x}, 1);
-  }
-  const int64_t t = x.size(1);
-  x = x + params_.Get("pos_emb.weight").narrow(0, 0, t);
+at::Tensor Arm::Embed(const at::Tensor& u) const {
+  const at::Tensor emb = at::embedding(params_.Get("token_emb.weight"), u.clamp_max(255));
+  if (!config_.start_token) return emb;
+  return at::where((u == kStartToken).unsqueeze(-1), params_.Get("start_token"), emb);
+}
+
+at::Tensor Arm::ForwardTokens(const at::Tensor& u, KrauseImpl impl,
+                              std::vector<std::pair<at::Tensor, at::Tensor>>* kv) const {
+  const int64_t t = u.size(1);
+  at::Tensor x = Embed(u) + params_.Get("pos_emb.weight").narrow(0, 0, t);  // [B, T, D]
   for (int64_t l = 0; l < config_.depth; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
-    x = x + Attention(l, nn::LayerNorm(params_, p + "ln1", x), impl);
+    x = x + Attention(l, nn::LayerNorm(params_, p + "ln1", x), impl, kv);
     const at::Tensor h = nn::LayerNorm(params_, p + "ln2", x);
     x = x + nn::Linear(params_, p + "mlp.2", nn::Gelu(nn::Linear(params_, p + "mlp.0", h)));
+  }
+  return nn::Linear(params_, "head", nn::LayerNorm(params_, "ln_f", x));
+}
+
+at::Tensor Arm::Forward(const at::Tensor& pixels, KrauseImpl impl) const {
+  if (!config_.start_token) return ForwardTokens(pixels, impl);
+  const at::Tensor start = at::full({pixels.size(0), 1}, kStartToken, pixels.options());
+  return ForwardTokens(at::cat({start, pixels}, 1), impl);
+}
+
+at::Tensor Arm::Prefill(const at::Tensor& u, int64_t slot, ArmKvCache* cache) const {
+  at::NoGradGuard no_grad;
+  std::vector<std::pair<at::Tensor, at::Tensor>> kv;
+  const at::Tensor logits = ForwardTokens(u.view({1, -1}), KrauseImpl::kAuto, &kv);
+  for (int64_t l = 0; l < config_.depth; ++l) {
+    cache->WritePrefix(l, slot, kv[l].first[0], kv[l].second[0]);
+  }
+  return logits[0];
+}
+
+at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
+                           const at::Tensor& slots, ArmKvCache* cache) const {
+  at::NoGradGuard no_grad;
+  const int64_t s = u.size(0), h = config_.heads, dh = config_.width / h;
+  const bool krause = config_.attention == "krause";
+  at::Tensor x = Embed(u) + params_.Get("pos_emb.weight").index_select(0, positions);  // [S, D]
+  const auto pos = positions.accessor<int64_t, 1>();
+  const auto slot = slots.accessor<int64_t, 1>();
+  for (int64_t l = 0; l < config_.depth; ++l) {
+    const std::string p = absl::StrCat("layers.", l, ".");
+    const std::string a = p + "attn.";
+    const at::Tensor hn = nn::LayerNorm(params_, p + "ln1", x);
+    const at::Tensor q = nn::Linear(params_, a + (krause ? "W_q" : "q_proj"), hn).view({s, h, dh});
+    const at::Tensor k = nn::Linear(params_, a + (krause ? "W_k" : "k_proj"), hn).view({s, h, dh});
+    const at::Tensor v = nn::Linear(params_, a + (krause ? "W_v" : "v_proj"), hn).view({s, h, dh});
+    at::Tensor out;
+    if (krause) {
+      auto r = KrauseDecodeStep(q, k, v, params_.Get(a + "log_sigma"), config_.top_k, slots,
+                                positions, &cache->ring(l));
+      TORCH_CHECK(r.ok(), r.status().ToString());
+      out = *r;
+    } else {
+      // Each sequence attends over its own prefix 0..p in its preallocated cache.
+      out = at::empty({s, h, dh});
+      const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+      for (int64_t i = 0; i < s; ++i) {
+        at::Tensor keys = cache->keys(l)[slot[i]], values = cache->values(l)[slot[i]];  // [H, N, d]
+        keys.select(1, pos[i]).copy_(k[i]);
+        values.select(1, pos[i]).copy_(v[i]);
+        const at::Tensor kp = keys.narrow(1, 0, pos[i] + 1), vp = values.narrow(1, 0, pos[i] + 1);
+        const at::Tensor w =
+            at::softmax(at::matmul(q[i].unsqueeze(1), kp.transpose(1, 2)) * scale, -1);
+        out[i].copy_(at::matmul(w, vp).squeeze(1));
+      }
+    }
+    x = x + nn::Linear(params_, a + "out_proj", out.reshape({s, config_.width}));
+    const at::Tensor hm = nn::LayerNorm(params_, p + "ln2", x);
+    x = x + nn::Linear(params_, p + "mlp.2", nn::Gelu(nn::Linear(params_, p + "mlp.0", hm)));
   }
   return nn::Linear(params_, "head", nn::LayerNorm(params_, "ln_f", x));
 }

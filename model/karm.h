@@ -23,6 +23,8 @@
 
 namespace krause {
 
+class ArmKvCache;
+
 struct ArmConfig {
   std::string attention = "krause";  // "krause" (KARM) or "softmax" (ARM)
   int64_t height = 28, width_px = 28, channels = 1;
@@ -47,6 +49,24 @@ class Arm {
   // Returns logits [B, T, 256] for positions 0..T-1.
   at::Tensor Forward(const at::Tensor& pixels, KrauseImpl impl = KrauseImpl::kAuto) const;
 
+  // The model-input token that stands for the learned start embedding.
+  static constexpr int64_t kStartToken = 256;
+
+  // Model inputs u: [B, T] int64 tokens (pixels 0..255, or kStartToken at position 0 of a
+  // start-token model). Returns logits [B, T, 256]: with a start token position t predicts x_t,
+  // without one x_{t+1}. If `kv` is given, it receives each layer's keys and values [B, H, T, d].
+  at::Tensor ForwardTokens(const at::Tensor& u, KrauseImpl impl = KrauseImpl::kAuto,
+                           std::vector<std::pair<at::Tensor, at::Tensor>>* kv = nullptr) const;
+
+  // Incremental decoding over a KV cache (inference only).
+  // Prefill: runs u [T] (positions 0..T-1) for one sequence, stores their keys/values in `slot`
+  // and returns logits [T, 256].
+  at::Tensor Prefill(const at::Tensor& u, int64_t slot, ArmKvCache* cache) const;
+  // One step for S sequences: u [S] is each sequence's token at its position positions[s] (the
+  // cache holds its positions before). Appends to the cache; returns logits [S, 256].
+  at::Tensor DecodeStep(const at::Tensor& u, const at::Tensor& positions, const at::Tensor& slots,
+                        ArmKvCache* cache) const;
+
   // Teacher-forced mean negative log-likelihood in nats per scored subpixel, per image: [B].
   // images: [B, seq_len] int64 (raster order).
   at::Tensor NllPerImage(const at::Tensor& images, KrauseImpl impl = KrauseImpl::kAuto) const;
@@ -59,7 +79,9 @@ class Arm {
   const ParameterStore& parameters() const { return params_; }
 
  private:
-  at::Tensor Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl) const;
+  at::Tensor Embed(const at::Tensor& u) const;  // [..] tokens -> [.., D], no positions
+  at::Tensor Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl,
+                       std::vector<std::pair<at::Tensor, at::Tensor>>* kv) const;
 
   ArmConfig config_;
   ParameterStore params_;
