@@ -164,8 +164,25 @@ at::Tensor Arm::Prefill(const at::Tensor& u, int64_t slot, ArmKvCache* cache) co
   return logits[0];
 }
 
+ArmPackedWeights Arm::PackForDecode() const {
+  ArmPackedWeights w;
+  const bool krause = config_.attention == "krause";
+  for (int64_t l = 0; l < config_.depth; ++l) {
+    const std::string a = absl::StrCat("layers.", l, ".attn.");
+    w.q.emplace_back(params_, a + (krause ? "W_q" : "q_proj"));
+    w.k.emplace_back(params_, a + (krause ? "W_k" : "k_proj"));
+    w.v.emplace_back(params_, a + (krause ? "W_v" : "v_proj"));
+    w.out.emplace_back(params_, a + "out_proj");
+    w.mlp0.emplace_back(params_, absl::StrCat("layers.", l, ".mlp.0"));
+    w.mlp2.emplace_back(params_, absl::StrCat("layers.", l, ".mlp.2"));
+  }
+  w.head = nn::PackedLinear(params_, "head");
+  return w;
+}
+
 at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
-                           const at::Tensor& slots, ArmKvCache* cache) const {
+                           const at::Tensor& slots, ArmKvCache* cache,
+                           const ArmPackedWeights* packed) const {
   at::NoGradGuard no_grad;
   const int64_t s = u.size(0), h = config_.heads, dh = config_.width / h;
   const bool krause = config_.attention == "krause";
@@ -176,9 +193,16 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
     const std::string p = absl::StrCat("layers.", l, ".");
     const std::string a = p + "attn.";
     const at::Tensor hn = nn::LayerNorm(params_, p + "ln1", x);
-    const at::Tensor q = nn::Linear(params_, a + (krause ? "W_q" : "q_proj"), hn).view({s, h, dh});
-    const at::Tensor k = nn::Linear(params_, a + (krause ? "W_k" : "k_proj"), hn).view({s, h, dh});
-    const at::Tensor v = nn::Linear(params_, a + (krause ? "W_v" : "v_proj"), hn).view({s, h, dh});
+    auto linear = [&](const std::vector<nn::PackedLinear>* pk, const std::string& name,
+                      const at::Tensor& in) {
+      return packed ? (*pk)[l].Apply(in) : nn::Linear(params_, name, in);
+    };
+    const at::Tensor q =
+        linear(packed ? &packed->q : nullptr, a + (krause ? "W_q" : "q_proj"), hn).view({s, h, dh});
+    const at::Tensor k =
+        linear(packed ? &packed->k : nullptr, a + (krause ? "W_k" : "k_proj"), hn).view({s, h, dh});
+    const at::Tensor v =
+        linear(packed ? &packed->v : nullptr, a + (krause ? "W_v" : "v_proj"), hn).view({s, h, dh});
     at::Tensor out;
     if (krause) {
       auto r = KrauseDecodeStep(q, k, v, params_.Get(a + "log_sigma"), config_.top_k, slots,
@@ -199,11 +223,14 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
         out[i].copy_(at::matmul(w, vp).squeeze(1));
       }
     }
-    x = x + nn::Linear(params_, a + "out_proj", out.reshape({s, config_.width}));
+    x = x +
+        linear(packed ? &packed->out : nullptr, a + "out_proj", out.reshape({s, config_.width}));
     const at::Tensor hm = nn::LayerNorm(params_, p + "ln2", x);
-    x = x + nn::Linear(params_, p + "mlp.2", nn::Gelu(nn::Linear(params_, p + "mlp.0", hm)));
+    const at::Tensor mid = nn::Gelu(linear(packed ? &packed->mlp0 : nullptr, p + "mlp.0", hm));
+    x = x + linear(packed ? &packed->mlp2 : nullptr, p + "mlp.2", mid);
   }
-  return nn::Linear(params_, "head", nn::LayerNorm(params_, "ln_f", x));
+  const at::Tensor hf = nn::LayerNorm(params_, "ln_f", x);
+  return packed ? packed->head.Apply(hf) : nn::Linear(params_, "head", hf);
 }
 
 at::Tensor Arm::NllPerImage(const at::Tensor& images, KrauseImpl impl) const {

@@ -19,11 +19,18 @@
 #include "absl/status/statusor.h"
 #include "model/attention/flops.h"
 #include "model/attention/krause_attention.h"
+#include "model/nn/invariant_linear.h"
 #include "model/nn/parameters.h"
 
 namespace krause {
 
 class ArmKvCache;
+
+// An Arm's linear layers packed for batch-invariant decoding (nn::PackedLinear), per layer.
+struct ArmPackedWeights {
+  std::vector<nn::PackedLinear> q, k, v, out, mlp0, mlp2;
+  nn::PackedLinear head;
+};
 
 struct ArmConfig {
   std::string attention = "krause";  // "krause" (KARM) or "softmax" (ARM)
@@ -63,9 +70,13 @@ class Arm {
   // and returns logits [T, 256].
   at::Tensor Prefill(const at::Tensor& u, int64_t slot, ArmKvCache* cache) const;
   // One step for S sequences: u [S] is each sequence's token at its position positions[s] (the
-  // cache holds its positions before). Appends to the cache; returns logits [S, 256].
+  // cache holds its positions before). Appends to the cache; returns logits [S, 256]. With
+  // `packed` (CPU), every row's logits have the same bits whatever the other rows: batch
+  // invariance for the engine; without, plain (faster for large S on some BLAS) linear layers.
   at::Tensor DecodeStep(const at::Tensor& u, const at::Tensor& positions, const at::Tensor& slots,
-                        ArmKvCache* cache) const;
+                        ArmKvCache* cache, const ArmPackedWeights* packed = nullptr) const;
+  // Packs the current weights for DecodeStep (call again after loading new weights).
+  ArmPackedWeights PackForDecode() const;
 
   // Teacher-forced mean negative log-likelihood in nats per scored subpixel, per image: [B].
   // images: [B, seq_len] int64 (raster order).

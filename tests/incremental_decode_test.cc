@@ -51,34 +51,38 @@ TEST_P(IncrementalDecodeTest, MatchesTeacherForcedLogitsAtEveryPosition) {
   at::NoGradGuard no_grad;
   const at::Tensor full = m.ForwardTokens(u, KrauseImpl::kReference);  // [S, N, 256]
 
-  KRAUSE_ASSERT_OK_AND_ASSIGN(ArmKvCache cache, ArmKvCache::Create(cfg, 5));
-  at::Tensor got = at::zeros_like(full);
-  // Sequence s: prefill of c.prompt + s positions, then steps; slot 4 - s.
-  std::vector<int64_t> next(seqs);
-  for (int64_t s = 0; s < seqs; ++s) {
-    const int64_t p = std::min(n, c.prompt + s);
-    if (p > 0) got[s].narrow(0, 0, p).copy_(m.Prefill(u[s].narrow(0, 0, p), 4 - s, &cache));
-    next[s] = p;
-  }
-  while (true) {
-    std::vector<int64_t> rows, tok, pos, slot;
+  const ArmPackedWeights packed = m.PackForDecode();
+  for (const ArmPackedWeights* pk : {static_cast<const ArmPackedWeights*>(nullptr), &packed}) {
+    SCOPED_TRACE(pk ? "packed (batch-invariant) linears" : "at::linear");
+    KRAUSE_ASSERT_OK_AND_ASSIGN(ArmKvCache cache, ArmKvCache::Create(cfg, 5));
+    at::Tensor got = at::zeros_like(full);
+    // Sequence s: prefill of c.prompt + s positions, then steps; slot 4 - s.
+    std::vector<int64_t> next(seqs);
     for (int64_t s = 0; s < seqs; ++s) {
-      if (next[s] >= n) continue;
-      rows.push_back(s);
-      tok.push_back(u[s][next[s]].item<int64_t>());
-      pos.push_back(next[s]);
-      slot.push_back(4 - s);
+      const int64_t p = std::min(n, c.prompt + s);
+      if (p > 0) got[s].narrow(0, 0, p).copy_(m.Prefill(u[s].narrow(0, 0, p), 4 - s, &cache));
+      next[s] = p;
     }
-    if (rows.empty()) break;
-    const at::Tensor logits = m.DecodeStep(at::tensor(tok, at::kLong), at::tensor(pos, at::kLong),
-                                           at::tensor(slot, at::kLong), &cache);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      got[rows[i]][pos[i]].copy_(logits[i]);
-      ++next[rows[i]];
+    while (true) {
+      std::vector<int64_t> rows, tok, pos, slot;
+      for (int64_t s = 0; s < seqs; ++s) {
+        if (next[s] >= n) continue;
+        rows.push_back(s);
+        tok.push_back(u[s][next[s]].item<int64_t>());
+        pos.push_back(next[s]);
+        slot.push_back(4 - s);
+      }
+      if (rows.empty()) break;
+      const at::Tensor logits = m.DecodeStep(at::tensor(tok, at::kLong), at::tensor(pos, at::kLong),
+                                             at::tensor(slot, at::kLong), &cache, pk);
+      for (size_t i = 0; i < rows.size(); ++i) {
+        got[rows[i]][pos[i]].copy_(logits[i]);
+        ++next[rows[i]];
+      }
     }
+    const double err = (got - full).abs().max().item<double>();
+    EXPECT_LE(err, 1e-4) << "max |incremental - teacher-forced| logit difference";
   }
-  const double err = (got - full).abs().max().item<double>();
-  EXPECT_LE(err, 1e-4) << "max |incremental - teacher-forced| logit difference";
 }
 
 INSTANTIATE_TEST_SUITE_P(

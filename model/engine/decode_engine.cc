@@ -1,0 +1,219 @@
+#include "model/engine/decode_engine.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "model/util/status_macros.h"
+
+namespace krause {
+
+absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(const Arm* model,
+                                                                   const EngineOptions& options) {
+  if (model == nullptr) return absl::InvalidArgumentError("model is null");
+  int64_t slots = options.max_sequences;
+  if (options.max_cache_bytes > 0) {
+    slots =
+        std::min(slots, options.max_cache_bytes / ArmKvCache::BytesPerSequence(model->config()));
+  }
+  if (slots < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the cache holds no sequence: max_sequences ", options.max_sequences,
+                     ", max_cache_bytes ", options.max_cache_bytes, ", one sequence needs ",
+                     ArmKvCache::BytesPerSequence(model->config()), " bytes"));
+  }
+  ASSIGN_OR_RETURN(ArmKvCache cache, ArmKvCache::Create(model->config(), slots));
+  return std::unique_ptr<DecodeEngine>(new DecodeEngine(model, std::move(cache), slots));
+}
+
+DecodeEngine::DecodeEngine(const Arm* model, ArmKvCache cache, int64_t slots)
+    : model_(model), packed_(model->PackForDecode()), cache_(std::move(cache)), pool_(slots) {}
+
+absl::StatusOr<int64_t> DecodeEngine::Submit(GenerationRequest request) {
+  RETURN_IF_ERROR(ValidateSampling(request.sampling));
+  const int64_t n = model_->config().seq_len();
+  if (static_cast<int64_t>(request.prompt.size()) > n - 1) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt has ", request.prompt.size(),
+                                                   " subpixels; at most ", n - 1, " (N - 1)"));
+  }
+  if (!request.on_done) return absl::InvalidArgumentError("on_done callback is required");
+  auto s = std::make_unique<Sequence>();
+  s->request = std::move(request);
+  std::lock_guard<std::mutex> lock(mu_);
+  s->id = next_id_++;
+  const int64_t id = s->id;
+  pending_.push_back(std::move(s));
+  return id;
+}
+
+void DecodeEngine::Cancel(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_.insert(id);
+}
+
+int64_t DecodeEngine::waiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(pending_.size());
+}
+
+bool DecodeEngine::Busy() const { return !active_.empty() || waiting() > 0; }
+
+absl::Status DecodeEngine::Admit(Sequence* s) {
+  const ArmConfig& c = model_->config();
+  s->pixels = s->request.prompt;
+  // Known model inputs u: with a start token [START, prompt...] (u_p predicts x_p), without one
+  // [prompt...] (u_p predicts x_{p+1}; an empty prompt starts from x_0 drawn uniformly).
+  std::vector<int64_t> u;
+  if (c.start_token) {
+    u.push_back(Arm::kStartToken);
+  } else if (s->pixels.empty()) {
+    const uint8_t x0 = static_cast<uint8_t>(CounterUniform(s->request.sampling.seed, 0) * 256);
+    s->pixels.push_back(x0);
+    if (s->request.on_pixel) s->request.on_pixel(0, x0);
+  }
+  for (uint8_t px : s->pixels) u.push_back(px);
+  // Prefill everything but the last known input; the decode step feeds that one.
+  const int64_t prefix = static_cast<int64_t>(u.size()) - 1;
+  try {
+    if (prefix > 0) {
+      model_->Prefill(at::tensor(std::vector<int64_t>(u.begin(), u.end() - 1), at::kLong), s->slot,
+                      &cache_);
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("prefill failed: ", e.what()));
+  }
+  s->position = prefix;
+  s->input = u.back();
+  return absl::OkStatus();
+}
+
+void DecodeEngine::Finish(Sequence* s, absl::Status status, StepStats* stats) {
+  if (s->slot >= 0) {
+    pool_.Release(s->slot);
+    s->slot = -1;
+  }
+  if (status.ok()) {
+    ++stats->finished;
+  } else if (absl::IsCancelled(status)) {
+    ++stats->cancelled;
+  } else {
+    ++stats->failed;
+  }
+  const bool ok = status.ok();
+  s->request.on_done(std::move(status), ok ? std::move(s->pixels) : std::vector<uint8_t>());
+}
+
+StepStats DecodeEngine::Step() {
+  StepStats stats;
+  const int64_t n = model_->config().seq_len();
+  std::set<int64_t> cancelled;
+  std::vector<std::unique_ptr<Sequence>> admitted, dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled.swap(cancelled_);
+    // Cancelled before admission: leave without ever taking a slot.
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (cancelled.count((*it)->id)) {
+        dropped.push_back(std::move(*it));
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& s : dropped)
+    Finish(s.get(), absl::CancelledError("cancelled before it started"), &stats);
+  // Cancelled while active: leave now, freeing their slots for this step's admissions.
+  for (auto it = active_.begin(); it != active_.end();) {
+    if (cancelled.count((*it)->id)) {
+      Finish(it->get(), absl::CancelledError("cancelled"), &stats);
+      it = active_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!pending_.empty()) {
+      auto slot = pool_.Reserve();
+      if (!slot.ok()) break;  // full: the rest wait
+      pool_.Commit(*slot);
+      pending_.front()->slot = *slot;
+      admitted.push_back(std::move(pending_.front()));
+      pending_.pop_front();
+    }
+  }
+  for (auto& s : admitted) {
+    ++stats.admitted;
+    absl::Status st = Admit(s.get());
+    if (!st.ok()) {
+      Finish(s.get(), st, &stats);
+    } else {
+      active_.push_back(std::move(s));
+    }
+  }
+  if (active_.empty()) return stats;
+
+  const int64_t batch = static_cast<int64_t>(active_.size());
+  stats.batch = batch;
+  std::vector<int64_t> u(batch), pos(batch), slots(batch);
+  for (int64_t i = 0; i < batch; ++i) {
+    u[i] = active_[i]->input;
+    pos[i] = active_[i]->position;
+    slots[i] = active_[i]->slot;
+  }
+  at::Tensor logits;
+  try {
+    logits = model_
+                 ->DecodeStep(at::tensor(u, at::kLong), at::tensor(pos, at::kLong),
+                              at::tensor(slots, at::kLong), &cache_, &packed_)
+                 .contiguous();
+  } catch (const std::exception& e) {
+    const absl::Status st = absl::InternalError(absl::StrCat("decode step failed: ", e.what()));
+    for (auto& s : active_) Finish(s.get(), st, &stats);
+    active_.clear();
+    return stats;
+  }
+  const float* lp = logits.data_ptr<float>();
+  std::vector<std::unique_ptr<Sequence>> still;
+  for (int64_t i = 0; i < batch; ++i) {
+    Sequence* s = active_[i].get();
+    const int64_t index = static_cast<int64_t>(s->pixels.size());
+    const uint8_t px = SamplePixel(lp + i * 256, s->request.sampling, static_cast<uint64_t>(index));
+    s->pixels.push_back(px);
+    if (s->request.on_pixel) s->request.on_pixel(index, px);
+    if (static_cast<int64_t>(s->pixels.size()) == n) {
+      Finish(s, absl::OkStatus(), &stats);
+      continue;
+    }
+    s->position += 1;
+    s->input = px;
+    still.push_back(std::move(active_[i]));
+  }
+  active_ = std::move(still);
+  return stats;
+}
+
+absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const Arm& model, const at::Tensor& images) {
+  const int64_t n = model.config().seq_len();
+  if (!images.defined() || images.dim() != 2 || images.size(1) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("images must have shape [B, ", n, "] (", model.config().height, "x",
+                     model.config().width_px, "x", model.config().channels, " subpixels)"));
+  }
+  at::Tensor x = images.to(at::kLong);
+  if (x.numel() > 0 && (x.min().item<int64_t>() < 0 || x.max().item<int64_t>() > 255)) {
+    return absl::InvalidArgumentError("images: subpixel values must be in [0, 255]");
+  }
+  try {
+    at::NoGradGuard no_grad;
+    const at::Tensor bpd = model.NllPerImage(x) / std::log(2.0);
+    return std::vector<double>(bpd.data_ptr<float>(), bpd.data_ptr<float>() + bpd.numel());
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("scoring failed: ", e.what()));
+  }
+}
+
+}  // namespace krause

@@ -1,0 +1,110 @@
+// The generation engine: continuous batching of autoregressive pixel generation over KV caches.
+//
+// Requests (an optional prompt of the first P subpixels, sampling parameters with a seed) are
+// submitted from any thread; the engine thread calls Step() repeatedly. Each Step admits waiting
+// requests while cache slots are free (running the prefill over their prompt), then adds one
+// subpixel to every active sequence with ONE batched decode step over sequences at different
+// positions, delivers the new pixels, and lets finished and cancelled sequences leave, freeing
+// their slots. A full pool makes requests wait; it is not an error.
+//
+// Reproducibility: pixel i of a request is drawn from (seed, i) only (sampling.h), and every
+// kernel of the decode step works per sequence, so a request gives the same image alone or
+// batched with any others, joining at any step.
+//
+// Ownership and threading: the engine borrows the model (which must outlive it) and owns its
+// cache. Submit() and Cancel() are thread-safe; Step() and the accessors belong to one engine
+// thread. Callbacks run on the engine thread, inside Step(); on_done runs exactly once per
+// accepted request, after its last on_pixel.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/engine/kv_cache.h"
+#include "model/engine/sampling.h"
+#include "model/karm.h"
+
+namespace krause {
+
+struct GenerationRequest {
+  std::vector<uint8_t> prompt;  // the first P subpixels in raster order; P <= N - 1
+  SamplingParams sampling;
+  // Pixel index, value: called for every generated subpixel, in order.
+  std::function<void(int64_t, uint8_t)> on_pixel;
+  // Final status (OK, Cancelled, Internal) and the whole image's N subpixels (prompt included)
+  // on OK.
+  std::function<void(absl::Status, std::vector<uint8_t>)> on_done;
+};
+
+struct EngineOptions {
+  int64_t max_sequences = 64;   // cache slots
+  int64_t max_cache_bytes = 0;  // if > 0, also limits the slots to what fits in these bytes
+};
+
+struct StepStats {
+  int64_t admitted = 0;   // sequences prefilled this step
+  int64_t batch = 0;      // sequences in the decode step
+  int64_t finished = 0;   // left with OK
+  int64_t cancelled = 0;  // left cancelled
+  int64_t failed = 0;     // left with an error
+};
+
+class DecodeEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<DecodeEngine>> Create(const Arm* model,
+                                                              const EngineOptions& options);
+
+  // Validates (InvalidArgument naming the field and limit) and queues. Returns the request id.
+  absl::StatusOr<int64_t> Submit(GenerationRequest request);
+  // The request leaves at the next step with Cancelled (no effect once it has finished).
+  void Cancel(int64_t id);
+
+  // One scheduling step (engine thread). Returns what happened.
+  StepStats Step();
+  // True while anything is queued or active.
+  bool Busy() const;
+
+  int64_t active() const { return static_cast<int64_t>(active_.size()); }
+  int64_t waiting() const;
+  const SlotPool& pool() const { return pool_; }
+  int64_t bytes_per_sequence() const { return ArmKvCache::BytesPerSequence(model_->config()); }
+
+ private:
+  struct Sequence {
+    int64_t id = 0;
+    GenerationRequest request;
+    int64_t slot = -1;
+    int64_t position = 0;  // model position of the next decode step
+    int64_t input = 0;     // model-input token at that position
+    std::vector<uint8_t> pixels;
+  };
+
+  DecodeEngine(const Arm* model, ArmKvCache cache, int64_t slots);
+  absl::Status Admit(Sequence* s);  // prefill into a committed slot
+  void Finish(Sequence* s, absl::Status status, StepStats* stats);
+
+  const Arm* model_;
+  const ArmPackedWeights packed_;  // batch-invariant decode weights (CPU)
+  ArmKvCache cache_;
+  SlotPool pool_;
+  std::vector<std::unique_ptr<Sequence>> active_;
+
+  mutable std::mutex mu_;  // guards the two members below and next_id_
+  std::deque<std::unique_ptr<Sequence>> pending_;
+  std::set<int64_t> cancelled_;
+  int64_t next_id_ = 1;
+};
+
+// Bits per dimension of images under a generator (teacher-forced), per image.
+// images: [B, N] (uint8 or int64, raster order). InvalidArgument on a shape or value mismatch.
+absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const Arm& model, const at::Tensor& images);
+
+}  // namespace krause

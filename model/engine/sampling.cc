@@ -1,0 +1,71 @@
+#include "model/engine/sampling.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace krause {
+
+absl::Status ValidateSampling(const SamplingParams& p) {
+  if (!(p.temperature >= 0.0) || !std::isfinite(p.temperature) || p.temperature > 100.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature must be in [0, 100] (0 = greedy), got ", p.temperature));
+  }
+  if (!(p.top_p > 0.0 && p.top_p <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", p.top_p));
+  }
+  if (p.top_k < 0 || p.top_k > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_k must be in [0, 256] (0 = off), got ", p.top_k));
+  }
+  return absl::OkStatus();
+}
+
+double CounterUniform(uint64_t seed, uint64_t counter) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (counter + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
+}
+
+uint8_t SamplePixel(const float* logits, const SamplingParams& p, uint64_t index) {
+  std::array<int, 256> order;
+  std::iota(order.begin(), order.end(), 0);
+  // Most likely first; equal logits: the lower value first (deterministic).
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  if (p.temperature == 0.0) return static_cast<uint8_t>(order[0]);
+  const int keep_k = p.top_k > 0 ? static_cast<int>(p.top_k) : 256;
+  std::array<double, 256> prob;
+  const double max_logit = logits[order[0]];
+  double total = 0;
+  for (int i = 0; i < keep_k; ++i) {
+    prob[i] = std::exp((static_cast<double>(logits[order[i]]) - max_logit) / p.temperature);
+    total += prob[i];
+  }
+  int keep = keep_k;
+  if (p.top_p < 1.0) {
+    double mass = 0;
+    for (int i = 0; i < keep_k; ++i) {
+      mass += prob[i] / total;
+      if (mass >= p.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  double kept_total = 0;
+  for (int i = 0; i < keep; ++i) kept_total += prob[i];
+  const double u = CounterUniform(p.seed, index) * kept_total;
+  double acc = 0;
+  for (int i = 0; i < keep; ++i) {
+    acc += prob[i];
+    if (u < acc) return static_cast<uint8_t>(order[i]);
+  }
+  return static_cast<uint8_t>(order[keep - 1]);
+}
+
+}  // namespace krause

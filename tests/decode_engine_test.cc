@@ -1,0 +1,258 @@
+// The generation engine: batch invariance (same seeds, same images at batch sizes 1, 7 and 64
+// and with sequences joining at different steps), completion prompts, cancellation, slot
+// accounting under random join / cancel / finish events, validation and scoring.
+#include "model/engine/decode_engine.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "tests/test_util.h"
+
+namespace krause {
+namespace {
+
+using ::krause::testing::StatusIs;
+using ::testing::HasSubstr;
+
+ArmConfig TinyConfig(const std::string& attention, bool start) {
+  ArmConfig c;
+  c.attention = attention;
+  c.height = 4;
+  c.width_px = 5;
+  c.channels = 1;  // 20 subpixels
+  c.width = 32;
+  c.depth = 2;
+  c.heads = 4;
+  c.window = 6;
+  c.top_k = 4;
+  c.start_token = start;
+  return c;
+}
+
+struct Outcome {
+  absl::Status status;
+  std::vector<uint8_t> pixels;
+  std::vector<uint8_t> streamed;
+  int done_calls = 0;
+};
+
+GenerationRequest Request(uint64_t seed, Outcome* out, std::vector<uint8_t> prompt = {}) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.sampling.seed = seed;
+  r.sampling.temperature = 1.0;
+  r.sampling.top_p = 0.95;
+  const int64_t offset = static_cast<int64_t>(r.prompt.size());
+  r.on_pixel = [out, offset](int64_t index, uint8_t v) {
+    // In order, right after the prompt (x_0 of a start-less model without prompt is index 0).
+    EXPECT_EQ(index, offset + static_cast<int64_t>(out->streamed.size()));
+    out->streamed.push_back(v);
+  };
+  r.on_done = [out](absl::Status st, std::vector<uint8_t> px) {
+    out->status = st;
+    out->pixels = std::move(px);
+    ++out->done_calls;
+  };
+  return r;
+}
+
+// Generates `count` images with seeds 0..count-1; request i is submitted at step i * stagger.
+std::vector<Outcome> Generate(const Arm& m, int64_t slots, int64_t count, int64_t stagger) {
+  auto engine = DecodeEngine::Create(&m, EngineOptions{slots, 0});
+  EXPECT_TRUE(engine.ok());
+  std::vector<Outcome> out(count);
+  int64_t submitted = 0, step = 0;
+  while (submitted < count || (*engine)->Busy()) {
+    while (submitted < count && submitted * stagger <= step) {
+      EXPECT_TRUE((*engine)->Submit(Request(submitted, &out[submitted])).ok());
+      ++submitted;
+    }
+    const StepStats st = (*engine)->Step();
+    EXPECT_LE(st.batch, slots);
+    ++step;
+  }
+  EXPECT_EQ((*engine)->pool().in_use(), 0);
+  return out;
+}
+
+class EngineInvarianceTest : public ::testing::TestWithParam<std::pair<const char*, bool>> {};
+
+TEST_P(EngineInvarianceTest, SameSeedsGiveTheSameImagesAtAnyBatchSizeAndJoinStep) {
+  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m,
+                              Arm::Create(TinyConfig(GetParam().first, GetParam().second), 5));
+  const int64_t count = 64;
+  const std::vector<Outcome> alone = Generate(m, 1, count, 0);
+  const std::vector<Outcome> seven = Generate(m, 7, count, 3);
+  const std::vector<Outcome> all = Generate(m, 64, count, 1);
+  std::set<std::vector<uint8_t>> distinct;
+  for (int64_t i = 0; i < count; ++i) {
+    ASSERT_TRUE(alone[i].status.ok()) << alone[i].status;
+    ASSERT_EQ(alone[i].pixels.size(), 20u);
+    EXPECT_EQ(alone[i].done_calls, 1);
+    EXPECT_EQ(alone[i].pixels, seven[i].pixels) << "seed " << i;
+    EXPECT_EQ(alone[i].pixels, all[i].pixels) << "seed " << i;
+    distinct.insert(alone[i].pixels);
+  }
+  EXPECT_GT(distinct.size(), 60u);  // seeds really differ
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, EngineInvarianceTest,
+                         ::testing::Values(std::pair{"krause", true}, std::pair{"krause", false},
+                                           std::pair{"softmax", true}),
+                         [](const auto& info) {
+                           return std::string(info.param.first) +
+                                  (info.param.second ? "_start" : "_nostart");
+                         });
+
+TEST(DecodeEngine, CompletionKeepsThePromptAndStreamsTheRest) {
+  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(TinyConfig("krause", true), 6));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(auto engine, DecodeEngine::Create(&m, EngineOptions{4, 0}));
+  const std::vector<uint8_t> prompt = {10, 20, 30, 40, 50, 60, 70};
+  Outcome out;
+  ASSERT_TRUE(engine->Submit(Request(9, &out, prompt)).ok());
+  int steps = 0;
+  while (engine->Busy()) {
+    engine->Step();
+    ++steps;
+  }
+  ASSERT_TRUE(out.status.ok());
+  EXPECT_EQ(steps, 20 - 7);  // one subpixel per step
+  EXPECT_EQ(std::vector<uint8_t>(out.pixels.begin(), out.pixels.begin() + 7), prompt);
+  EXPECT_EQ(std::vector<uint8_t>(out.pixels.begin() + 7, out.pixels.end()), out.streamed);
+  // Greedy completion equals the argmax of the teacher-forced forward at every generated step.
+  Outcome greedy;
+  GenerationRequest r = Request(0, &greedy, prompt);
+  r.sampling.temperature = 0;
+  ASSERT_TRUE(engine->Submit(std::move(r)).ok());
+  while (engine->Busy()) engine->Step();
+  ASSERT_TRUE(greedy.status.ok());
+  at::NoGradGuard no_grad;
+  const at::Tensor x =
+      at::tensor(std::vector<int64_t>(greedy.pixels.begin(), greedy.pixels.end()), at::kLong);
+  const at::Tensor logits = m.Forward(x.narrow(0, 0, 19).view({1, 19}), KrauseImpl::kReference)[0];
+  for (int64_t t = 7; t < 20; ++t)
+    EXPECT_EQ(logits[t].argmax().item<int64_t>(), greedy.pixels[t]) << t;
+}
+
+TEST(DecodeEngine, CancelLeavesAtTheNextStepAndFreesTheSlot) {
+  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(TinyConfig("krause", true), 7));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(auto engine, DecodeEngine::Create(&m, EngineOptions{1, 0}));
+  Outcome a, b;
+  KRAUSE_ASSERT_OK_AND_ASSIGN(int64_t ida, engine->Submit(Request(1, &a)));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(int64_t idb, engine->Submit(Request(2, &b)));
+  engine->Step();
+  EXPECT_EQ(engine->active(), 1);
+  EXPECT_EQ(engine->waiting(), 1);  // the pool is full: b waits
+  engine->Cancel(ida);
+  const StepStats st = engine->Step();
+  EXPECT_EQ(st.cancelled, 1);
+  EXPECT_TRUE(absl::IsCancelled(a.status));
+  EXPECT_EQ(a.done_calls, 1);
+  EXPECT_EQ(st.admitted, 1);  // b took the freed slot in the same step
+  engine->Cancel(idb);
+  engine->Cancel(ida);  // already gone: no effect
+  engine->Step();
+  EXPECT_TRUE(absl::IsCancelled(b.status));
+  EXPECT_EQ(engine->pool().in_use(), 0);
+  EXPECT_FALSE(engine->Busy());
+}
+
+TEST(DecodeEngine, RandomJoinCancelFinishLeaksNoSlot) {
+  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(TinyConfig("softmax", true), 8));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(auto engine, DecodeEngine::Create(&m, EngineOptions{5, 0}));
+  std::mt19937 rng(42);
+  std::map<int64_t, std::unique_ptr<Outcome>> outcomes;
+  for (int step = 0; step < 300; ++step) {
+    const int joins = rng() % 3;
+    for (int j = 0; j < joins; ++j) {
+      auto o = std::make_unique<Outcome>();
+      auto id = engine->Submit(Request(rng(), o.get()));
+      ASSERT_TRUE(id.ok());
+      outcomes[*id] = std::move(o);
+    }
+    if (!outcomes.empty() && rng() % 3 == 0) {
+      auto it = outcomes.begin();
+      std::advance(it, rng() % outcomes.size());
+      engine->Cancel(it->first);
+    }
+    engine->Step();
+    EXPECT_LE(engine->pool().in_use(), 5);
+    EXPECT_EQ(engine->pool().in_use(), engine->active());
+  }
+  while (engine->Busy()) engine->Step();
+  EXPECT_EQ(engine->pool().in_use(), 0);
+  int ok = 0, cancelled = 0;
+  for (auto& [id, o] : outcomes) {
+    EXPECT_EQ(o->done_calls, 1) << id;
+    ok += o->status.ok();
+    cancelled += absl::IsCancelled(o->status);
+  }
+  EXPECT_EQ(ok + cancelled, static_cast<int>(outcomes.size()));
+  EXPECT_GT(ok, 10);
+  EXPECT_GT(cancelled, 10);
+}
+
+TEST(DecodeEngine, BadRequestsAreRejectedByField) {
+  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(TinyConfig("krause", true), 9));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(auto engine, DecodeEngine::Create(&m, EngineOptions{2, 0}));
+  Outcome o;
+  GenerationRequest r = Request(1, &o, std::vector<uint8_t>(20, 0));
+  EXPECT_THAT(engine->Submit(r).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("prompt has 20 subpixels; at most 19")));
+  r = Request(1, &o);
+  r.sampling.top_p = 0;
+  EXPECT_THAT(engine->Submit(r).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("top_p")));
+  r = Request(1, &o);
+  r.sampling.temperature = -1;
+  EXPECT_THAT(engine->Submit(r).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("temperature")));
+  r = Request(1, &o);
+  r.sampling.top_k = 300;
+  EXPECT_THAT(engine->Submit(r).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("top_k")));
+  EXPECT_FALSE(engine->Busy());
+  EXPECT_THAT(DecodeEngine::Create(&m, EngineOptions{8, 100}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("holds no sequence")));
+}
+
+TEST(Scoring, BitsPerDimMatchesTheModelAndRejectsBadImages) {
+  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(TinyConfig("krause", true), 10));
+  const at::Tensor imgs = at::randint(0, 256, {3, 20}, at::kLong);
+  KRAUSE_ASSERT_OK_AND_ASSIGN(std::vector<double> bpd, ScoreBitsPerDim(m, imgs.to(at::kByte)));
+  ASSERT_EQ(bpd.size(), 3u);
+  at::NoGradGuard no_grad;
+  EXPECT_NEAR(bpd[1], m.NllPerImage(imgs)[1].item<double>() / std::log(2.0), 1e-5);
+  EXPECT_THAT(ScoreBitsPerDim(m, at::zeros({2, 19}, at::kLong)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[B, 20]")));
+  EXPECT_THAT(ScoreBitsPerDim(m, at::full({1, 20}, 300, at::kLong)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[0, 255]")));
+}
+
+TEST(Sampling, GreedyTopKTopPAndCounterDeterminism) {
+  std::vector<float> logits(256, 0.0f);
+  logits[7] = 10.0f;  // p(7) = 0.72, p(9) = 0.27, each other value 3e-5
+  logits[9] = 9.0f;
+  SamplingParams p;
+  p.temperature = 0;
+  EXPECT_EQ(SamplePixel(logits.data(), p, 0), 7);
+  p.temperature = 1.0;
+  p.top_k = 2;
+  for (uint64_t i = 0; i < 200; ++i) {
+    const uint8_t v = SamplePixel(logits.data(), p, i);
+    EXPECT_TRUE(v == 7 || v == 9);
+  }
+  p.top_k = 0;
+  p.top_p = 0.5;  // value 7 alone holds more than half the mass
+  for (uint64_t i = 0; i < 50; ++i) EXPECT_EQ(SamplePixel(logits.data(), p, i), 7);
+  EXPECT_EQ(CounterUniform(3, 17), CounterUniform(3, 17));
+  EXPECT_NE(CounterUniform(3, 17), CounterUniform(3, 18));
+  EXPECT_NE(CounterUniform(3, 17), CounterUniform(4, 17));
+}
+
+}  // namespace
+}  // namespace krause
