@@ -1,0 +1,316 @@
+// krause-generate-bench: KARM vs ARM generation throughput side by side (random weights).
+//
+// Configs: the paper's MNIST model (28x28x1, d 256, 12 layers, 8 heads, W 128, k 96) and CIFAR-10
+// model (32x32x3, d 512, 16 layers, 8 heads, W 256, k 192), each as KARM and as the softmax ARM
+// of the same size (preallocated full-length KV cache, the same batching).
+// For S concurrent sequences it reports:
+//   step time at sampled positions: one batched decode step (batch-invariant linears, as the
+//     engine runs it) of S sequences at position p, median of several runs;
+//   images/s, by one of two methods, recorded in each record's "method":
+//     "full":       the engine generates S images end to end (wall time);
+//     "integrated": S / (sum over all N positions of the step time interpolated linearly between
+//                   the sampled positions). Validated against "full" on the MNIST config: the
+//                   table prints both and their ratio.
+//   KV bytes per sequence.
+// Ratios come from one run. --json writes one record per measurement.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "model/engine/decode_engine.h"
+#include "model/engine/kv_cache.h"
+#include "model/karm.h"
+
+namespace krause::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::string json_path;
+  bool quick = false;
+  std::string only;  // "mnist" or "cifar"
+};
+
+struct Record {
+  std::string model, attention, image, method;
+  int64_t streams = 0, position = -1;
+  double images_per_second = 0, step_seconds = 0;
+  int64_t kv_bytes_per_sequence = 0;
+};
+
+std::string ToJson(const Record& r) {
+  return absl::StrFormat(
+      "{\"model\":\"%s\",\"attention\":\"%s\",\"image\":\"%s\",\"streams\":%d,\"method\":\"%s\","
+      "\"images_per_second\":%.6g,\"step_seconds\":%.6g,\"position\":%d,\"kv_bytes_per_sequence\":%"
+      "d}",
+      r.model, r.attention, r.image, r.streams, r.method, r.images_per_second, r.step_seconds,
+      r.position, r.kv_bytes_per_sequence);
+}
+
+struct Progress {
+  int total = 0, done = 0;
+  Clock::time_point start = Clock::now();
+  void Step(const std::string& what) {
+    ++done;
+    const double el = std::chrono::duration<double>(Clock::now() - start).count();
+    std::fprintf(stderr, "\r[%3d/%3d] %-58s elapsed %5.0fs eta ~%5.0fs", done, total,
+                 what.substr(0, 58).c_str(), el, el / done * (total - done));
+    if (done == total) std::fprintf(stderr, "\n");
+  }
+};
+
+ArmConfig PaperConfig(const std::string& which, const std::string& attention) {
+  ArmConfig c;
+  c.attention = attention;
+  c.start_token = true;
+  if (which == "mnist") {
+    c.height = c.width_px = 28;
+    c.channels = 1;
+    c.width = 256;
+    c.depth = 12;
+    c.heads = 8;
+    c.window = 128;
+    c.top_k = 96;
+  } else {
+    c.height = c.width_px = 32;
+    c.channels = 3;
+    c.width = 512;
+    c.depth = 16;
+    c.heads = 8;
+    c.window = 256;
+    c.top_k = 192;
+  }
+  return c;
+}
+
+// Median time of one decode step of S sequences at `position`, caches filled with random
+// history (what the step reads; its cost does not depend on the values).
+double StepSeconds(const Arm& m, const ArmPackedWeights& packed, ArmKvCache* cache, int64_t s,
+                   int64_t position, int reps) {
+  const at::Tensor u = at::randint(0, 256, {s}, at::kLong);
+  const at::Tensor pos = at::full({s}, position, at::kLong);
+  const at::Tensor slots = at::arange(s, at::kLong);
+  std::vector<double> t;
+  for (int r = 0; r <= reps; ++r) {
+    const auto t0 = Clock::now();
+    m.DecodeStep(u, pos, slots, cache, &packed);
+    if (r > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void FillRandom(const ArmConfig& c, ArmKvCache* cache) {
+  at::NoGradGuard g;
+  for (int64_t l = 0; l < c.depth; ++l) {
+    if (cache->krause()) {
+      cache->ring(l).keys_t().normal_();
+      cache->ring(l).values().normal_();
+      cache->ring(l).bias().copy_(-0.5 * cache->ring(l).keys_t().pow(2).sum(2));
+    } else {
+      cache->keys(l).normal_();
+      cache->values(l).normal_();
+    }
+  }
+}
+
+// Images/s of S sequences generated end to end by the engine.
+double FullRun(const Arm& m, int64_t s) {
+  auto engine = DecodeEngine::Create(&m, EngineOptions{s, 0});
+  if (!engine.ok()) std::exit(1);
+  int64_t done = 0;
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < s; ++i) {
+    GenerationRequest r;
+    r.sampling.seed = static_cast<uint64_t>(i);
+    r.on_done = [&done](absl::Status st, std::vector<uint8_t>) { done += st.ok(); };
+    if (!(*engine)->Submit(std::move(r)).ok()) std::exit(1);
+  }
+  while ((*engine)->Busy()) (*engine)->Step();
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (done != s) std::exit(1);
+  return s / secs;
+}
+
+int Main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) {
+      o.json_path = argv[++i];
+    } else if (a == "--quick") {
+      o.quick = true;
+    } else if (a == "--only" && i + 1 < argc) {
+      o.only = argv[++i];
+    } else if (a == "--help") {
+      std::printf(
+          "krause-generate-bench: KARM vs ARM generation throughput (random weights).\n"
+          "  --quick         streams {1, 16}, fewer positions, MNIST full runs only for S = 1\n"
+          "  --only NAME     mnist or cifar\n"
+          "  --json FILE     one JSON record per measurement\n");
+      return 0;
+    } else {
+      std::fprintf(stderr, "unknown argument %s (see --help)\n", a.c_str());
+      return 2;
+    }
+  }
+  at::set_num_threads(static_cast<int>(std::thread::hardware_concurrency()));
+  at::NoGradGuard no_grad;
+  std::vector<int64_t> streams =
+      o.quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64};
+  std::vector<std::string> configs;
+  for (const char* c : {"mnist", "cifar"})
+    if (o.only.empty() || o.only == c) configs.push_back(c);
+
+  Progress progress;
+  for (const auto& cfg : configs) {
+    progress.total += 2 * static_cast<int>(streams.size()) * (cfg == "mnist" ? 2 : 1);
+  }
+  std::vector<Record> records;
+  std::vector<std::string> lines;
+  for (const std::string& which : configs) {
+    for (const std::string attention : {"krause", "softmax"}) {
+      const ArmConfig c = PaperConfig(which, attention);
+      auto model = Arm::Create(c, 1);
+      if (!model.ok()) return 1;
+      const ArmPackedWeights packed = model->PackForDecode();
+      const int64_t n = c.seq_len();
+      const std::string image = absl::StrFormat("%dx%dx%d", c.height, c.width_px, c.channels);
+      const std::string name = attention == "krause" ? "KARM" : "ARM";
+      std::vector<int64_t> positions;
+      const int samples = o.quick ? 5 : 9;
+      for (int i = 0; i < samples; ++i) positions.push_back(i * (n - 1) / (samples - 1));
+      if (which == "cifar") {
+        positions.push_back(300);
+        positions.push_back(3000);
+        std::sort(positions.begin(), positions.end());
+      }
+      for (int64_t s : streams) {
+        auto cache = ArmKvCache::Create(c, s);
+        if (!cache.ok()) return 1;
+        FillRandom(c, &*cache);
+        std::vector<double> times;
+        for (int64_t p : positions) {
+          const double t = StepSeconds(*model, packed, &*cache, s, p, s >= 16 ? 3 : 7);
+          times.push_back(t);
+          Record r{which, name, image, "step", s, p, 0, t, ArmKvCache::BytesPerSequence(c)};
+          records.push_back(r);
+        }
+        // Integrate the interpolated step time over every position 0..N-1.
+        double total = 0;
+        for (size_t i = 0; i + 1 < positions.size(); ++i) {
+          const double a = times[i], b = times[i + 1];
+          const int64_t span = positions[i + 1] - positions[i];
+          total += span * (a + b) / 2;
+        }
+        total += times.back();
+        Record integ{which,        name,      image,
+                     "integrated", s,         -1,
+                     s / total,    total / n, ArmKvCache::BytesPerSequence(c)};
+        records.push_back(integ);
+        progress.Step(absl::StrFormat("%s %s S=%d steps", which, name, s));
+        if (which == "mnist" && !(o.quick && s > 1)) {
+          const double ips = FullRun(*model, s);
+          records.push_back({which, name, image, "full", s, -1, ips, s / ips / n,
+                             ArmKvCache::BytesPerSequence(c)});
+          progress.Step(absl::StrFormat("%s %s S=%d full run", which, name, s));
+        } else if (which == "mnist") {
+          progress.Step("skipped");
+        }
+      }
+    }
+  }
+
+  std::printf("\n%-6s %-5s %-9s %4s %-11s %10s %12s %14s\n", "config", "model", "image", "S",
+              "method", "images/s", "ms/step", "KV bytes/seq");
+  for (const Record& r : records) {
+    if (r.method == "step") continue;
+    std::printf("%-6s %-5s %-9s %4lld %-11s %10.3f %12.3f %14lld\n", r.model.c_str(),
+                r.attention.c_str(), r.image.c_str(), static_cast<long long>(r.streams),
+                r.method.c_str(), r.images_per_second, r.step_seconds * 1e3,
+                static_cast<long long>(r.kv_bytes_per_sequence));
+  }
+  auto find = [&](const std::string& model, const std::string& att, int64_t s,
+                  const std::string& method, int64_t pos = -1) -> const Record* {
+    for (const Record& r : records)
+      if (r.model == model && r.attention == att && r.streams == s && r.method == method &&
+          r.position == pos)
+        return &r;
+    return nullptr;
+  };
+  std::printf("\nStep time against position (ms):\n");
+  for (const std::string& which : configs) {
+    for (const char* att : {"KARM", "ARM"}) {
+      for (int64_t s : streams) {
+        std::string line = absl::StrFormat("  %-6s %-5s S=%-3d", which, att, s);
+        for (const Record& r : records)
+          if (r.model == which && r.attention == att && r.streams == s && r.method == "step")
+            line += absl::StrFormat(" %d:%.2f", r.position, r.step_seconds * 1e3);
+        std::printf("%s\n", line.c_str());
+      }
+    }
+  }
+  std::printf("\nRatios (same run):\n");
+  for (const std::string& which : configs) {
+    for (int64_t s : streams) {
+      const Record* k = find(which, "KARM", s, "integrated");
+      const Record* a = find(which, "ARM", s, "integrated");
+      if (k && a)
+        std::printf("  %-6s S=%-3lld KARM / ARM images/s (integrated): %.2fx\n", which.c_str(),
+                    static_cast<long long>(s), k->images_per_second / a->images_per_second);
+      const Record* kf = find(which, "KARM", s, "full");
+      const Record* af = find(which, "ARM", s, "full");
+      if (kf && af)
+        std::printf("  %-6s S=%-3lld KARM / ARM images/s (full run):   %.2fx\n", which.c_str(),
+                    static_cast<long long>(s), kf->images_per_second / af->images_per_second);
+      for (const char* att : {"KARM", "ARM"}) {
+        const Record* f = find(which, att, s, "full");
+        const Record* i = find(which, att, s, "integrated");
+        if (f && i)
+          std::printf("  %-6s S=%-3lld %-4s integrated / full images/s: %.3f (method check)\n",
+                      which.c_str(), static_cast<long long>(s), att,
+                      i->images_per_second / f->images_per_second);
+      }
+    }
+    for (const char* att : {"KARM", "ARM"}) {
+      const Record* one = find(which, att, 1, "integrated");
+      const Record* many = find(which, att, streams.back(), "integrated");
+      if (one && many)
+        std::printf("  %-6s %-4s images/s with S=%lld vs S=1: %.2fx\n", which.c_str(), att,
+                    static_cast<long long>(streams.back()),
+                    many->images_per_second / one->images_per_second);
+    }
+    if (which == "cifar") {
+      for (int64_t s : streams) {
+        const Record* a = find(which, "KARM", s, "step", 300);
+        const Record* b = find(which, "KARM", s, "step", 3000);
+        if (a && b)
+          std::printf("  cifar  KARM S=%-3lld step time at 3000 / at 300: %.3f\n",
+                      static_cast<long long>(s), b->step_seconds / a->step_seconds);
+      }
+    }
+  }
+  if (!o.json_path.empty()) {
+    std::ofstream js(o.json_path);
+    js << "[\n";
+    for (size_t i = 0; i < records.size(); ++i)
+      js << "  " << ToJson(records[i]) << (i + 1 < records.size() ? ",\n" : "\n");
+    js << "]\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace krause::bench
+
+int main(int argc, char** argv) { return krause::bench::Main(argc, argv); }
