@@ -77,19 +77,20 @@ struct DecodeItem {
 
 // A batch-invariant linear layer: out[i, j] = bias[j] + sum_k x[i, k] * wt[k, j], each sum
 // accumulated in k order, so a row's result has the same bits whatever the other rows (GEMM
-// libraries pick different kernels for different row counts). Rows [row_begin, row_end);
-// wt is [k, n_pad] with n_pad a multiple of kScoreChunk, bias [n_pad], out rows of n_pad.
+// libraries pick different kernels for different row counts). All rows, output column chunks
+// [chunk_begin, chunk_end) of kScoreChunk columns; wt is [k, n_pad] with n_pad a multiple of
+// kScoreChunk, bias [n_pad], out rows of n_pad.
 struct LinearRowsArgs {
   const float* x;  // [m, k]
   const float* wt;
   const float* bias;
   float* out;  // [m, n_pad]
-  int64_t k, n_pad;
+  int64_t m, k, n_pad;
 };
 
 struct CpuKernelTable {
   const char* name;
-  void (*linear_rows)(const LinearRowsArgs& args, int64_t row_begin, int64_t row_end);
+  void (*linear_rows)(const LinearRowsArgs& args, int64_t chunk_begin, int64_t chunk_end);
   void (*key_biases)(const float* k, int64_t count, int64_t d, float* bias);
   void (*prefill)(const PrefillSlice& slice, int64_t query_begin, int64_t query_end,
                   const Scratch& scratch);

@@ -22,14 +22,17 @@ at::Tensor PackedLinear::Apply(const at::Tensor& x) const {
   const at::Tensor xc = x.contiguous();
   const int64_t m = xc.size(0), pad = wt_.size(1);
   at::Tensor out = at::empty({m, pad});
-  const cpu::LinearRowsArgs args{
-      xc.data_ptr<float>(),  wt_.data_ptr<float>(), bias_.data_ptr<float>(),
-      out.data_ptr<float>(), wt_.size(0),           pad};
+  const cpu::LinearRowsArgs args{xc.data_ptr<float>(),
+                                 wt_.data_ptr<float>(),
+                                 bias_.data_ptr<float>(),
+                                 out.data_ptr<float>(),
+                                 m,
+                                 wt_.size(0),
+                                 pad};
   const cpu::CpuKernelTable& kernels = cpu::CpuKernels();
-  at::parallel_for(
-      0, (m + cpu::kQueryGroup - 1) / cpu::kQueryGroup, 1, [&](int64_t b0, int64_t b1) {
-        kernels.linear_rows(args, b0 * cpu::kQueryGroup, std::min(m, b1 * cpu::kQueryGroup));
-      });
+  // Parallel over column chunks: one row (a single sequence) still uses every core.
+  at::parallel_for(0, pad / cpu::kScoreChunk, 1,
+                   [&](int64_t c0, int64_t c1) { kernels.linear_rows(args, c0, c1); });
   return pad == out_ ? out : out.narrow(1, 0, out_);
 }
 
