@@ -30,6 +30,7 @@
 
 #include "absl/strings/str_format.h"
 #include "bench/counting_allocator.h"
+#include "bench/progress.h"
 #include "model/attention/cpu_kernels.h"
 #include "model/attention/decode.h"
 #include "model/attention/krause_attention.h"
@@ -139,19 +140,6 @@ void Measure(const std::function<void()>& fn, int reps, Record* r) {
   r->seconds = times[times.size() / 2];
   r->runs = static_cast<int>(times.size());
 }
-
-struct Progress {
-  int total = 0, done = 0;
-  Clock::time_point start = Clock::now();
-  void Step(const std::string& what) {
-    ++done;
-    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    const double eta = done > 0 ? elapsed / done * (total - done) : 0;
-    std::fprintf(stderr, "\r[%3d/%3d] %-60s elapsed %5.0fs  eta ~%5.0fs", done, total,
-                 what.substr(0, 60).c_str(), elapsed, eta);
-    if (done == total) std::fprintf(stderr, "\n");
-  }
-};
 
 struct PrefillConfig {
   Neighbourhood nb;
@@ -294,8 +282,8 @@ void RunDecode(const DecodeConfig& c, const Options& o, std::vector<Record>* out
       r.op = "decode";
       r.impl = name;
       const bool krause = name == "fused_decode";
-      r.neighbourhood = krause ? Neighbourhood::Causal(c.window).ToString()
-                               : std::string("causal(full prefix)");
+      r.neighbourhood =
+          krause ? Neighbourhood::Causal(c.window).ToString() : std::string("causal(full prefix)");
       r.n = visible;
       r.window = krause ? c.window : visible;
       r.top_k = krause ? c.top_k : visible;
@@ -304,8 +292,8 @@ void RunDecode(const DecodeConfig& c, const Options& o, std::vector<Record>* out
       r.position = states[i].position;
       r.heads = kHeads;
       r.head_dim = kHeadDim;
-      r.kv_bytes_per_sequence = krause ? states[i].cache.bytes_per_slot()
-                                       : visible * kHeads * kHeadDim * 2 * int64_t{4};
+      r.kv_bytes_per_sequence =
+          krause ? states[i].cache.bytes_per_slot() : visible * kHeads * kHeadDim * 2 * int64_t{4};
       out->push_back(r);
     }
     progress->Step(c.label() + " " + name);

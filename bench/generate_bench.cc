@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "bench/progress.h"
 #include "model/engine/decode_engine.h"
 #include "model/engine/kv_cache.h"
 #include "model/karm.h"
@@ -56,18 +57,6 @@ std::string ToJson(const Record& r) {
       r.model, r.attention, r.image, r.streams, r.method, r.images_per_second, r.step_seconds,
       r.position, r.kv_bytes_per_sequence);
 }
-
-struct Progress {
-  int total = 0, done = 0;
-  Clock::time_point start = Clock::now();
-  void Step(const std::string& what) {
-    ++done;
-    const double el = std::chrono::duration<double>(Clock::now() - start).count();
-    std::fprintf(stderr, "\r[%3d/%3d] %-58s elapsed %5.0fs eta ~%5.0fs", done, total,
-                 what.substr(0, 58).c_str(), el, el / done * (total - done));
-    if (done == total) std::fprintf(stderr, "\n");
-  }
-};
 
 ArmConfig PaperConfig(const std::string& which, const std::string& attention) {
   ArmConfig c;
