@@ -31,8 +31,9 @@ void WriteIdx(const std::string& path, const at::Tensor& t) {
 }
 
 // Class 0: bright top half; class 1: bright bottom half; plus noise. 8x8 images.
-std::string MakeData(int64_t n_train, int64_t n_test) {
-  const std::string dir = ::testing::TempDir() + "/toy-mnist";
+// Each test uses its own folder: ctest runs the tests of this file in parallel processes.
+std::string MakeData(const std::string& name, int64_t n_train, int64_t n_test) {
+  const std::string dir = ::testing::TempDir() + "/toy-mnist-" + name;
   std::filesystem::create_directories(dir);
   at::manual_seed(3);
   for (auto [split, n] : {std::pair<const char*, int64_t>{"train", n_train}, {"t10k", n_test}}) {
@@ -56,7 +57,7 @@ TEST(Trainer, KrauseViTLearnsResumesAndWritesItsOutputs) {
   TrainOptions o;
   o.model = "krause_vit";
   o.data = "mnist";
-  o.data_dir = MakeData(512, 128);
+  o.data_dir = MakeData("kvit", 512, 128);
   o.out_dir = ::testing::TempDir() + "/train-kvit";
   std::filesystem::remove_all(o.out_dir);
   o.batch = 16;
@@ -98,7 +99,7 @@ TEST(Trainer, KarmTrainsAndSamples) {
   TrainOptions o;
   o.model = "karm";
   o.data = "mnist";
-  o.data_dir = MakeData(64, 16);
+  o.data_dir = MakeData("karm", 64, 16);
   o.out_dir = ::testing::TempDir() + "/train-karm";
   std::filesystem::remove_all(o.out_dir);
   o.batch = 16;
@@ -125,7 +126,7 @@ TEST(Trainer, KarmTrainsAndSamples) {
 TEST(Trainer, BadOptionsAreErrors) {
   TrainOptions o;
   o.model = "resnet";
-  o.data_dir = MakeData(8, 8);
+  o.data_dir = MakeData("bad", 8, 8);
   o.data = "mnist";
   o.quiet = true;
   o.out_dir = ::testing::TempDir() + "/train-bad";
