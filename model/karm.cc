@@ -236,14 +236,10 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
 at::Tensor Arm::NllPerImage(const at::Tensor& images, KrauseImpl impl) const {
   // images: [B, N] int64
   const int64_t n = images.size(1);
-  at::Tensor logits, targets;
-  if (config_.start_token) {
-    logits = Forward(images.narrow(1, 0, n - 1), impl);  // N positions predict x_0..x_{N-1}
-    targets = images;
-  } else {
-    logits = Forward(images.narrow(1, 0, n - 1), impl);  // N-1 positions predict x_1..x_{N-1}
-    targets = images.narrow(1, 1, n - 1);
-  }
+  // With a start token the N positions predict x_0..x_{N-1}; without one, the N - 1 positions
+  // predict x_1..x_{N-1}.
+  const at::Tensor logits = Forward(images.narrow(1, 0, n - 1), impl);
+  const at::Tensor targets = config_.start_token ? images : images.narrow(1, 1, n - 1);
   const at::Tensor logp = at::log_softmax(logits, -1);
   return -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).mean(1);
 }

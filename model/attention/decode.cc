@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/attention/cpu_kernels.h"
+#include "model/attention/cpu_scratch.h"
 #include "model/util/status_macros.h"
 #include "model/util/tensor_checks.h"
 
@@ -139,16 +140,8 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
     float* swp = selection ? selection->weights.data_ptr<float>() : nullptr;
 
     at::parallel_for(0, s * h, 1, [&](int64_t w0, int64_t w1) {
-      // Scratch as tensors, so that memory accounting sees it (bench/attention_bench).
-      const int64_t raw_floats = cpu::ScratchFloats(win);
-      at::Tensor raw = at::empty({raw_floats + 2 * win}, at::kFloat);
-      at::Tensor key = at::empty({win}, at::kLong);
-      at::Tensor order = at::empty({2 * win}, at::kInt);
-      const cpu::Scratch scratch{
-          raw.data_ptr<float>(),           raw.data_ptr<float>() + raw_floats,
-          order.data_ptr<int32_t>() + win, key.data_ptr<int64_t>(),
-          order.data_ptr<int32_t>(),       raw.data_ptr<float>() + raw_floats + win,
-          raw_floats / cpu::kQueryGroup};
+      const cpu::ScratchTensors scratch_tensors(win);
+      const cpu::Scratch& scratch = scratch_tensors.view();
       for (int64_t w = w0; w < w1; ++w) {
         const int64_t i = w / h, head = w % h;
         const int64_t ring = sp[i] * h + head;  // (slot, head)

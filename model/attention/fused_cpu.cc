@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "model/attention/cpu_kernels.h"
+#include "model/attention/cpu_scratch.h"
 #include "model/attention/krause_attention.h"
 
 namespace krause::internal {
@@ -69,18 +70,8 @@ KrauseResult FusedCpuAttention(const AttentionArgs& a, const KrauseOptions& o) {
 
   const int64_t blocks = (n + kQueryBlock - 1) / kQueryBlock;
   at::parallel_for(0, bh * blocks, 1, [&](int64_t w0, int64_t w1) {
-    // Scratch as tensors, so that memory accounting sees it (bench/attention_bench).
-    const int64_t raw_floats = cpu::ScratchFloats(max_cand);
-    at::Tensor raw = at::empty({raw_floats + 2 * max_cand}, at::kFloat);
-    at::Tensor key = at::empty({max_cand}, at::kLong);
-    at::Tensor order = at::empty({2 * max_cand}, at::kInt);
-    const cpu::Scratch scratch{raw.data_ptr<float>(),
-                               raw.data_ptr<float>() + raw_floats,
-                               order.data_ptr<int32_t>() + max_cand,
-                               key.data_ptr<int64_t>(),
-                               order.data_ptr<int32_t>(),
-                               raw.data_ptr<float>() + raw_floats + max_cand,
-                               raw_floats / cpu::kQueryGroup};
+    const cpu::ScratchTensors scratch_tensors(max_cand);
+    const cpu::Scratch& scratch = scratch_tensors.view();
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t s = w / blocks, blk = w % blocks;
       cpu::PrefillSlice slice{};
