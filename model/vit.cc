@@ -223,4 +223,15 @@ AttentionCost ViT::FlopsPerImage() const {
   return total;
 }
 
+at::Tensor NormalizePixels(const ViTConfig& c, const at::Tensor& pixels) {
+  at::Tensor x = pixels.to(at::kFloat) / 255.0;
+  if (!c.mean.empty()) {
+    const auto opts = at::TensorOptions().dtype(at::kFloat).device(pixels.device());
+    const at::Tensor mean = at::tensor(c.mean, at::kDouble).to(opts).view({1, -1, 1, 1});
+    const at::Tensor std = at::tensor(c.std, at::kDouble).to(opts).view({1, -1, 1, 1});
+    x = (x - mean) / std;
+  }
+  return x;
+}
+
 }  // namespace krause

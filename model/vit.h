@@ -42,6 +42,10 @@ struct ViTConfig {
   absl::Status Validate() const;
 };
 
+// pixels [B, C, H, W] uint8 (any device) -> the model's input on the same device: float
+// pixels / 255, then (x - mean) / std per channel when the config has a normalisation.
+at::Tensor NormalizePixels(const ViTConfig& c, const at::Tensor& pixels);
+
 class ViT {
  public:
   // Random initialisation (seeded), in the official layout.

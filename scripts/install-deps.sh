@@ -14,6 +14,8 @@ PACKAGES=(
   prometheus-cpp-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
+  # the TLS tests make throw-away certificates
+  openssl
   # image and compressed-data I/O
   libpng-dev zlib1g-dev
   # JSON (safetensors headers, model configs, reports)

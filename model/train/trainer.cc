@@ -74,15 +74,8 @@ struct Trainee {
   AttentionCost flops() const { return vit ? vit->FlopsPerImage() : arm->FlopsPerImage(); }
 };
 
-// pixels [B, C, H, W] uint8 -> normalised float
 at::Tensor Normalise(const ViTConfig& c, const at::Tensor& pixels, const at::Device& dev) {
-  at::Tensor x = pixels.to(dev).to(at::kFloat) / 255.0;
-  if (!c.mean.empty()) {
-    const at::Tensor mean = at::tensor(c.mean, at::kDouble).to(dev, at::kFloat).view({1, -1, 1, 1});
-    const at::Tensor std = at::tensor(c.std, at::kDouble).to(dev, at::kFloat).view({1, -1, 1, 1});
-    x = (x - mean) / std;
-  }
-  return x;
+  return NormalizePixels(c, pixels.to(dev));
 }
 
 // [B, C, H, W] uint8 -> [B, H*W*C] int64, raster order row, column, channel

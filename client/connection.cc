@@ -1,0 +1,89 @@
+#include "client/connection.h"
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "server/status.h"
+
+namespace krause::client {
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptions& o) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(o.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(o.max_message_bytes));
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  const bool tls = o.tls || !o.tls_ca.empty() || !o.tls_cert.empty();
+  if (!tls) {
+    creds = grpc::InsecureChannelCredentials();
+  } else {
+    grpc::SslCredentialsOptions ssl;
+    if (!o.tls_ca.empty()) {
+      auto ca = ReadFileToString(o.tls_ca);
+      if (!ca.ok()) return ca.status();
+      ssl.pem_root_certs = *ca;
+    }
+    if (o.tls_cert.empty() != o.tls_key.empty())
+      return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+    if (!o.tls_cert.empty()) {
+      auto cert = ReadFileToString(o.tls_cert);
+      if (!cert.ok()) return cert.status();
+      auto key = ReadFileToString(o.tls_key);
+      if (!key.ok()) return key.status();
+      ssl.pem_cert_chain = *cert;
+      ssl.pem_private_key = *key;
+    }
+    creds = grpc::SslCredentials(ssl);
+    if (!o.tls_server_name.empty()) args.SetSslTargetNameOverride(o.tls_server_name);
+  }
+  return grpc::CreateCustomChannel(o.server, creds, args);
+}
+
+void PrepareContext(const ConnectionOptions& o, grpc::ClientContext* ctx) {
+  if (!o.token.empty()) ctx->AddMetadata("authorization", "Bearer " + o.token);
+  if (o.timeout_seconds > 0)
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                          std::chrono::duration<double>(o.timeout_seconds)));
+}
+
+std::string Explain(const grpc::Status& status, const ConnectionOptions& o) {
+  std::string s =
+      absl::StrCat(server::GrpcCodeName(status.error_code()), ": ", status.error_message());
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+      absl::StrAppend(&s, "\n  (the server at ", o.server,
+                      " is not reachable, still loading, shutting down or full: retry later)");
+      break;
+    case grpc::StatusCode::UNAUTHENTICATED:
+      absl::StrAppend(&s, "\n  (the server requires a token: pass --token or --token_file)");
+      break;
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      absl::StrAppend(&s, "\n  (the call took longer than --timeout=", o.timeout_seconds, " s)");
+      break;
+    case grpc::StatusCode::NOT_FOUND:
+      absl::StrAppend(&s, "\n  (`krause-client list` shows the models this server has)");
+      break;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      absl::StrAppend(&s, "\n  (a message is over the size limit: send fewer images per call)");
+      break;
+    default:
+      break;
+  }
+  return s;
+}
+
+}  // namespace krause::client

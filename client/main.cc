@@ -1,0 +1,413 @@
+// krause-client: the command-line client of krause-server.
+//
+//   krause-client list
+//   krause-client health [--service krause.v1.KrauseService]
+//   krause-client classify FILE... [--index 0:100] [--top 3]
+//   krause-client generate [--num 4] [--seed 1] [--out DIR]
+//   krause-client complete PROMPT.png --rows 14 [--num 4] [--out DIR]
+//   krause-client score FILE... [--index 0:100]
+//
+// FILE: a PNG, or an IDX image file (MNIST / Fashion-MNIST, gzip or raw) with --index A:B.
+#include <ATen/ATen.h>
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "client/connection.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "krause/v1/krause.grpc.pb.h"
+#include "model/data/datasets.h"
+#include "model/data/png.h"
+
+ABSL_FLAG(std::string, server, "localhost:50051", "server address host:port");
+ABSL_FLAG(std::string, model, "", "model name (empty: the server's default of the right kind)");
+ABSL_FLAG(bool, json, false, "print the result as JSON");
+ABSL_FLAG(double, timeout, 0, "deadline per call in seconds (0: none)");
+ABSL_FLAG(bool, tls, false, "connect with TLS (system roots unless --tls_ca)");
+ABSL_FLAG(std::string, tls_ca, "", "PEM roots to verify the server with (implies --tls)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for mutual TLS (implies --tls)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_server_name, "", "name to check the server certificate against");
+ABSL_FLAG(std::string, token, "", "bearer token");
+ABSL_FLAG(std::string, token_file, "", "file holding the bearer token");
+ABSL_FLAG(int64_t, max_message_bytes, 64 << 20, "largest message sent or received");
+ABSL_FLAG(std::string, service, "", "health: the service to ask about (empty: the whole server)");
+ABSL_FLAG(std::string, index, "", "IDX files: the images A:B (A inclusive, B exclusive) or A");
+ABSL_FLAG(int32_t, top, 3, "classify: top classes to show per image");
+ABSL_FLAG(int32_t, batch, 64, "classify/score: images per request");
+ABSL_FLAG(int32_t, num, 1, "generate/complete: images to sample");
+ABSL_FLAG(int64_t, seed, -1,
+          "generate/complete: seed of image 0 (image i uses seed + i; -1: random)");
+ABSL_FLAG(double, temperature, 1.0, "generate/complete: temperature (0: greedy)");
+ABSL_FLAG(double, top_p, 1.0, "generate/complete: nucleus mass in (0, 1]");
+ABSL_FLAG(int32_t, top_k, 0, "generate/complete: keep the k most likely values (0: off)");
+ABSL_FLAG(int32_t, rows, 0, "complete: prompt rows to keep");
+ABSL_FLAG(std::string, out, ".", "generate/complete: folder for the PNG files");
+ABSL_FLAG(std::string, prefix, "sample", "generate/complete: file names PREFIX-I.png");
+ABSL_FLAG(bool, progress, true, "generate/complete: live progress bar on stderr");
+
+namespace {
+
+using krause::client::ConnectionOptions;
+using nlohmann::json;
+namespace v1 = krause::v1;
+
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "krause-client: %s\n", what.c_str());
+  return 1;
+}
+
+int FailRpc(const char* rpc, const grpc::Status& st, const ConnectionOptions& o) {
+  return Fail(absl::StrCat(rpc, " failed: ", krause::client::Explain(st, o)));
+}
+
+// Images from the command line: PNG files, or IDX files sliced with --index.
+struct InputImage {
+  std::string name;
+  v1::Image image;
+};
+
+absl::StatusOr<std::vector<InputImage>> ReadInputs(const std::vector<std::string>& files) {
+  std::vector<InputImage> out;
+  for (const std::string& f : files) {
+    const std::string ext = std::filesystem::path(f).extension().string();
+    if (ext == ".png" || ext == ".PNG") {
+      auto bytes = krause::client::ReadFileToString(f);
+      if (!bytes.ok()) return bytes.status();
+      InputImage in;
+      in.name = f;
+      in.image.set_png(std::move(*bytes));
+      out.push_back(std::move(in));
+      continue;
+    }
+    auto t = krause::ReadIdx(f);
+    if (!t.ok()) return t.status();
+    if (t->dim() != 3)
+      return absl::InvalidArgumentError(
+          absl::StrCat(f, ": not an IDX image file (", t->dim(), " dimensions, expected 3)"));
+    int64_t a = 0, b = t->size(0);
+    const std::string range = absl::GetFlag(FLAGS_index);
+    if (!range.empty()) {
+      std::vector<std::string> parts = absl::StrSplit(range, ':');
+      bool ok = parts.size() <= 2 && absl::SimpleAtoi(parts[0], &a);
+      if (ok) b = a + 1;
+      if (ok && parts.size() == 2) ok = absl::SimpleAtoi(parts[1], &b);
+      if (!ok || a < 0 || b > t->size(0) || a >= b)
+        return absl::InvalidArgumentError(
+            absl::StrCat("--index ", range, ": need A:B with 0 <= A < B <= ", t->size(0)));
+    } else if (t->size(0) > 1000) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f, " holds ", t->size(0), " images: choose some with --index A:B"));
+    }
+    for (int64_t i = a; i < b; ++i) {
+      const at::Tensor img = (*t)[i].contiguous();
+      InputImage in;
+      in.name = absl::StrCat(f, "[", i, "]");
+      v1::RawImage* raw = in.image.mutable_raw();
+      raw->set_height(static_cast<uint32_t>(img.size(0)));
+      raw->set_width(static_cast<uint32_t>(img.size(1)));
+      raw->set_channels(1);
+      raw->set_pixels(img.data_ptr<uint8_t>(), static_cast<size_t>(img.numel()));
+      out.push_back(std::move(in));
+    }
+  }
+  if (out.empty()) return absl::InvalidArgumentError("no input files");
+  return out;
+}
+
+std::string Bar(double fraction, int width = 30) {
+  const int full = static_cast<int>(fraction * width + 0.5);
+  return std::string(full, '#') + std::string(width - full, '.');
+}
+
+int List(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_json) {
+  grpc::ClientContext ctx;
+  krause::client::PrepareContext(o, &ctx);
+  v1::ListModelsResponse r;
+  const grpc::Status st = stub.ListModels(&ctx, v1::ListModelsRequest(), &r);
+  if (!st.ok()) return FailRpc("list", st, o);
+  if (as_json) {
+    json j = json::array();
+    for (const auto& m : r.models()) {
+      json t = {{"name", m.name()},
+                {"kind", v1::ModelInfo::Kind_Name(m.kind())},
+                {"attention", v1::ModelInfo::Attention_Name(m.attention())},
+                {"default", m.is_default()},
+                {"shape", {m.height(), m.width(), m.channels()}},
+                {"labels", std::vector<std::string>(m.labels().begin(), m.labels().end())},
+                {"window", m.window()},
+                {"top_k", std::vector<uint32_t>(m.top_k().begin(), m.top_k().end())},
+                {"parameters", m.parameters()},
+                {"flops_per_image_executed", m.flops_per_image_executed()},
+                {"flops_per_image_dense_equivalent", m.flops_per_image_dense_equivalent()},
+                {"device", m.device()},
+                {"max_batch_size", m.max_batch_size()},
+                {"max_images_per_request", m.max_images_per_request()}};
+      j.push_back(t);
+    }
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%-20s %-10s %-8s %-9s %10s %9s %9s %7s  %s\n", "NAME", "KIND", "ATTN", "SHAPE",
+              "PARAMS", "MFLOP/IMG", "DENSE-EQ", "SAVING", "DEFAULT");
+  for (const auto& m : r.models()) {
+    const double ex = m.flops_per_image_executed() / 1e6,
+                 de = m.flops_per_image_dense_equivalent() / 1e6;
+    std::printf("%-20s %-10s %-8s %-9s %10llu %9.2f %9.2f %6.1f%%  %s\n", m.name().c_str(),
+                v1::ModelInfo::Kind_Name(m.kind()).c_str(),
+                v1::ModelInfo::Attention_Name(m.attention()).c_str(),
+                absl::StrCat(m.height(), "x", m.width(), "x", m.channels()).c_str(),
+                static_cast<unsigned long long>(m.parameters()), ex, de,
+                de > 0 ? 100.0 * (1.0 - ex / de) : 0.0, m.is_default() ? "yes" : "");
+  }
+  return 0;
+}
+
+int Health(const std::shared_ptr<grpc::Channel>& channel, const ConnectionOptions& o,
+           bool as_json) {
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext ctx;
+  krause::client::PrepareContext(o, &ctx);
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(absl::GetFlag(FLAGS_service));
+  grpc::health::v1::HealthCheckResponse r;
+  const grpc::Status st = stub->Check(&ctx, req, &r);
+  if (!st.ok()) return FailRpc("health", st, o);
+  const std::string status = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(r.status());
+  if (as_json) {
+    std::cout << json{{"service", req.service()}, {"status", status}}.dump() << "\n";
+  } else {
+    std::printf("%s\n", status.c_str());
+  }
+  return r.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
+}
+
+int Classify(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_json,
+             const std::vector<std::string>& files) {
+  auto inputs = ReadInputs(files);
+  if (!inputs.ok()) return Fail(inputs.status().ToString());
+  const int batch = std::max(1, absl::GetFlag(FLAGS_batch));
+  json results = json::array();
+  double executed = 0, dense = 0;
+  for (size_t s = 0; s < inputs->size(); s += batch) {
+    v1::ClassifyRequest req;
+    req.set_model(absl::GetFlag(FLAGS_model));
+    req.set_top_k(static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_top))));
+    const size_t e = std::min(inputs->size(), s + batch);
+    for (size_t i = s; i < e; ++i) *req.add_images() = (*inputs)[i].image;
+    grpc::ClientContext ctx;
+    krause::client::PrepareContext(o, &ctx);
+    v1::ClassifyResponse r;
+    const grpc::Status st = stub.Classify(&ctx, req, &r);
+    if (!st.ok()) return FailRpc("classify", st, o);
+    executed += r.flops_executed();
+    dense += r.flops_dense_equivalent();
+    for (int i = 0; i < r.results_size(); ++i) {
+      const std::string& name = (*inputs)[s + i].name;
+      json top = json::array();
+      std::string line = name + ":";
+      for (const auto& c : r.results(i).top()) {
+        top.push_back(
+            {{"index", c.index()}, {"label", c.label()}, {"probability", c.probability()}});
+        absl::StrAppend(&line, "  ", c.label().empty() ? absl::StrCat(c.index()) : c.label(), " ",
+                        absl::StrFormat("%.3f", c.probability()));
+      }
+      results.push_back({{"input", name}, {"model", r.model()}, {"top", top}});
+      if (!as_json) std::printf("%s\n", line.c_str());
+    }
+  }
+  if (as_json) {
+    std::cout << json{{"results", results},
+                      {"flops_executed", executed},
+                      {"flops_dense_equivalent", dense}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::printf("FLOPs: %.4g executed, %.4g dense-equivalent (%.1f%% saved)\n", executed, dense,
+                dense > 0 ? 100.0 * (1 - executed / dense) : 0.0);
+  }
+  return 0;
+}
+
+int Generate(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_json,
+             const std::string& prompt_file) {
+  v1::GenerateRequest req;
+  req.set_model(absl::GetFlag(FLAGS_model));
+  req.set_num_images(static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_num))));
+  if (absl::GetFlag(FLAGS_seed) >= 0)
+    req.set_seed(static_cast<uint64_t>(absl::GetFlag(FLAGS_seed)));
+  req.set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+  req.set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
+  req.set_top_k(static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_top_k))));
+  req.set_stream_rows(false);  // the client only needs the progress and the final PNGs
+  if (!prompt_file.empty()) {
+    auto bytes = krause::client::ReadFileToString(prompt_file);
+    if (!bytes.ok()) return Fail(bytes.status().ToString());
+    req.mutable_prompt()->set_png(std::move(*bytes));
+    req.set_prompt_rows(static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_rows))));
+  }
+  const std::string out_dir = absl::GetFlag(FLAGS_out);
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  grpc::ClientContext ctx;
+  krause::client::PrepareContext(o, &ctx);
+  auto reader = stub.Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  std::vector<std::string> written;
+  v1::GenerateSummary summary;
+  const bool progress = absl::GetFlag(FLAGS_progress) && !as_json;
+  const auto start = std::chrono::steady_clock::now();
+  while (reader->Read(&msg)) {
+    for (const auto& im : msg.images()) {
+      const std::string path = (std::filesystem::path(out_dir) /
+                                absl::StrCat(absl::GetFlag(FLAGS_prefix), "-", im.image(), ".png"))
+                                   .string();
+      FILE* f = std::fopen(path.c_str(), "wb");
+      if (!f) return Fail(absl::StrCat(path, ": cannot write"));
+      std::fwrite(im.png().data(), 1, im.png().size(), f);
+      std::fclose(f);
+      written.push_back(path);
+    }
+    if (progress) {
+      const auto& p = msg.progress();
+      const double frac = p.pixels_total() ? double(p.pixels_done()) / p.pixels_total() : 1.0;
+      const double el =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::fprintf(stderr, "\r[%s] %5.1f%% %llu/%llu px  images %u/%u  %.1fs eta %.1fs ",
+                   Bar(frac).c_str(), 100 * frac, static_cast<unsigned long long>(p.pixels_done()),
+                   static_cast<unsigned long long>(p.pixels_total()), p.images_done(),
+                   p.images_total(), el, frac > 0 ? el / frac - el : 0.0);
+    }
+    if (msg.has_summary()) summary = msg.summary();
+  }
+  if (progress) std::fprintf(stderr, "\n");
+  const grpc::Status st = reader->Finish();
+  if (!st.ok()) return FailRpc(prompt_file.empty() ? "generate" : "complete", st, o);
+  if (as_json) {
+    std::cout << json{{"model", summary.model()},
+                      {"files", written},
+                      {"images", summary.images()},
+                      {"pixels_generated", summary.pixels_generated()},
+                      {"seconds", summary.seconds()},
+                      {"seconds_to_first_pixel", summary.seconds_to_first_pixel()},
+                      {"seed", summary.seed()},
+                      {"flops_executed", summary.flops_executed()},
+                      {"flops_dense_equivalent", summary.flops_dense_equivalent()}}
+                     .dump(2)
+              << "\n";
+  } else {
+    for (const auto& w : written) std::printf("wrote %s\n", w.c_str());
+    std::printf("%s: %u image(s), %llu pixels in %.2f s (first pixel after %.3f s), seed %llu\n",
+                summary.model().c_str(), summary.images(),
+                static_cast<unsigned long long>(summary.pixels_generated()), summary.seconds(),
+                summary.seconds_to_first_pixel(), static_cast<unsigned long long>(summary.seed()));
+    std::printf("FLOPs: %.4g executed, %.4g dense-equivalent (%.1f%% saved)\n",
+                summary.flops_executed(), summary.flops_dense_equivalent(),
+                summary.flops_dense_equivalent() > 0
+                    ? 100.0 * (1 - summary.flops_executed() / summary.flops_dense_equivalent())
+                    : 0.0);
+  }
+  return 0;
+}
+
+int Score(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_json,
+          const std::vector<std::string>& files) {
+  auto inputs = ReadInputs(files);
+  if (!inputs.ok()) return Fail(inputs.status().ToString());
+  const int batch = std::max(1, absl::GetFlag(FLAGS_batch));
+  json results = json::array();
+  double sum = 0;
+  std::string model;
+  for (size_t s = 0; s < inputs->size(); s += batch) {
+    v1::ScoreRequest req;
+    req.set_model(absl::GetFlag(FLAGS_model));
+    const size_t e = std::min(inputs->size(), s + batch);
+    for (size_t i = s; i < e; ++i) *req.add_images() = (*inputs)[i].image;
+    grpc::ClientContext ctx;
+    krause::client::PrepareContext(o, &ctx);
+    v1::ScoreResponse r;
+    const grpc::Status st = stub.Score(&ctx, req, &r);
+    if (!st.ok()) return FailRpc("score", st, o);
+    model = r.model();
+    for (int i = 0; i < r.bits_per_dim_size(); ++i) {
+      sum += r.bits_per_dim(i);
+      results.push_back({{"input", (*inputs)[s + i].name}, {"bits_per_dim", r.bits_per_dim(i)}});
+      if (!as_json)
+        std::printf("%s: %.4f bits/dim\n", (*inputs)[s + i].name.c_str(), r.bits_per_dim(i));
+    }
+  }
+  const double mean = sum / static_cast<double>(inputs->size());
+  if (as_json) {
+    std::cout << json{{"model", model}, {"results", results}, {"mean_bits_per_dim", mean}}.dump(2)
+              << "\n";
+  } else {
+    std::printf("%s: mean %.4f bits/dim over %zu image(s)\n", model.c_str(), mean, inputs->size());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "the command-line client of krause-server.\n"
+      "  krause-client list\n"
+      "  krause-client health [--service krause.v1.KrauseService]\n"
+      "  krause-client classify FILE... [--index A:B] [--top 3]     (PNG files or IDX files)\n"
+      "  krause-client generate [--num 4] [--seed 1] [--out DIR]\n"
+      "  krause-client complete PROMPT.png --rows 14 [--num 4] [--out DIR]\n"
+      "  krause-client score FILE... [--index A:B]\n"
+      "Common: --server host:port, --model NAME, --json, --timeout S, --tls/--tls_ca/--tls_cert/\n"
+      "--tls_key, --token/--token_file. Exit code 0 on success, 1 on an error, 2 on bad usage.");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() < 2) {
+    std::fprintf(stderr,
+                 "krause-client: a command is required (list, health, classify, generate, "
+                 "complete, score); see --help\n");
+    return 2;
+  }
+  const std::string cmd = args[1];
+  std::vector<std::string> rest(args.begin() + 2, args.end());
+  ConnectionOptions o;
+  o.server = absl::GetFlag(FLAGS_server);
+  o.tls = absl::GetFlag(FLAGS_tls);
+  o.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key = absl::GetFlag(FLAGS_tls_key);
+  o.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  o.token = absl::GetFlag(FLAGS_token);
+  o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  o.timeout_seconds = absl::GetFlag(FLAGS_timeout);
+  if (!absl::GetFlag(FLAGS_token_file).empty()) {
+    auto t = krause::client::ReadFileToString(absl::GetFlag(FLAGS_token_file));
+    if (!t.ok()) return Fail(t.status().ToString());
+    o.token = std::string(absl::StripAsciiWhitespace(*t));
+  }
+  auto channel = krause::client::MakeChannel(o);
+  if (!channel.ok()) return Fail(channel.status().ToString());
+  auto stub = v1::KrauseService::NewStub(*channel);
+  const bool as_json = absl::GetFlag(FLAGS_json);
+  if (cmd == "list" && rest.empty()) return List(*stub, o, as_json);
+  if (cmd == "health" && rest.empty()) return Health(*channel, o, as_json);
+  if (cmd == "classify" && !rest.empty()) return Classify(*stub, o, as_json, rest);
+  if (cmd == "score" && !rest.empty()) return Score(*stub, o, as_json, rest);
+  if (cmd == "generate" && rest.empty()) return Generate(*stub, o, as_json, "");
+  if (cmd == "complete" && rest.size() == 1) return Generate(*stub, o, as_json, rest[0]);
+  std::fprintf(stderr, "krause-client: bad usage of \"%s\"; see --help\n", cmd.c_str());
+  return 2;
+}

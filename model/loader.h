@@ -1,0 +1,43 @@
+// Loading a krause-serve checkpoint (safetensors with the model config in __metadata__["config"])
+// into the model it describes: a ViT (Krause or softmax) or an ARM (KARM or softmax ARM).
+// Thread-safety: free functions; the returned models are immutable and may be shared by threads.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "model/karm.h"
+#include "model/vit.h"
+
+namespace krause {
+
+struct LoadedModel {
+  std::string path;
+  std::map<std::string, std::string> metadata;  // the checkpoint's __metadata__
+  // Exactly one is set.
+  std::shared_ptr<const ViT> vit;
+  std::shared_ptr<const Arm> arm;
+
+  bool classifier() const { return vit != nullptr; }
+  AttentionCost FlopsPerImage() const { return vit ? vit->FlopsPerImage() : arm->FlopsPerImage(); }
+  int64_t NumParameters() const {
+    return vit ? vit->parameters().NumParameters() : arm->parameters().NumParameters();
+  }
+};
+
+// Reads `path`, builds the model its config describes and loads the weights strictly, on
+// `device` ("cpu", "cuda", "cuda:N"). NotFound / InvalidArgument / FailedPrecondition (no CUDA)
+// with the path in the message.
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string& device = "cpu");
+
+// Writes a model with its config (and `metadata`) as a checkpoint LoadModel reads.
+absl::Status SaveModel(const std::string& path, const ViT& model,
+                       std::map<std::string, std::string> metadata = {});
+absl::Status SaveModel(const std::string& path, const Arm& model,
+                       std::map<std::string, std::string> metadata = {});
+
+}  // namespace krause

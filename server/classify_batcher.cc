@@ -1,0 +1,148 @@
+#include "server/classify_batcher.h"
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace krause::server {
+
+ClassifyBatcher::ClassifyBatcher(std::shared_ptr<const ViT> model, std::string device,
+                                 BatchingOptions options,
+                                 std::function<void(const BatchEvent&)> on_batch)
+    : model_(std::move(model)),
+      device_(std::move(device)),
+      options_(options),
+      on_batch_(std::move(on_batch)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+ClassifyBatcher::~ClassifyBatcher() { Stop(); }
+
+absl::Status ClassifyBatcher::Enqueue(ClassifyJob job) {
+  const int64_t n = job.images.size(0);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return absl::UnavailableError("the server is shutting down");
+    if (queued_images_ + n > options_.max_queued_images)
+      return absl::UnavailableError(absl::StrCat("classify queue is full (", queued_images_,
+                                                 " images queued, limit ",
+                                                 options_.max_queued_images, "); retry later"));
+    queued_images_ += n;
+    queue_.push_back(Entry{std::move(job), Clock::now()});
+  }
+  cv_.notify_one();
+  return absl::OkStatus();
+}
+
+void ClassifyBatcher::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+int64_t ClassifyBatcher::queued_images() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queued_images_;
+}
+
+void ClassifyBatcher::Loop() {
+  at::NoGradGuard no_grad;
+  const at::Device dev(device_);
+  for (;;) {
+    std::vector<Entry> batch, dropped;
+    std::vector<absl::Status> drop_status;
+    bool stop = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      for (;;) {
+        // Drop what expired or was cancelled, wherever it is in the queue.
+        const Clock::time_point now = Clock::now();
+        for (auto it = queue_.begin(); it != queue_.end();) {
+          absl::Status why;
+          if (stopping_) {
+            why = absl::UnavailableError("the server is shutting down");
+          } else if (now >= it->job.deadline) {
+            why = absl::DeadlineExceededError("deadline exceeded while queued for a batch");
+          } else if (it->job.cancelled && it->job.cancelled()) {
+            why = absl::CancelledError("cancelled by the client");
+          }
+          if (why.ok()) {
+            ++it;
+            continue;
+          }
+          queued_images_ -= it->job.images.size(0);
+          dropped.push_back(std::move(*it));
+          drop_status.push_back(why);
+          it = queue_.erase(it);
+        }
+        if (!dropped.empty() || stopping_) {
+          stop = stopping_;
+          break;
+        }
+        if (queue_.empty()) {
+          cv_.wait(lock);
+          continue;
+        }
+        int64_t images = 0;
+        for (const Entry& e : queue_) images += e.job.images.size(0);
+        const Clock::time_point due = queue_.front().enqueued + options_.max_queue_delay;
+        if (images >= options_.max_batch_size || now >= due) {
+          // The oldest requests, whole, up to max_batch_size images.
+          int64_t taken = 0;
+          while (!queue_.empty() && (batch.empty() || taken + queue_.front().job.images.size(0) <=
+                                                          options_.max_batch_size)) {
+            taken += queue_.front().job.images.size(0);
+            batch.push_back(std::move(queue_.front()));
+            queue_.pop_front();
+          }
+          queued_images_ -= taken;
+          break;
+        }
+        // Sleep until the batch is due (or more work / a stop arrives); a deadline in between
+        // is noticed at the next wake-up.
+        Clock::time_point wake = due;
+        for (const Entry& e : queue_) wake = std::min(wake, e.job.deadline);
+        cv_.wait_until(lock, wake);
+      }
+    }
+    for (size_t i = 0; i < dropped.size(); ++i) dropped[i].job.done(drop_status[i], 0.0);
+    if (batch.empty()) {
+      if (stop) return;
+      continue;
+    }
+    const Clock::time_point start = Clock::now();
+    std::vector<at::Tensor> parts;
+    for (const Entry& e : batch) parts.push_back(e.job.images);
+    absl::StatusOr<at::Tensor> probs;
+    try {
+      const at::Tensor x = NormalizePixels(model_->config(), at::cat(parts, 0).to(dev));
+      probs = at::softmax(model_->Forward(x), -1).to(at::kCPU).contiguous();
+    } catch (const std::exception& e) {
+      probs = absl::InternalError(absl::StrCat("classifier forward failed: ", e.what()));
+    }
+    const double compute = std::chrono::duration<double>(Clock::now() - start).count();
+    int64_t images = 0;
+    for (const Entry& e : batch) images += e.job.images.size(0);
+    // Reported before the replies go out, so whoever sees a reply also sees its batch counted.
+    if (on_batch_) on_batch_(BatchEvent{images, static_cast<int64_t>(batch.size()), compute});
+    int64_t offset = 0;
+    for (Entry& e : batch) {
+      const int64_t n = e.job.images.size(0);
+      const double queue_s = std::chrono::duration<double>(start - e.enqueued).count();
+      if (probs.ok()) {
+        e.job.done(probs->narrow(0, offset, n), queue_s);
+      } else {
+        e.job.done(probs.status(), queue_s);
+      }
+      offset += n;
+    }
+  }
+}
+
+}  // namespace krause::server

@@ -1,0 +1,88 @@
+// The dynamic batcher of one classifier: requests (each a few images of the model's shape) queue
+// up; one worker thread takes the oldest requests whole, up to max_batch_size images, as soon as
+// the batch is full or the oldest has waited max_queue_delay, runs ONE forward over the batch and
+// hands each request its rows of the probabilities. RPC threads only enqueue.
+//
+// Requests whose deadline passed or whose caller cancelled are dropped before a batch forms
+// (DEADLINE_EXCEEDED / CANCELLED). A full queue refuses with UNAVAILABLE. Stop() fails what is
+// still queued with UNAVAILABLE and joins the thread.
+//
+// Thread-safety: Enqueue and the accessors from any thread; callbacks run on the worker thread.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "model/vit.h"
+
+namespace krause::server {
+
+using Clock = std::chrono::steady_clock;
+
+struct ClassifyJob {
+  at::Tensor images;  // [n, C, H, W] uint8 on the CPU, 1 <= n <= max_batch_size
+  Clock::time_point deadline = Clock::time_point::max();
+  std::function<bool()> cancelled;  // polled before the job joins a batch (may be empty)
+  // Softmax probabilities [n, classes] (float, CPU), or the reason the job did not run.
+  // `queue_seconds`: time from Enqueue to the start of its batch's forward.
+  std::function<void(absl::StatusOr<at::Tensor>, double queue_seconds)> done;
+};
+
+struct BatchingOptions {
+  int64_t max_batch_size = 64;
+  std::chrono::microseconds max_queue_delay{5000};
+  int64_t max_queued_images = 1024;
+};
+
+// What the batcher did with one batch (for metrics and tests).
+struct BatchEvent {
+  int64_t images = 0;
+  int64_t requests = 0;
+  double compute_seconds = 0;
+};
+
+class ClassifyBatcher {
+ public:
+  ClassifyBatcher(std::shared_ptr<const ViT> model, std::string device, BatchingOptions options,
+                  std::function<void(const BatchEvent&)> on_batch = {});
+  ~ClassifyBatcher();
+  ClassifyBatcher(const ClassifyBatcher&) = delete;
+  ClassifyBatcher& operator=(const ClassifyBatcher&) = delete;
+
+  // Queues the job, or returns UNAVAILABLE (queue full / stopped) without calling `done`.
+  absl::Status Enqueue(ClassifyJob job);
+  void Stop();
+
+  int64_t queued_images() const;
+  const BatchingOptions& options() const { return options_; }
+
+ private:
+  struct Entry {
+    ClassifyJob job;
+    Clock::time_point enqueued;
+  };
+  void Loop();
+
+  const std::shared_ptr<const ViT> model_;
+  const std::string device_;
+  const BatchingOptions options_;
+  const std::function<void(const BatchEvent&)> on_batch_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Entry> queue_;
+  int64_t queued_images_ = 0;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace krause::server

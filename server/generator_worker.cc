@@ -1,0 +1,171 @@
+#include "server/generator_worker.h"
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace krause::server {
+
+absl::StatusOr<std::unique_ptr<GeneratorWorker>> GeneratorWorker::Create(
+    std::shared_ptr<const Arm> model, const GeneratorOptions& options,
+    std::function<void(const StepStats&)> on_step) {
+  auto engine = DecodeEngine::Create(model.get(), options.engine);
+  if (!engine.ok()) return engine.status();
+  return std::unique_ptr<GeneratorWorker>(
+      new GeneratorWorker(std::move(model), std::move(*engine), options, std::move(on_step)));
+}
+
+GeneratorWorker::GeneratorWorker(std::shared_ptr<const Arm> model,
+                                 std::unique_ptr<DecodeEngine> engine,
+                                 const GeneratorOptions& options,
+                                 std::function<void(const StepStats&)> on_step)
+    : model_(std::move(model)),
+      engine_(std::move(engine)),
+      options_(options),
+      on_step_(std::move(on_step)),
+      slots_(engine_->pool().capacity()),
+      bytes_per_sequence_(engine_->bytes_per_sequence()) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+GeneratorWorker::~GeneratorWorker() { Stop(); }
+
+bool GeneratorWorker::stopping() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stopping_;
+}
+
+absl::StatusOr<std::vector<int64_t>> GeneratorWorker::Submit(
+    std::vector<GenerationRequest> requests) {
+  std::vector<int64_t> ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return absl::UnavailableError("the server is shutting down");
+    const int64_t n = static_cast<int64_t>(requests.size());
+    // Everything not yet holding a slot counts as waiting, including this call's images.
+    const int64_t waiting = static_cast<int64_t>(live_.size()) - active_.load();
+    const int64_t free_slots = slots_ - active_.load();
+    if (waiting + n - free_slots > options_.max_waiting)
+      return absl::UnavailableError(
+          absl::StrCat("generator queue is full (", std::max<int64_t>(waiting, 0),
+                       " images waiting, ", active_.load(), " of ", slots_,
+                       " slots busy, waiting limit ", options_.max_waiting, "); retry later"));
+    for (GenerationRequest& r : requests) {
+      // Wrap on_done so the worker knows which requests are live.
+      auto done = std::move(r.on_done);
+      auto id_holder = std::make_shared<int64_t>(0);
+      r.on_done = [this, done = std::move(done), id_holder](absl::Status st,
+                                                            std::vector<uint8_t> px) {
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          live_.erase(*id_holder);
+        }
+        done(std::move(st), std::move(px));
+      };
+      auto id = engine_->Submit(std::move(r));
+      if (!id.ok()) {
+        // Validation is the same for every image of a call, so this is the first one; but be
+        // exact anyway: cancel what was already submitted.
+        for (int64_t prev : ids) engine_->Cancel(prev);
+        return id.status();
+      }
+      *id_holder = *id;
+      live_.insert(*id);
+      ids.push_back(*id);
+    }
+    wake_ = true;
+  }
+  cv_.notify_one();
+  return ids;
+}
+
+void GeneratorWorker::Cancel(int64_t id) {
+  engine_->Cancel(id);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake_ = true;
+  }
+  cv_.notify_one();
+}
+
+absl::Status GeneratorWorker::EnqueueScore(ScoreJob job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return absl::UnavailableError("the server is shutting down");
+    if (static_cast<int64_t>(scores_.size()) >= options_.max_waiting + 1)
+      return absl::UnavailableError(
+          absl::StrCat("score queue is full (", scores_.size(), " requests queued); retry later"));
+    scores_.push_back(std::move(job));
+    wake_ = true;
+  }
+  cv_.notify_one();
+  return absl::OkStatus();
+}
+
+void GeneratorWorker::AddListener(std::shared_ptr<StepListener> listener) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    new_listeners_.push_back(std::move(listener));
+    wake_ = true;
+  }
+  cv_.notify_one();
+}
+
+void GeneratorWorker::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!thread_.joinable()) return;
+    stopping_ = true;
+    wake_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void GeneratorWorker::Loop() {
+  at::NoGradGuard no_grad;
+  std::vector<std::shared_ptr<StepListener>> listeners;
+  for (;;) {
+    std::deque<ScoreJob> scores;
+    bool stopping = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return wake_ || engine_->Busy(); });
+      wake_ = false;
+      stopping = stopping_;
+      scores.swap(scores_);
+      for (auto& l : new_listeners_) listeners.push_back(std::move(l));
+      new_listeners_.clear();
+      if (stopping)
+        for (int64_t id : live_) engine_->Cancel(id);
+    }
+    for (ScoreJob& job : scores) {
+      if (stopping) {
+        job.done(absl::UnavailableError("the server is shutting down"));
+      } else if (job.cancelled && job.cancelled()) {
+        job.done(absl::CancelledError("cancelled by the client"));
+      } else {
+        job.done(ScoreBitsPerDim(*model_, job.images));
+      }
+    }
+    if (engine_->Busy()) {
+      const StepStats stats = engine_->Step();
+      active_.store(engine_->active());
+      waiting_.store(engine_->waiting());
+      if (on_step_) on_step_(stats);
+    }
+    for (auto it = listeners.begin(); it != listeners.end();) {
+      if ((*it)->AfterStep()) {
+        ++it;
+      } else {
+        it = listeners.erase(it);
+      }
+    }
+    if (stopping && !engine_->Busy()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (scores_.empty() && new_listeners_.empty()) return;
+    }
+  }
+}
+
+}  // namespace krause::server

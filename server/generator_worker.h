@@ -1,0 +1,95 @@
+// The worker of one generator: owns its DecodeEngine and the one thread that runs it. Between
+// decode steps it also runs Score jobs (teacher-forced bits/dim), so RPC threads never run a
+// model. After every step it calls each registered StepListener on the worker thread: streaming
+// calls use it to flush rows at their own rate and to notice their deadline.
+//
+// Thread-safety: everything public may be called from any thread. Engine callbacks (on_pixel,
+// on_done) and listeners run on the worker thread.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/engine/decode_engine.h"
+#include "model/karm.h"
+
+namespace krause::server {
+
+class StepListener {
+ public:
+  virtual ~StepListener() = default;
+  // Called after every engine step (and once when the listener is added). Returns false once the
+  // listener needs no more calls; it is then dropped.
+  virtual bool AfterStep() = 0;
+};
+
+struct ScoreJob {
+  at::Tensor images;  // [n, seq_len] uint8 raster order
+  std::function<bool()> cancelled;
+  std::function<void(absl::StatusOr<std::vector<double>> bits_per_dim)> done;
+};
+
+struct GeneratorOptions {
+  EngineOptions engine;
+  int64_t max_waiting = 256;  // images waiting for a slot; beyond, Submit is UNAVAILABLE
+};
+
+class GeneratorWorker {
+ public:
+  static absl::StatusOr<std::unique_ptr<GeneratorWorker>> Create(
+      std::shared_ptr<const Arm> model, const GeneratorOptions& options,
+      std::function<void(const StepStats&)> on_step = {});
+  ~GeneratorWorker();
+
+  // Submits the requests all or none: UNAVAILABLE when the waiting room would overflow or the
+  // worker is stopping; InvalidArgument from the engine's validation. Returns their ids.
+  absl::StatusOr<std::vector<int64_t>> Submit(std::vector<GenerationRequest> requests);
+  void Cancel(int64_t id);
+  absl::Status EnqueueScore(ScoreJob job);
+  void AddListener(std::shared_ptr<StepListener> listener);
+  // Cancels every request (their on_done gets UNAVAILABLE-worthy Cancelled), fails queued score
+  // jobs with UNAVAILABLE, runs the engine until idle and joins the thread.
+  void Stop();
+
+  int64_t active() const { return active_.load(); }
+  int64_t waiting() const { return waiting_.load(); }
+  int64_t slots_in_use() const { return active_.load(); }
+  int64_t slots() const { return slots_; }
+  int64_t bytes_per_sequence() const { return bytes_per_sequence_; }
+  bool stopping() const;
+
+ private:
+  GeneratorWorker(std::shared_ptr<const Arm> model, std::unique_ptr<DecodeEngine> engine,
+                  const GeneratorOptions& options, std::function<void(const StepStats&)> on_step);
+  void Loop();
+
+  const std::shared_ptr<const Arm> model_;
+  const std::unique_ptr<DecodeEngine> engine_;
+  const GeneratorOptions options_;
+  const std::function<void(const StepStats&)> on_step_;
+  const int64_t slots_;
+  const int64_t bytes_per_sequence_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<int64_t> live_;  // submitted and not yet done
+  std::deque<ScoreJob> scores_;
+  std::vector<std::shared_ptr<StepListener>> new_listeners_;
+  bool stopping_ = false;
+  bool wake_ = false;
+  std::atomic<int64_t> active_{0}, waiting_{0};
+  std::thread thread_;
+};
+
+}  // namespace krause::server

@@ -1,0 +1,98 @@
+// krause-server: serves Krause ViT classifiers and KARM generators (and their softmax baselines)
+// over gRPC. See --help and the README's API reference.
+#include <ATen/Parallel.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "server/server.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
+          "address:port to serve gRPC on (port 0: any free port)");
+ABSL_FLAG(std::string, manifest, "",
+          "model manifest (JSON, see server/options.h); empty: every model in --models_dir");
+ABSL_FLAG(std::string, models_dir, "models",
+          "folder of the bundled models (used without --manifest)");
+ABSL_FLAG(int32_t, threads, 0, "LibTorch intra-op threads (0: all cores)");
+ABSL_FLAG(int64_t, max_message_bytes, 64 << 20, "largest request or response message in bytes");
+ABSL_FLAG(
+    double, drain_seconds, 20,
+    "on SIGTERM/SIGINT: seconds in-flight calls may take to finish before they are cancelled");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: require client certificates signed by it (mutual TLS)");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "file of bearer tokens, one per line: calls need 'authorization: Bearer <token>'");
+ABSL_FLAG(bool, quiet, false, "no log lines on stderr");
+
+namespace {
+int g_signal_pipe[2] = {-1, -1};
+void OnSignal(int sig) {
+  const unsigned char b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &b, 1);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "serves Krause attention models over gRPC (krause.v1.KrauseService, health, reflection).\n"
+      "  krause-server                       # the bundled models in ./models on port 50051\n"
+      "  krause-server --manifest m.json --listen 0.0.0.0:8500 --drain_seconds 30\n"
+      "SIGTERM/SIGINT drain the server (health NOT_SERVING, in-flight calls get --drain_seconds)\n"
+      "and it exits with code 0.");
+  absl::ParseCommandLine(argc, argv);
+  // SIGTERM / SIGINT: the handler (async-signal-safe) writes the signal number to a pipe; a
+  // thread reads it and drains the server. (Threads that libraries start before main() would
+  // escape a sigwait mask, so a handler it is.)
+  if (pipe(g_signal_pipe) != 0) {
+    std::perror("krause-server: pipe");
+    return 1;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+
+  krause::server::ServerOptions o;
+  o.listen = absl::GetFlag(FLAGS_listen);
+  o.manifest = absl::GetFlag(FLAGS_manifest);
+  o.models_dir = absl::GetFlag(FLAGS_models_dir);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  o.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
+  o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key = absl::GetFlag(FLAGS_tls_key);
+  o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  o.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
+  o.quiet = absl::GetFlag(FLAGS_quiet);
+  if (o.threads > 0) {
+    at::set_num_threads(o.threads);
+  } else {
+    at::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  }
+
+  auto server = krause::server::KrauseServer::Start(o);
+  if (!server.ok()) {
+    std::fprintf(stderr, "krause-server: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  std::thread waiter([&] {
+    unsigned char sig = 0;
+    while (read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    if (!o.quiet) std::fprintf(stderr, "krause-server: signal %d, shutting down\n", sig);
+    (*server)->Shutdown();
+  });
+  (*server)->Wait();
+  waiter.join();
+  return 0;
+}

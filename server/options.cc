@@ -1,0 +1,154 @@
+#include "server/options.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+
+namespace krause::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool ValidName(const std::string& s) {
+  if (s.empty() || s.size() > 64) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+  });
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::Status CheckRange(const std::string& field, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi)
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " must be in [", lo, ", ", hi, "], got ", v));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
+                                                     const std::string& base_dir) {
+  const nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("models") || !j["models"].is_array())
+    return absl::InvalidArgumentError("manifest: expected a JSON object {\"models\": [...]}");
+  static const std::set<std::string> kKeys = {"name",
+                                              "checkpoint",
+                                              "device",
+                                              "default",
+                                              "max_batch_size",
+                                              "max_queue_delay_ms",
+                                              "max_queued_images",
+                                              "max_sequences",
+                                              "max_waiting",
+                                              "max_images_per_request"};
+  std::vector<ModelSpec> specs;
+  std::set<std::string> names;
+  for (size_t i = 0; i < j["models"].size(); ++i) {
+    const nlohmann::json& m = j["models"][i];
+    const std::string where = absl::StrCat("manifest: models[", i, "]");
+    if (!m.is_object()) return absl::InvalidArgumentError(where + " is not an object");
+    for (const auto& [key, value] : m.items()) {
+      if (!kKeys.count(key))
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": unknown key \"", key, "\" (known: ", absl::StrJoin(kKeys, ", "), ")"));
+    }
+    ModelSpec s;
+    try {
+      s.name = m.value("name", "");
+      s.checkpoint = m.value("checkpoint", "");
+      s.device = m.value("device", s.device);
+      s.is_default = m.value("default", false);
+      s.max_batch_size = m.value("max_batch_size", s.max_batch_size);
+      s.max_queue_delay_ms = m.value("max_queue_delay_ms", s.max_queue_delay_ms);
+      s.max_queued_images = m.value("max_queued_images", s.max_queued_images);
+      s.max_sequences = m.value("max_sequences", s.max_sequences);
+      s.max_waiting = m.value("max_waiting", s.max_waiting);
+      s.max_images_per_request = m.value("max_images_per_request", s.max_images_per_request);
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", e.what()));
+    }
+    if (!ValidName(s.name))
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".name must match [A-Za-z0-9._-]{1,64}, got \"", s.name, "\""));
+    if (!names.insert(s.name).second)
+      return absl::InvalidArgumentError(absl::StrCat(where, ".name \"", s.name, "\" is repeated"));
+    if (s.checkpoint.empty())
+      return absl::InvalidArgumentError(absl::StrCat(where, ".checkpoint is required"));
+    if (fs::path(s.checkpoint).is_relative() && !base_dir.empty())
+      s.checkpoint = (fs::path(base_dir) / s.checkpoint).lexically_normal().string();
+    const std::string w = where + ".";
+    absl::Status st = CheckRange(w + "max_batch_size", s.max_batch_size, 1, 4096);
+    if (st.ok()) st = CheckRange(w + "max_queue_delay_ms", s.max_queue_delay_ms, 0, 10000);
+    if (st.ok()) st = CheckRange(w + "max_queued_images", s.max_queued_images, 1, 1 << 20);
+    if (st.ok()) st = CheckRange(w + "max_sequences", s.max_sequences, 1, 4096);
+    if (st.ok()) st = CheckRange(w + "max_waiting", s.max_waiting, 0, 1 << 20);
+    if (st.ok()) st = CheckRange(w + "max_images_per_request", s.max_images_per_request, 0, 4096);
+    if (!st.ok()) return st;
+    specs.push_back(std::move(s));
+  }
+  if (specs.empty()) return absl::InvalidArgumentError("manifest: models is empty");
+  return specs;
+}
+
+absl::StatusOr<std::vector<ModelSpec>> ReadManifest(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  auto specs = ParseManifest(*text, fs::path(path).parent_path().string());
+  if (!specs.ok())
+    return absl::Status(specs.status().code(), absl::StrCat(path, ": ", specs.status().message()));
+  return specs;
+}
+
+absl::StatusOr<std::vector<ModelSpec>> BundledManifest(const std::string& dir) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
+  }
+  if (ec) return absl::NotFoundError(absl::StrCat(dir, ": ", ec.message()));
+  if (files.empty())
+    return absl::NotFoundError(absl::StrCat(dir, ": no *.safetensors models to serve"));
+  std::sort(files.begin(), files.end());
+  std::vector<ModelSpec> specs;
+  for (const std::string& f : files) {
+    ModelSpec s;
+    s.name = fs::path(f).stem().string();
+    std::replace(s.name.begin(), s.name.end(), '_', '-');
+    s.checkpoint = f;
+    s.is_default = absl::StartsWith(s.name, "krause") || absl::StartsWith(s.name, "karm");
+    specs.push_back(std::move(s));
+  }
+  return specs;
+}
+
+absl::StatusOr<std::vector<std::string>> ReadTokens(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  std::vector<std::string> tokens;
+  std::istringstream in(*text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const std::string t(absl::StripAsciiWhitespace(line));
+    if (t.empty() || t[0] == '#') continue;
+    tokens.push_back(t);
+  }
+  if (tokens.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no tokens"));
+  return tokens;
+}
+
+}  // namespace krause::server

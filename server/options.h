@@ -1,0 +1,64 @@
+// The server's configuration: one options struct built from the flags (server/main.cc), and the
+// model manifest it names. Thread-safety: plain data.
+//
+// Manifest (JSON):
+//   {"models": [
+//     {"name": "fmnist-krause-vit", "checkpoint": "models/krause_vit_fmnist.safetensors",
+//      "device": "cpu", "default": true,
+//      "max_batch_size": 64, "max_queue_delay_ms": 5, "max_queued_images": 1024,
+//      "max_images_per_request": 64},
+//     {"name": "fmnist-karm", "checkpoint": "models/karm_fmnist.safetensors",
+//      "max_sequences": 64, "max_waiting": 256, "max_images_per_request": 16}]}
+// Relative checkpoint paths are resolved against the manifest's folder. Unknown keys are an
+// error (a typo must not silently change a limit).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace krause::server {
+
+struct ModelSpec {
+  std::string name;        // [A-Za-z0-9._-]{1,64}, unique
+  std::string checkpoint;  // safetensors file written by krause-train / tools/convert_pth.py
+  std::string device = "cpu";
+  bool is_default = false;  // the default of its kind (at most one per kind; else the first)
+  // Classifiers: the dynamic batcher.
+  int64_t max_batch_size = 64;       // images per batch (and per request)
+  int64_t max_queue_delay_ms = 5;    // how long the first request of a batch waits for company
+  int64_t max_queued_images = 1024;  // beyond this, Classify answers UNAVAILABLE
+  // Generators: the decode engine.
+  int64_t max_sequences = 64;  // cache slots (concurrent sequences in one decode step)
+  int64_t max_waiting = 256;   // images waiting for a slot; beyond, UNAVAILABLE
+  // Images per Classify / Generate / Score request (0: max_batch_size for classifiers, 16 for
+  // generators).
+  int64_t max_images_per_request = 0;
+};
+
+struct ServerOptions {
+  std::string listen = "0.0.0.0:50051";  // host:port; port 0 picks a free one
+  std::string manifest;                  // empty: the bundled models in `models_dir`
+  std::string models_dir = "models";
+  int threads = 0;                       // LibTorch intra-op threads (0: all cores)
+  int64_t max_message_bytes = 64 << 20;  // largest request and response message
+  double drain_seconds = 20;             // SIGTERM: how long in-flight calls may finish
+  // TLS: both or neither; with tls_client_ca, clients must present a certificate it signed.
+  std::string tls_cert, tls_key, tls_client_ca;
+  std::string auth_tokens_file;  // one token per line ('#' comments); empty: no auth
+  bool quiet = false;
+};
+
+// Parses a manifest; relative checkpoint paths are resolved against `base_dir`.
+absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
+                                                     const std::string& base_dir);
+absl::StatusOr<std::vector<ModelSpec>> ReadManifest(const std::string& path);
+// The bundled default models: every *.safetensors in `dir`, named after the file (underscores
+// become dashes), the Krause models the defaults.
+absl::StatusOr<std::vector<ModelSpec>> BundledManifest(const std::string& dir);
+// Tokens from a file: one per line, blank lines and '#' comments ignored; at least one.
+absl::StatusOr<std::vector<std::string>> ReadTokens(const std::string& path);
+
+}  // namespace krause::server

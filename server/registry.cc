@@ -1,0 +1,158 @@
+#include "server/registry.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace krause::server {
+namespace {
+
+v1::ModelInfo Describe(const ServedModel& m) {
+  v1::ModelInfo info;
+  info.set_name(m.spec.name);
+  info.set_device(m.spec.device);
+  info.set_checkpoint(m.model.path);
+  const auto summary = m.model.metadata.find("summary");
+  if (summary != m.model.metadata.end()) info.set_summary(summary->second);
+  info.set_parameters(static_cast<uint64_t>(m.model.NumParameters()));
+  const AttentionCost cost = m.model.FlopsPerImage();
+  info.set_flops_per_image_executed(cost.executed_flops);
+  info.set_flops_per_image_dense_equivalent(cost.dense_equivalent_flops);
+  info.set_height(static_cast<uint32_t>(m.shape.height));
+  info.set_width(static_cast<uint32_t>(m.shape.width));
+  info.set_channels(static_cast<uint32_t>(m.shape.channels));
+  info.set_max_images_per_request(static_cast<uint32_t>(m.max_images_per_request));
+  if (m.model.classifier()) {
+    const ViTConfig& c = m.model.vit->config();
+    info.set_kind(v1::ModelInfo::CLASSIFIER);
+    const bool krause = c.attention == "krause";
+    info.set_attention(krause ? v1::ModelInfo::KRAUSE : v1::ModelInfo::SOFTMAX);
+    for (const std::string& l : c.labels) info.add_labels(l);
+    if (krause) {
+      info.set_window(static_cast<uint32_t>(c.radius));
+      for (int64_t k : c.TopKSchedule()) info.add_top_k(static_cast<uint32_t>(k));
+    }
+    info.set_max_batch_size(static_cast<uint32_t>(m.spec.max_batch_size));
+    info.set_max_queue_delay_ms(static_cast<uint32_t>(m.spec.max_queue_delay_ms));
+  } else {
+    const ArmConfig& c = m.model.arm->config();
+    info.set_kind(v1::ModelInfo::GENERATOR);
+    const bool krause = c.attention == "krause";
+    info.set_attention(krause ? v1::ModelInfo::KRAUSE : v1::ModelInfo::SOFTMAX);
+    if (krause) {
+      info.set_window(static_cast<uint32_t>(c.window));
+      for (int64_t i = 0; i < c.depth; ++i) info.add_top_k(static_cast<uint32_t>(c.top_k));
+    }
+    info.set_max_batch_size(static_cast<uint32_t>(m.generator->slots()));
+    info.set_kv_cache_bytes_per_sequence(static_cast<uint64_t>(m.generator->bytes_per_sequence()));
+  }
+  return info;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Registry>> Registry::Load(const std::vector<ModelSpec>& specs,
+                                                         const WorkerHooks& hooks) {
+  auto reg = std::make_unique<Registry>();
+  bool default_classifier = false, default_generator = false;
+  for (const ModelSpec& spec : specs) {
+    auto m = std::make_unique<ServedModel>();
+    m->spec = spec;
+    auto loaded = LoadModel(spec.checkpoint, spec.device);
+    if (!loaded.ok())
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat("model ", spec.name, ": ", loaded.status().message()));
+    m->model = std::move(*loaded);
+    const std::string name = spec.name;
+    if (m->model.classifier()) {
+      const ViTConfig& c = m->model.vit->config();
+      m->shape = {c.image_size, c.image_size, c.channels};
+      m->max_images_per_request = spec.max_images_per_request > 0
+                                      ? std::min(spec.max_images_per_request, spec.max_batch_size)
+                                      : spec.max_batch_size;
+      BatchingOptions b;
+      b.max_batch_size = spec.max_batch_size;
+      b.max_queue_delay = std::chrono::milliseconds(spec.max_queue_delay_ms);
+      b.max_queued_images = std::max(spec.max_queued_images, spec.max_batch_size);
+      std::function<void(const BatchEvent&)> on_batch;
+      if (hooks.on_classify_batch)
+        on_batch = [f = hooks.on_classify_batch, name](const BatchEvent& e) { f(name, e); };
+      m->batcher = std::make_unique<ClassifyBatcher>(m->model.vit, spec.device, b, on_batch);
+    } else {
+      const ArmConfig& c = m->model.arm->config();
+      m->shape = {c.height, c.width_px, c.channels};
+      m->max_images_per_request =
+          spec.max_images_per_request > 0 ? spec.max_images_per_request : 16;
+      if (spec.device != "cpu")
+        return absl::UnimplementedError(absl::StrCat(
+            "model ", spec.name, ": generators are served on the CPU only in this build (device ",
+            spec.device, ")"));
+      GeneratorOptions g;
+      g.engine.max_sequences = spec.max_sequences;
+      g.max_waiting = spec.max_waiting;
+      std::function<void(const StepStats&)> on_step;
+      if (hooks.on_decode_step)
+        on_step = [f = hooks.on_decode_step, name](const StepStats& s) { f(name, s); };
+      auto worker = GeneratorWorker::Create(m->model.arm, g, on_step);
+      if (!worker.ok())
+        return absl::Status(worker.status().code(),
+                            absl::StrCat("model ", spec.name, ": ", worker.status().message()));
+      m->generator = std::move(*worker);
+    }
+    bool& have_default = m->model.classifier() ? default_classifier : default_generator;
+    if (spec.is_default && have_default)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model ", spec.name, ": a second default ",
+          m->model.classifier() ? "classifier" : "generator", " (at most one per kind)"));
+    have_default = have_default || spec.is_default;
+    m->info = Describe(*m);
+    m->info.set_is_default(spec.is_default);
+    reg->models_.push_back(std::move(m));
+  }
+  // Without an explicit default, the first model of each kind is the default.
+  for (auto kind : {v1::ModelInfo::CLASSIFIER, v1::ModelInfo::GENERATOR}) {
+    const bool have = kind == v1::ModelInfo::CLASSIFIER ? default_classifier : default_generator;
+    if (have) continue;
+    for (auto& m : reg->models_) {
+      if (m->info.kind() == kind) {
+        m->info.set_is_default(true);
+        break;
+      }
+    }
+  }
+  return reg;
+}
+
+Registry::~Registry() { Stop(); }
+
+void Registry::Stop() {
+  for (auto& m : models_) {
+    if (m->batcher) m->batcher->Stop();
+    if (m->generator) m->generator->Stop();
+  }
+}
+
+absl::StatusOr<const ServedModel*> Registry::FindAny(const std::string& name) const {
+  for (const auto& m : models_)
+    if (m->spec.name == name) return m.get();
+  std::vector<std::string> names;
+  for (const auto& m : models_) names.push_back(m->spec.name);
+  return absl::NotFoundError(absl::StrCat(
+      "model \"", name, "\" is not served (models: ", absl::StrJoin(names, ", "), ")"));
+}
+
+absl::StatusOr<ServedModel*> Registry::Find(const std::string& name,
+                                            v1::ModelInfo::Kind kind) const {
+  const char* kind_name = kind == v1::ModelInfo::CLASSIFIER ? "classifier" : "generator";
+  if (name.empty()) {
+    for (const auto& m : models_)
+      if (m->info.kind() == kind && m->info.is_default()) return m.get();
+    return absl::NotFoundError(absl::StrCat("model is empty and this server has no ", kind_name));
+  }
+  auto m = FindAny(name);
+  if (!m.ok()) return m.status();
+  if ((*m)->info.kind() != kind)
+    return absl::FailedPreconditionError(absl::StrCat("model \"", name, "\" is not a ", kind_name));
+  return const_cast<ServedModel*>(*m);
+}
+
+}  // namespace krause::server

@@ -1,0 +1,141 @@
+#include "server/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace krause::server {
+namespace {
+
+absl::StatusOr<std::string> ReadAll(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(what, " ", path, ": cannot open"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const ServerOptions& o) {
+  if (o.tls_cert.empty() != o.tls_key.empty())
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+  if (o.tls_cert.empty()) {
+    if (!o.tls_client_ca.empty())
+      return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
+    return grpc::InsecureServerCredentials();
+  }
+  auto cert = ReadAll(o.tls_cert, "--tls_cert");
+  if (!cert.ok()) return cert.status();
+  auto key = ReadAll(o.tls_key, "--tls_key");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!o.tls_client_ca.empty()) {
+    auto ca = ReadAll(o.tls_client_ca, "--tls_client_ca");
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *ca;
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
+void KrauseServer::Log(const std::string& line) const {
+  if (options_.quiet) return;
+  std::fprintf(stderr, "%s krause-server: %s\n",
+               absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()).c_str(),
+               line.c_str());
+}
+
+absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOptions& options,
+                                                                  const WorkerHooks& hooks,
+                                                                  CallObserver* observer) {
+  std::unique_ptr<KrauseServer> s(new KrauseServer());
+  s->options_ = options;
+  // The manifest and tokens are checked before anything listens.
+  absl::StatusOr<std::vector<ModelSpec>> specs = options.manifest.empty()
+                                                     ? BundledManifest(options.models_dir)
+                                                     : ReadManifest(options.manifest);
+  if (!specs.ok()) return specs.status();
+  if (!options.auth_tokens_file.empty()) {
+    auto tokens = ReadTokens(options.auth_tokens_file);
+    if (!tokens.ok()) return tokens.status();
+    s->gate_.SetTokens(std::move(*tokens));
+  }
+  auto creds = Credentials(options);
+  if (!creds.ok()) return creds.status();
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  s->service_ = std::make_unique<KrauseService>(&s->gate_, observer);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, *creds, &s->port_);
+  builder.RegisterService(s->service_.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  s->server_ = builder.BuildAndStart();
+  if (!s->server_ || s->port_ == 0)
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
+  health->SetServingStatus(false);
+  health->SetServingStatus(v1::KrauseService::service_full_name(), false);
+  s->Log(absl::StrCat("listening on port ", s->port_, options.tls_cert.empty() ? "" : " (TLS)",
+                      "; loading ", specs->size(), " model(s)"));
+
+  auto registry = Registry::Load(*specs, hooks);
+  if (!registry.ok()) {
+    s->server_->Shutdown(std::chrono::system_clock::now());
+    return registry.status();
+  }
+  s->registry_ = std::move(*registry);
+  for (const auto& m : s->registry_->models()) {
+    const v1::ModelInfo& i = m->info;
+    s->Log(absl::StrCat("model ", i.name(), ": ", v1::ModelInfo::Kind_Name(i.kind()), " ",
+                        v1::ModelInfo::Attention_Name(i.attention()), " ", i.height(), "x",
+                        i.width(), "x", i.channels(), ", ", i.parameters(), " parameters",
+                        i.is_default() ? ", default" : "", " (", m->model.path, ")"));
+  }
+  s->gate_.SetRegistry(s->registry_.get());
+  health->SetServingStatus(v1::KrauseService::service_full_name(), true);
+  health->SetServingStatus(true);
+  s->Log("serving");
+  return s;
+}
+
+KrauseServer::~KrauseServer() { Shutdown(); }
+
+void KrauseServer::Shutdown() {
+  std::lock_guard<std::mutex> lock(shutdown_mu_);
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (!server_) return;
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  gate_.StartDraining();
+  const auto grace = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(options_.drain_seconds));
+  Log(absl::StrCat("draining: ", gate_.in_flight(), " call(s) in flight, grace ",
+                   options_.drain_seconds, " s"));
+  const bool idle = gate_.WaitIdle(std::chrono::steady_clock::now() + grace);
+  if (!idle) Log(absl::StrCat("grace over: cancelling ", gate_.in_flight(), " call(s)"));
+  // Workers cancel what is left; the calls finish with UNAVAILABLE.
+  if (registry_) registry_->Stop();
+  gate_.WaitIdle(std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  Log("stopped");
+}
+
+void KrauseServer::Wait() {
+  if (server_) server_->Wait();
+}
+
+}  // namespace krause::server

@@ -1,0 +1,50 @@
+// KrauseServer: the gRPC server with KrauseService, health and reflection. Start() listens at
+// once with health NOT_SERVING, loads the models, then turns SERVING. Shutdown() drains:
+// NOT_SERVING, new calls refused with UNAVAILABLE, in-flight calls get `drain_seconds` to
+// finish, then the rest are cancelled (UNAVAILABLE "shutting down") and the server stops.
+// Thread-safety: Shutdown() may be called from any thread (e.g. a signal thread), once or more.
+#pragma once
+
+#include <grpcpp/server.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/options.h"
+#include "server/registry.h"
+#include "server/service.h"
+
+namespace krause::server {
+
+class KrauseServer {
+ public:
+  // Returns once the server listens and the models are loaded (SERVING). `hooks` and
+  // `observer` (optional, must outlive the server) receive worker and call events.
+  static absl::StatusOr<std::unique_ptr<KrauseServer>> Start(const ServerOptions& options,
+                                                             const WorkerHooks& hooks = {},
+                                                             CallObserver* observer = nullptr);
+  ~KrauseServer();
+
+  int port() const { return port_; }
+  const Registry& registry() const { return *registry_; }
+  const Gate& gate() const { return gate_; }
+  void Shutdown();
+  void Wait();
+
+ private:
+  KrauseServer() = default;
+  void Log(const std::string& line) const;
+
+  ServerOptions options_;
+  Gate gate_;
+  std::unique_ptr<KrauseService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<Registry> registry_;
+  int port_ = 0;
+  std::mutex shutdown_mu_;
+  bool shut_down_ = false;
+};
+
+}  // namespace krause::server

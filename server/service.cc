@@ -1,0 +1,627 @@
+#include "server/service.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "model/data/png.h"
+#include "server/images.h"
+#include "server/status.h"
+
+namespace krause::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The call's deadline on the steady clock (max when it has none).
+Clock::time_point SteadyDeadline(const grpc::CallbackServerContext* ctx) {
+  const auto d = ctx->deadline();
+  if (d == std::chrono::system_clock::time_point::max()) return Clock::time_point::max();
+  const auto left = d - std::chrono::system_clock::now();
+  if (left > std::chrono::hours(24 * 365)) return Clock::time_point::max();
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
+}
+
+// Bookkeeping of one unary call: finishes it exactly once, leaves the gate, reports.
+class UnaryCall {
+ public:
+  UnaryCall(KrauseService* svc, grpc::CallbackServerContext* ctx, const char* rpc)
+      : svc_(svc), reactor_(ctx->DefaultReactor()), rpc_(rpc), start_(Clock::now()) {}
+
+  // Enters the gate; on refusal finishes the call and returns false.
+  bool Enter(const grpc::CallbackServerContext* ctx) {
+    const absl::Status st = svc_->gate()->Enter(ctx);
+    if (!st.ok()) {
+      Finish(st);
+      return false;
+    }
+    entered_ = true;
+    return true;
+  }
+  void set_model(const std::string& m) { model_ = m; }
+  grpc::ServerUnaryReactor* reactor() const { return reactor_; }
+
+  void Finish(const absl::Status& st) {
+    const grpc::Status g = ToGrpcStatus(st);
+    if (svc_->observer())
+      svc_->observer()->OnCallDone(rpc_, model_, g.error_code(), SecondsSince(start_));
+    const bool entered = entered_;
+    Gate* gate = svc_->gate();
+    reactor_->Finish(g);
+    if (entered) gate->Leave();
+  }
+
+ private:
+  KrauseService* svc_;
+  grpc::ServerUnaryReactor* reactor_;
+  const char* rpc_;
+  std::string model_;
+  Clock::time_point start_;
+  bool entered_ = false;
+};
+
+// Decodes request images of one model into [n, C, H, W] uint8.
+absl::StatusOr<at::Tensor> DecodeBatch(const google::protobuf::RepeatedPtrField<v1::Image>& images,
+                                       const ServedModel& m) {
+  if (images.empty()) return absl::InvalidArgumentError("images is empty (send 1 or more images)");
+  if (images.size() > m.max_images_per_request)
+    return absl::InvalidArgumentError(absl::StrCat("images has ", images.size(), " images; model ",
+                                                   m.spec.name, " takes at most ",
+                                                   m.max_images_per_request, " per request"));
+  std::vector<at::Tensor> out;
+  out.reserve(images.size());
+  for (int i = 0; i < images.size(); ++i) {
+    const std::string field = absl::StrCat("images[", i, "]");
+    auto t = DecodeImage(images[i], field);
+    if (!t.ok()) return t.status();
+    absl::Status st = CheckShape(*t, m.shape, field, m.spec.name);
+    if (!st.ok()) return st;
+    out.push_back(t->permute({2, 0, 1}));
+  }
+  return at::stack(out, 0).contiguous();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generate: the stream's state lives in a shared object that the engine callbacks, the worker's
+// step listener and the reactor all hold; the reactor itself is only touched to start a write or
+// to finish, and only before Finish.
+
+class GenerateCall;
+
+class GenerateState : public StepListener, public std::enable_shared_from_this<GenerateState> {
+ public:
+  struct Image {
+    std::vector<uint8_t> pixels;
+    int64_t known = 0;  // subpixels known (prompt + sampled), a prefix
+    int64_t rows_sent = 0;
+    uint64_t seed = 0;
+    bool done = false, png_sent = false;
+    absl::Status status;
+  };
+
+  GenerateState(KrauseService* svc, ServedModel* model, GenerateCall* reactor,
+                Clock::time_point deadline, Clock::time_point start, int64_t interval_ms,
+                bool stream_rows)
+      : svc_(svc),
+        model_(model),
+        reactor_(reactor),
+        deadline_(deadline),
+        start_(start),
+        interval_(std::chrono::milliseconds(interval_ms)),
+        stream_rows_(stream_rows) {}
+
+  void Init(int64_t n, const std::vector<uint8_t>& prompt, uint64_t seed) {
+    const int64_t len = model_->shape.height * model_->shape.width * model_->shape.channels;
+    images_.resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+      images_[i].pixels.assign(len, 0);
+      std::copy(prompt.begin(), prompt.end(), images_[i].pixels.begin());
+      images_[i].known = static_cast<int64_t>(prompt.size());
+      images_[i].seed = seed + static_cast<uint64_t>(i);
+    }
+    pixels_total_ = n * (len - static_cast<int64_t>(prompt.size()));
+    seed_ = seed;
+  }
+  void SetIds(std::vector<int64_t> ids) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ids_ = std::move(ids);
+  }
+
+  // Engine thread.
+  void OnPixel(int64_t image, int64_t index, uint8_t value) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Image& im = images_[image];
+    im.pixels[index] = value;
+    im.known = index + 1;
+    if (pixels_done_ == 0) first_pixel_seconds_ = SecondsSince(start_);
+    ++pixels_done_;
+  }
+  void OnDone(int64_t image, absl::Status st) {
+    std::lock_guard<std::mutex> lock(mu_);
+    images_[image].done = true;
+    images_[image].status = std::move(st);
+    ++images_done_;
+  }
+
+  bool AfterStep() override {
+    bool cancel = false;
+    std::vector<int64_t> ids;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!deadline_hit_ && Clock::now() >= deadline_ && images_done_ < Total()) {
+        deadline_hit_ = true;
+        cancel = true;
+        ids = ids_;
+      }
+    }
+    if (cancel)
+      for (int64_t id : ids) model_->generator->Cancel(id);
+    Flush();
+    std::lock_guard<std::mutex> lock(mu_);
+    return images_done_ < Total() && !finish_called_;
+  }
+
+  void ClientCancelled() {
+    std::vector<int64_t> ids;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      client_cancelled_ = true;
+      ids = ids_;
+    }
+    for (int64_t id : ids) model_->generator->Cancel(id);
+  }
+
+  void WriteDone(bool ok) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      write_in_flight_ = false;
+      if (!ok) write_failed_ = true;
+    }
+    Flush();
+  }
+
+  // Sends what is due, or finishes the call once every image is done and the last message has
+  // gone. Called from the engine thread and from OnWriteDone.
+  void Flush();
+
+ private:
+  int64_t Total() const { return static_cast<int64_t>(images_.size()); }
+  absl::Status FinalStatus() const;  // mu_ held; all images done
+
+  KrauseService* const svc_;
+  ServedModel* const model_;
+  GenerateCall* const reactor_;
+  const Clock::time_point deadline_, start_;
+  const Clock::duration interval_;
+  const bool stream_rows_;
+
+  std::mutex mu_;
+  std::vector<Image> images_;
+  std::vector<int64_t> ids_;
+  int64_t pixels_total_ = 0, pixels_done_ = 0, images_done_ = 0;
+  int64_t last_sent_pixels_ = -1;
+  uint64_t seed_ = 0;
+  double first_pixel_seconds_ = 0;
+  bool deadline_hit_ = false, client_cancelled_ = false;
+  bool write_in_flight_ = false, write_failed_ = false, summary_sent_ = false;
+  bool finish_called_ = false;
+  Clock::time_point last_send_{};
+  v1::GenerateResponse message_;  // the message being written
+};
+
+class GenerateCall : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  GenerateCall(KrauseService* svc, grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req)
+      : svc_(svc), start_(Clock::now()) {
+    const absl::Status st = svc_->gate()->Enter(ctx);
+    if (!st.ok()) {
+      FinishCall(st);
+      return;
+    }
+    entered_ = true;
+    const absl::Status started = Start(ctx, *req);
+    if (!started.ok()) FinishCall(started);
+  }
+
+  void OnWriteDone(bool ok) override { state_->WriteDone(ok); }
+  void OnCancel() override {
+    if (state_) state_->ClientCancelled();
+  }
+  void OnDone() override { delete this; }
+
+  // Finishes exactly once (GenerateState guarantees it for the streaming part).
+  void FinishCall(const absl::Status& st) {
+    const grpc::Status g = ToGrpcStatus(st);
+    if (svc_->observer())
+      svc_->observer()->OnCallDone("Generate", model_name_, g.error_code(), SecondsSince(start_));
+    const bool entered = entered_;
+    Gate* gate = svc_->gate();
+    Finish(g);
+    if (entered) gate->Leave();
+  }
+
+ private:
+  absl::Status Start(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req);
+
+  KrauseService* const svc_;
+  const Clock::time_point start_;
+  bool entered_ = false;
+  std::string model_name_;
+  std::shared_ptr<GenerateState> state_;
+};
+
+absl::Status GenerateState::FinalStatus() const {
+  absl::Status error, cancelled;
+  for (const Image& im : images_) {
+    if (im.status.ok()) continue;
+    if (absl::IsCancelled(im.status)) {
+      cancelled = im.status;
+    } else if (error.ok()) {
+      error = im.status;
+    }
+  }
+  if (!error.ok()) return error;
+  if (cancelled.ok() && !write_failed_) return absl::OkStatus();
+  if (deadline_hit_) return absl::DeadlineExceededError("deadline exceeded; generation stopped");
+  if (client_cancelled_ || write_failed_) return absl::CancelledError("cancelled by the client");
+  if (model_->generator->stopping())
+    return absl::UnavailableError("the server is shutting down; generation was cancelled");
+  return cancelled.ok() ? absl::CancelledError("cancelled") : cancelled;
+}
+
+void GenerateState::Flush() {
+  absl::Status finish;
+  bool do_finish = false, do_write = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finish_called_ || write_in_flight_) return;
+    const bool all_done = images_done_ == Total();
+    if (all_done) {
+      const absl::Status st = FinalStatus();
+      if (!st.ok() || summary_sent_) {
+        finish = st;
+        do_finish = true;
+        finish_called_ = true;
+      }
+    }
+    if (!do_finish) {
+      const Clock::time_point now = Clock::now();
+      const bool due = now - last_send_ >= interval_;
+      message_.Clear();
+      v1::GenerateProgress* p = message_.mutable_progress();
+      p->set_pixels_done(static_cast<uint64_t>(pixels_done_));
+      p->set_pixels_total(static_cast<uint64_t>(pixels_total_));
+      p->set_images_done(static_cast<uint32_t>(images_done_));
+      p->set_images_total(static_cast<uint32_t>(Total()));
+      int64_t started = 0;
+      for (const Image& im : images_) started += (im.known > 0 || im.done) ? 1 : 0;
+      const int64_t row_len = model_->shape.width * model_->shape.channels;
+      bool news = false;
+      for (int64_t i = 0; i < Total(); ++i) {
+        Image& im = images_[i];
+        if (stream_rows_ && (due || all_done)) {
+          const int64_t rows = im.known / row_len;
+          if (rows > im.rows_sent) {
+            v1::ImageRows* r = message_.add_rows();
+            r->set_image(static_cast<uint32_t>(i));
+            r->set_first_row(static_cast<uint32_t>(im.rows_sent));
+            r->set_num_rows(static_cast<uint32_t>(rows - im.rows_sent));
+            r->set_pixels(im.pixels.data() + im.rows_sent * row_len,
+                          static_cast<size_t>((rows - im.rows_sent) * row_len));
+            im.rows_sent = rows;
+            news = true;
+          }
+        }
+        if (im.done && im.status.ok() && !im.png_sent) {
+          at::Tensor hwc = at::from_blob(
+              im.pixels.data(), {model_->shape.height, model_->shape.width, model_->shape.channels},
+              at::kByte);
+          auto png = EncodePng(hwc);
+          if (!png.ok()) {
+            im.status =
+                absl::InternalError(absl::StrCat("PNG encoding failed: ", png.status().message()));
+            continue;
+          }
+          v1::GeneratedImage* g = message_.add_images();
+          g->set_image(static_cast<uint32_t>(i));
+          g->set_seed(im.seed);
+          g->set_png(std::move(*png));
+          im.png_sent = true;
+          news = true;
+        }
+      }
+      p->set_waiting(static_cast<uint32_t>(Total() - started));
+      if (all_done) {
+        v1::GenerateSummary* s = message_.mutable_summary();
+        s->set_model(model_->spec.name);
+        s->set_images(static_cast<uint32_t>(Total()));
+        s->set_pixels_generated(static_cast<uint64_t>(pixels_done_));
+        s->set_seconds(SecondsSince(start_));
+        s->set_seconds_to_first_pixel(first_pixel_seconds_);
+        s->set_seed(seed_);
+        const AttentionCost cost = model_->model.FlopsPerImage();
+        s->set_flops_executed(cost.executed_flops * static_cast<double>(Total()));
+        s->set_flops_dense_equivalent(cost.dense_equivalent_flops * static_cast<double>(Total()));
+        summary_sent_ = true;
+        do_write = true;
+      } else if (news || (due && pixels_done_ != last_sent_pixels_)) {
+        do_write = true;
+      }
+      if (do_write) {
+        write_in_flight_ = true;
+        last_send_ = now;
+        last_sent_pixels_ = pixels_done_;
+      }
+    }
+  }
+  if (do_finish) {
+    reactor_->FinishCall(finish);
+  } else if (do_write) {
+    reactor_->StartWrite(&message_);
+  }
+}
+
+absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
+  auto found = svc_->gate()->registry()->Find(req.model(), v1::ModelInfo::GENERATOR);
+  if (!found.ok()) return found.status();
+  ServedModel* m = *found;
+  model_name_ = m->spec.name;
+  const int64_t n = req.num_images() == 0 ? 1 : req.num_images();
+  if (n > m->max_images_per_request)
+    return absl::InvalidArgumentError(absl::StrCat("num_images is ", n, "; model ", m->spec.name,
+                                                   " allows at most ", m->max_images_per_request,
+                                                   " per request"));
+  SamplingParams sp;
+  if (req.has_temperature()) sp.temperature = req.temperature();
+  if (req.has_top_p()) sp.top_p = req.top_p();
+  sp.top_k = req.top_k();
+  absl::Status st = ValidateSampling(sp);
+  if (!st.ok()) return st;
+  const int64_t interval = req.update_interval_ms() == 0 ? 100 : req.update_interval_ms();
+  if (interval < 10 || interval > 10000)
+    return absl::InvalidArgumentError(
+        absl::StrCat("update_interval_ms must be 0 (100) or in [10, 10000], got ", interval));
+  std::vector<uint8_t> prompt;
+  if (req.has_prompt()) {
+    auto t = DecodeImage(req.prompt(), "prompt");
+    if (!t.ok()) return t.status();
+    if (t->size(1) != m->shape.width || t->size(2) != m->shape.channels)
+      return absl::InvalidArgumentError(absl::StrCat("prompt: image is ", t->size(0), "x",
+                                                     t->size(1), "x", t->size(2), " but model ",
+                                                     m->spec.name, " needs width ", m->shape.width,
+                                                     " and ", m->shape.channels, " channel(s)"));
+    const int64_t rows = req.prompt_rows();
+    if (rows < 1 || rows >= m->shape.height)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt_rows must be in [1, ", m->shape.height - 1, "] with a prompt, got ", rows));
+    if (rows > t->size(0))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt_rows is ", rows, " but the prompt image has only ", t->size(0), " rows"));
+    const at::Tensor kept = t->narrow(0, 0, rows).contiguous();
+    prompt.assign(kept.data_ptr<uint8_t>(), kept.data_ptr<uint8_t>() + kept.numel());
+  } else if (req.prompt_rows() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt_rows is ", req.prompt_rows(), " but there is no prompt"));
+  }
+  uint64_t seed = req.has_seed() ? req.seed() : std::random_device{}() * 0x100000001ull;
+  state_ = std::make_shared<GenerateState>(svc_, m, this, SteadyDeadline(ctx), start_, interval,
+                                           !req.has_stream_rows() || req.stream_rows());
+  state_->Init(n, prompt, seed);
+  std::vector<GenerationRequest> requests(n);
+  for (int64_t i = 0; i < n; ++i) {
+    GenerationRequest& r = requests[i];
+    r.prompt = prompt;
+    r.sampling = sp;
+    r.sampling.seed = seed + static_cast<uint64_t>(i);
+    std::shared_ptr<GenerateState> s = state_;
+    r.on_pixel = [s, i](int64_t index, uint8_t v) { s->OnPixel(i, index, v); };
+    r.on_done = [s, i](absl::Status status, std::vector<uint8_t>) {
+      s->OnDone(i, std::move(status));
+    };
+  }
+  auto ids = m->generator->Submit(std::move(requests));
+  if (!ids.ok()) return ids.status();
+  state_->SetIds(std::move(*ids));
+  m->generator->AddListener(state_);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Gate
+
+void Gate::SetTokens(std::vector<std::string> tokens) {
+  tokens_ = std::set<std::string>(tokens.begin(), tokens.end());
+}
+void Gate::SetRegistry(const Registry* registry) { registry_.store(registry); }
+void Gate::StartDraining() { draining_.store(true); }
+
+absl::Status Gate::Enter(const grpc::CallbackServerContext* ctx) {
+  if (!tokens_.empty()) {
+    const auto& md = ctx->client_metadata();
+    const auto it = md.find("authorization");
+    bool ok = false;
+    if (it != md.end()) {
+      const std::string value(it->second.data(), it->second.size());
+      constexpr char kBearer[] = "Bearer ";
+      if (value.rfind(kBearer, 0) == 0) ok = tokens_.count(value.substr(sizeof(kBearer) - 1)) > 0;
+    }
+    if (!ok)
+      return absl::UnauthenticatedError(
+          "missing or invalid token: send the metadata \"authorization: Bearer <token>\"");
+  }
+  if (draining_.load()) return absl::UnavailableError("the server is shutting down");
+  if (registry_.load() == nullptr) return absl::UnavailableError("the models are still loading");
+  std::lock_guard<std::mutex> lock(mu_);
+  ++in_flight_;
+  return absl::OkStatus();
+}
+
+void Gate::Leave() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--in_flight_ == 0) idle_.notify_all();
+}
+
+bool Gate::WaitIdle(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_.wait_until(lock, deadline, [&] { return in_flight_ == 0; });
+}
+
+int64_t Gate::in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_flight_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handlers
+
+grpc::ServerUnaryReactor* KrauseService::ListModels(grpc::CallbackServerContext* ctx,
+                                                    const v1::ListModelsRequest*,
+                                                    v1::ListModelsResponse* response) {
+  UnaryCall call(this, ctx, "ListModels");
+  if (!call.Enter(ctx)) return call.reactor();
+  for (const auto& m : gate_->registry()->models()) *response->add_models() = m->info;
+  call.Finish(absl::OkStatus());
+  return call.reactor();
+}
+
+grpc::ServerUnaryReactor* KrauseService::GetModel(grpc::CallbackServerContext* ctx,
+                                                  const v1::GetModelRequest* request,
+                                                  v1::ModelInfo* response) {
+  UnaryCall call(this, ctx, "GetModel");
+  if (!call.Enter(ctx)) return call.reactor();
+  if (request->name().empty()) {
+    call.Finish(absl::InvalidArgumentError("name is required"));
+    return call.reactor();
+  }
+  auto m = gate_->registry()->FindAny(request->name());
+  if (m.ok()) {
+    call.set_model((*m)->spec.name);
+    *response = (*m)->info;
+  }
+  call.Finish(m.status());
+  return call.reactor();
+}
+
+grpc::ServerUnaryReactor* KrauseService::Classify(grpc::CallbackServerContext* ctx,
+                                                  const v1::ClassifyRequest* request,
+                                                  v1::ClassifyResponse* response) {
+  auto call = std::make_shared<UnaryCall>(this, ctx, "Classify");
+  grpc::ServerUnaryReactor* reactor = call->reactor();
+  if (!call->Enter(ctx)) return reactor;
+  auto found = gate_->registry()->Find(request->model(), v1::ModelInfo::CLASSIFIER);
+  if (!found.ok()) {
+    call->Finish(found.status());
+    return reactor;
+  }
+  ServedModel* m = *found;
+  call->set_model(m->spec.name);
+  auto images = DecodeBatch(request->images(), *m);
+  if (!images.ok()) {
+    call->Finish(images.status());
+    return reactor;
+  }
+  const int64_t classes = m->model.vit->config().classes;
+  const int64_t top_k = std::min<int64_t>(request->top_k() == 0 ? 5 : request->top_k(), classes);
+  const bool full = request->return_probabilities();
+  const AttentionCost cost = m->model.FlopsPerImage();
+  const std::vector<std::string> labels = m->model.vit->config().labels;
+  ClassifyJob job;
+  job.images = *images;
+  job.deadline = SteadyDeadline(ctx);
+  job.cancelled = [ctx] { return ctx->IsCancelled(); };
+  job.done = [call, response, top_k, full, cost, labels, name = m->spec.name](
+                 absl::StatusOr<at::Tensor> probs, double) {
+    if (!probs.ok()) {
+      call->Finish(probs.status());
+      return;
+    }
+    const int64_t n = probs->size(0), k = probs->size(1);
+    const float* p = probs->data_ptr<float>();
+    response->set_model(name);
+    std::vector<int64_t> order(k);
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = p + i * k;
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(),
+                       [row](int64_t a, int64_t b) { return row[a] > row[b]; });
+      v1::Classification* c = response->add_results();
+      for (int64_t j = 0; j < top_k; ++j) {
+        v1::ClassScore* s = c->add_top();
+        s->set_index(static_cast<uint32_t>(order[j]));
+        if (order[j] < static_cast<int64_t>(labels.size())) s->set_label(labels[order[j]]);
+        s->set_probability(row[order[j]]);
+      }
+      if (full) c->mutable_probabilities()->Add(row, row + k);
+    }
+    response->set_flops_executed(cost.executed_flops * static_cast<double>(n));
+    response->set_flops_dense_equivalent(cost.dense_equivalent_flops * static_cast<double>(n));
+    call->Finish(absl::OkStatus());
+  };
+  const absl::Status st = m->batcher->Enqueue(std::move(job));
+  if (!st.ok()) call->Finish(st);
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* KrauseService::Generate(
+    grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) {
+  return new GenerateCall(this, ctx, request);
+}
+
+grpc::ServerUnaryReactor* KrauseService::Score(grpc::CallbackServerContext* ctx,
+                                               const v1::ScoreRequest* request,
+                                               v1::ScoreResponse* response) {
+  auto call = std::make_shared<UnaryCall>(this, ctx, "Score");
+  grpc::ServerUnaryReactor* reactor = call->reactor();
+  if (!call->Enter(ctx)) return reactor;
+  auto found = gate_->registry()->Find(request->model(), v1::ModelInfo::GENERATOR);
+  if (!found.ok()) {
+    call->Finish(found.status());
+    return reactor;
+  }
+  ServedModel* m = *found;
+  call->set_model(m->spec.name);
+  auto images = DecodeBatch(request->images(), *m);
+  if (!images.ok()) {
+    call->Finish(images.status());
+    return reactor;
+  }
+  const int64_t n = images->size(0);
+  const ArmConfig& c = m->model.arm->config();
+  const AttentionCost cost = m->model.FlopsPerImage();
+  ScoreJob job;
+  job.images = images->permute({0, 2, 3, 1}).reshape({n, -1}).contiguous();
+  job.cancelled = [ctx] { return ctx->IsCancelled(); };
+  job.done = [call, response, n, cost, name = m->spec.name,
+              scored =
+                  c.seq_len() - (c.start_token ? 0 : 1)](absl::StatusOr<std::vector<double>> bpd) {
+    if (!bpd.ok()) {
+      call->Finish(bpd.status());
+      return;
+    }
+    response->set_model(name);
+    double sum = 0;
+    for (double b : *bpd) {
+      response->add_bits_per_dim(b);
+      sum += b;
+    }
+    response->set_mean_bits_per_dim(sum / static_cast<double>(n));
+    response->set_scored_subpixels_per_image(static_cast<uint32_t>(scored));
+    response->set_flops_executed(cost.executed_flops * static_cast<double>(n));
+    response->set_flops_dense_equivalent(cost.dense_equivalent_flops * static_cast<double>(n));
+    call->Finish(absl::OkStatus());
+  };
+  const absl::Status st = m->generator->EnqueueScore(std::move(job));
+  if (!st.ok()) call->Finish(st);
+  return reactor;
+}
+
+}  // namespace krause::server

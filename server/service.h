@@ -1,0 +1,80 @@
+// krause.v1.KrauseService on gRPC's callback API. Handlers validate and hand work to the model's
+// worker (ClassifyBatcher / GeneratorWorker); they never run a model. Replies are sent from the
+// worker threads. Every call passes the Gate first: authentication, and refusal while loading or
+// draining. Thread-safety: all handlers may run concurrently.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "krause/v1/krause.grpc.pb.h"
+#include "server/registry.h"
+
+namespace krause::server {
+
+// Observer of finished calls (metrics); optional.
+struct CallObserver {
+  virtual ~CallObserver() = default;
+  virtual void OnCallDone(const std::string& rpc, const std::string& model, grpc::StatusCode code,
+                          double seconds) = 0;
+};
+
+// Admission: authentication, loading/draining, and the count of calls in flight.
+class Gate {
+ public:
+  void SetTokens(std::vector<std::string> tokens);  // empty: no authentication
+  void SetRegistry(const Registry* registry);       // null while loading
+  void StartDraining();
+
+  // OK and the call counts as in flight (Leave() must follow), or why it may not run.
+  absl::Status Enter(const grpc::CallbackServerContext* ctx);
+  void Leave();
+  // Waits until no call is in flight or `deadline`; true when idle.
+  bool WaitIdle(std::chrono::steady_clock::time_point deadline);
+  int64_t in_flight() const;
+  const Registry* registry() const { return registry_.load(); }
+  bool draining() const { return draining_.load(); }
+
+ private:
+  std::set<std::string> tokens_;
+  std::atomic<const Registry*> registry_{nullptr};
+  std::atomic<bool> draining_{false};
+  mutable std::mutex mu_;
+  std::condition_variable idle_;
+  int64_t in_flight_ = 0;
+};
+
+class KrauseService final : public v1::KrauseService::CallbackService {
+ public:
+  explicit KrauseService(Gate* gate, CallObserver* observer = nullptr)
+      : gate_(gate), observer_(observer) {}
+
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* ctx,
+                                       const v1::ListModelsRequest* request,
+                                       v1::ListModelsResponse* response) override;
+  grpc::ServerUnaryReactor* GetModel(grpc::CallbackServerContext* ctx,
+                                     const v1::GetModelRequest* request,
+                                     v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* Classify(grpc::CallbackServerContext* ctx,
+                                     const v1::ClassifyRequest* request,
+                                     v1::ClassifyResponse* response) override;
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* ctx, const v1::ScoreRequest* request,
+                                  v1::ScoreResponse* response) override;
+
+  Gate* gate() const { return gate_; }
+  CallObserver* observer() const { return observer_; }
+
+ private:
+  Gate* const gate_;
+  CallObserver* const observer_;
+};
+
+}  // namespace krause::server

@@ -1,0 +1,821 @@
+// End-to-end tests of krause-server: a real gRPC server on a loopback port (in process), driven
+// through the generated client stubs: every RPC, every error path, batching, deadlines,
+// cancellation, queues, health, reflection, auth, TLS, shutdown and concurrency.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <grpcpp/generic/generic_stub.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "model/data/png.h"
+#include "model/engine/decode_engine.h"
+#include "server_fixture.h"
+#include "test_util.h"
+
+namespace krause::testing {
+namespace {
+
+using std::chrono::milliseconds;
+namespace v1 = krause::v1;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    at::set_num_threads(1);
+    models_ = WriteTinyModels("e2e");
+    StartServer(LoopbackOptions(models_.manifest));
+  }
+  // karm-big's decode steps take at least `step_delay` (a hook on the engine thread), so that
+  // its streams surely outlast what the tests do meanwhile.
+  void StartServer(const server::ServerOptions& o, server::WorkerHooks hooks = {},
+                   milliseconds step_delay = milliseconds(1)) {
+    if (!hooks.on_decode_step)
+      hooks.on_decode_step = [step_delay](const std::string& model, const StepStats&) {
+        if (model == "karm-big") std::this_thread::sleep_for(step_delay);
+      };
+    auto s = server::KrauseServer::Start(o, hooks);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = std::move(*s);
+    conn_ = ClientFor(server_->port());
+    stub_ = Stub(conn_);
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown();
+    std::filesystem::remove_all(models_.dir);
+  }
+  server::ServedModel* Model(const std::string& name) {
+    auto m = server_->registry().Find(
+        name, name == "vit" ? v1::ModelInfo::CLASSIFIER : v1::ModelInfo::GENERATOR);
+    EXPECT_TRUE(m.ok());
+    return *m;
+  }
+  // Waits (up to 5 s) until `model` holds no active or waiting sequence.
+  bool SlotsFree(const std::string& model) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (std::chrono::steady_clock::now() < until) {
+      if (Model(model)->generator->active() == 0 && Model(model)->generator->waiting() == 0)
+        return true;
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    return false;
+  }
+
+  TinyModels models_;
+  std::unique_ptr<server::KrauseServer> server_;
+  client::ConnectionOptions conn_;
+  std::unique_ptr<v1::KrauseService::Stub> stub_;
+};
+
+v1::Image RawImage(const at::Tensor& hwc) {
+  v1::Image im;
+  const at::Tensor c = hwc.contiguous();
+  im.mutable_raw()->set_height(static_cast<uint32_t>(c.size(0)));
+  im.mutable_raw()->set_width(static_cast<uint32_t>(c.size(1)));
+  im.mutable_raw()->set_channels(static_cast<uint32_t>(c.size(2)));
+  im.mutable_raw()->set_pixels(c.data_ptr<uint8_t>(), static_cast<size_t>(c.numel()));
+  return im;
+}
+
+at::Tensor RandomImages(int64_t n, int64_t h, int64_t w, int64_t c, uint64_t seed) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  return at::randint(0, 256, {n, h, w, c}, gen, at::kLong).to(at::kByte);
+}
+
+struct Stream {
+  std::vector<v1::GenerateResponse> messages;
+  grpc::Status status;
+};
+
+Stream RunGenerate(v1::KrauseService::Stub& stub, const v1::GenerateRequest& req,
+                   double timeout_s = 0, const std::string& token = "") {
+  grpc::ClientContext ctx;
+  if (timeout_s > 0)
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6)));
+  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+  Stream s;
+  auto reader = stub.Generate(&ctx, req);
+  v1::GenerateResponse m;
+  while (reader->Read(&m)) s.messages.push_back(m);
+  s.status = reader->Finish();
+  return s;
+}
+
+// The rows streamed for each image, reassembled, and the final PNGs decoded.
+std::map<uint32_t, std::string> RowsOf(const Stream& s) {
+  std::map<uint32_t, std::string> rows;
+  for (const auto& m : s.messages)
+    for (const auto& r : m.rows()) {
+      EXPECT_EQ(r.first_row() * 6u, rows[r.image()].size()) << "rows arrive in order, once";
+      rows[r.image()] += r.pixels();
+    }
+  return rows;
+}
+
+std::map<uint32_t, std::string> PngsOf(const Stream& s) {
+  std::map<uint32_t, std::string> out;
+  for (const auto& m : s.messages)
+    for (const auto& im : m.images()) {
+      auto t = DecodePng(im.png());
+      EXPECT_TRUE(t.ok());
+      const at::Tensor c = t->contiguous();
+      out[im.image()] =
+          std::string(reinterpret_cast<const char*>(c.data_ptr<uint8_t>()), c.numel());
+    }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(ServerTest, ListAndGetModels) {
+  grpc::ClientContext ctx;
+  v1::ListModelsResponse r;
+  ASSERT_TRUE(stub_->ListModels(&ctx, {}, &r).ok());
+  ASSERT_EQ(r.models_size(), 4);
+  const v1::ModelInfo& vit = r.models(0);
+  EXPECT_EQ(vit.name(), "vit");
+  EXPECT_EQ(vit.kind(), v1::ModelInfo::CLASSIFIER);
+  EXPECT_EQ(vit.attention(), v1::ModelInfo::KRAUSE);
+  EXPECT_TRUE(vit.is_default());  // the only classifier
+  EXPECT_EQ(vit.height(), 8u);
+  EXPECT_EQ(vit.channels(), 1u);
+  EXPECT_THAT(std::vector<std::string>(vit.labels().begin(), vit.labels().end()),
+              ::testing::ElementsAre("zero", "one", "two"));
+  EXPECT_EQ(vit.max_batch_size(), 8u);
+  EXPECT_GT(vit.flops_per_image_executed(), 0);
+  EXPECT_LE(vit.flops_per_image_executed(), vit.flops_per_image_dense_equivalent());
+  const v1::ModelInfo& karm = r.models(1);
+  EXPECT_EQ(karm.kind(), v1::ModelInfo::GENERATOR);
+  EXPECT_EQ(karm.attention(), v1::ModelInfo::KRAUSE);
+  EXPECT_TRUE(karm.is_default());
+  EXPECT_EQ(karm.window(), 8u);
+  EXPECT_THAT(std::vector<uint32_t>(karm.top_k().begin(), karm.top_k().end()),
+              ::testing::ElementsAre(4u));
+  EXPECT_GT(karm.kv_cache_bytes_per_sequence(), 0u);
+  EXPECT_EQ(r.models(2).attention(), v1::ModelInfo::SOFTMAX);
+  EXPECT_FALSE(r.models(2).is_default());
+  EXPECT_EQ(r.models(2).top_k_size(), 0);
+  EXPECT_EQ(r.models(2).flops_per_image_executed(), r.models(2).flops_per_image_dense_equivalent());
+
+  grpc::ClientContext c2;
+  v1::GetModelRequest g;
+  g.set_name("arm");
+  v1::ModelInfo info;
+  ASSERT_TRUE(stub_->GetModel(&c2, g, &info).ok());
+  EXPECT_EQ(info.SerializeAsString(), r.models(2).SerializeAsString());
+  grpc::ClientContext c3;
+  g.set_name("missing");
+  const grpc::Status st = stub_->GetModel(&c3, g, &info);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(st.error_message(), ::testing::HasSubstr("missing"));
+  grpc::ClientContext c4;
+  EXPECT_EQ(stub_->GetModel(&c4, {}, &info).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(ServerTest, HealthOverallAndPerService) {
+  auto ch = client::MakeChannel(conn_);
+  auto health = grpc::health::v1::Health::NewStub(*ch);
+  for (const std::string service : {"", "krause.v1.KrauseService"}) {
+    grpc::ClientContext ctx;
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    grpc::health::v1::HealthCheckResponse r;
+    ASSERT_TRUE(health->Check(&ctx, req, &r).ok()) << service;
+    EXPECT_EQ(r.status(), grpc::health::v1::HealthCheckResponse::SERVING) << service;
+  }
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service("no.such.Service");
+  grpc::health::v1::HealthCheckResponse r;
+  EXPECT_EQ(health->Check(&ctx, req, &r).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ServerTest, ReflectionListsTheService) {
+  // grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo with {list_services: ""},
+  // encoded by hand (field 7, length-delimited, empty) over the generic stub.
+  auto ch = client::MakeChannel(conn_);
+  grpc::GenericStub generic(*ch);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  auto call = generic.PrepareCall(
+      &ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  void* tag;
+  bool ok;
+  auto wait = [&](intptr_t want) {
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
+    return ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(wait(1));
+  const char request[] = {0x3a, 0x00};
+  grpc::Slice slice(request, sizeof(request));
+  grpc::ByteBuffer out(&slice, 1);
+  call->Write(out, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(wait(2));
+  grpc::ByteBuffer in;
+  call->Read(&in, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(wait(3));
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(in.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_THAT(bytes, ::testing::HasSubstr("krause.v1.KrauseService"));
+  EXPECT_THAT(bytes, ::testing::HasSubstr("grpc.health.v1.Health"));
+  call->WritesDone(reinterpret_cast<void*>(4));
+  wait(4);
+  grpc::Status st;
+  call->Finish(&st, reinterpret_cast<void*>(5));
+  wait(5);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+}
+
+TEST_F(ServerTest, ClassifyMatchesTheModelForPngAndRaw) {
+  const at::Tensor images = RandomImages(3, 8, 8, 1, 7);
+  v1::ClassifyRequest req;
+  req.set_top_k(2);
+  req.set_return_probabilities(true);
+  *req.add_images() = RawImage(images[0]);
+  auto png = EncodePng(images[1]);
+  ASSERT_TRUE(png.ok());
+  req.add_images()->set_png(*png);
+  *req.add_images() = RawImage(images[2]);
+  grpc::ClientContext ctx;
+  v1::ClassifyResponse r;
+  ASSERT_TRUE(stub_->Classify(&ctx, req, &r).ok());
+  EXPECT_EQ(r.model(), "vit");
+  ASSERT_EQ(r.results_size(), 3);
+  // The same probabilities as the model computed directly.
+  auto m = LoadModel(models_.dir + "/vit.safetensors");
+  ASSERT_TRUE(m.ok());
+  at::NoGradGuard no_grad;
+  const at::Tensor want = at::softmax(
+      m->vit->Forward(NormalizePixels(m->vit->config(), images.permute({0, 3, 1, 2}))), -1);
+  for (int i = 0; i < 3; ++i) {
+    const auto& c = r.results(i);
+    ASSERT_EQ(c.probabilities_size(), 3);
+    for (int k = 0; k < 3; ++k) EXPECT_NEAR(c.probabilities(k), want[i][k].item<float>(), 1e-6);
+    ASSERT_EQ(c.top_size(), 2);
+    EXPECT_EQ(c.top(0).index(), want[i].argmax().item<int64_t>());
+    EXPECT_GE(c.top(0).probability(), c.top(1).probability());
+    EXPECT_EQ(c.top(0).label(), std::vector<std::string>({"zero", "one", "two"})[c.top(0).index()]);
+  }
+  EXPECT_DOUBLE_EQ(r.flops_executed(), 3 * m->FlopsPerImage().executed_flops);
+  EXPECT_DOUBLE_EQ(r.flops_dense_equivalent(), 3 * m->FlopsPerImage().dense_equivalent_flops);
+}
+
+TEST_F(ServerTest, ClassifyValidationNamesTheFieldAndLimit) {
+  struct Case {
+    std::function<void(v1::ClassifyRequest*)> make;
+    grpc::StatusCode code;
+    std::string message;
+  };
+  const at::Tensor ok = RandomImages(1, 8, 8, 1, 1)[0];
+  const std::vector<Case> cases = {
+      {[](v1::ClassifyRequest*) {}, grpc::StatusCode::INVALID_ARGUMENT, "images is empty"},
+      {[&](v1::ClassifyRequest* r) {
+         for (int i = 0; i < 9; ++i) *r->add_images() = RawImage(ok);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "at most 8 per request"},
+      {[&](v1::ClassifyRequest* r) { *r->add_images() = RawImage(RandomImages(1, 9, 8, 1, 1)[0]); },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "images[0]: image is 9x8x1 (HxWxC) but model vit takes 8x8x1"},
+      {[&](v1::ClassifyRequest* r) {
+         *r->add_images() = RawImage(ok);
+         r->add_images()->set_png("not a png at all");
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "images[1].png is not a readable PNG"},
+      {[&](v1::ClassifyRequest* r) {
+         *r->add_images() = RawImage(ok);
+         r->mutable_images(0)->mutable_raw()->mutable_pixels()->pop_back();
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "images[0].raw.pixels has 63 bytes"},
+      {[&](v1::ClassifyRequest* r) {
+         *r->add_images() = RawImage(ok);
+         r->mutable_images(0)->mutable_raw()->set_channels(2);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "images[0].raw.channels must be 1 or 3"},
+      {[&](v1::ClassifyRequest* r) { r->add_images(); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "images[0] has neither png nor raw"},
+      {[&](v1::ClassifyRequest* r) {
+         r->set_model("nope");
+         *r->add_images() = RawImage(ok);
+       },
+       grpc::StatusCode::NOT_FOUND, "model \"nope\" is not served"},
+      {[&](v1::ClassifyRequest* r) {
+         r->set_model("karm");
+         *r->add_images() = RawImage(ok);
+       },
+       grpc::StatusCode::FAILED_PRECONDITION, "not a classifier"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    v1::ClassifyRequest req;
+    cases[i].make(&req);
+    grpc::ClientContext ctx;
+    v1::ClassifyResponse r;
+    const grpc::Status st = stub_->Classify(&ctx, req, &r);
+    EXPECT_EQ(st.error_code(), cases[i].code) << i << ": " << st.error_message();
+    EXPECT_THAT(st.error_message(), ::testing::HasSubstr(cases[i].message)) << i;
+  }
+  // Bad requests changed nothing: a good one still works.
+  v1::ClassifyRequest req;
+  *req.add_images() = RawImage(ok);
+  grpc::ClientContext ctx;
+  v1::ClassifyResponse r;
+  EXPECT_TRUE(stub_->Classify(&ctx, req, &r).ok());
+}
+
+TEST_F(ServerTest, MessagesOverTheLimitAreRefused) {
+  server_->Shutdown();
+  server::ServerOptions o = LoopbackOptions(models_.manifest);
+  o.max_message_bytes = 4096;
+  StartServer(o);
+  v1::ClassifyRequest req;
+  req.add_images()->set_png(std::string(8192, 'x'));
+  grpc::ClientContext ctx;
+  v1::ClassifyResponse r;
+  EXPECT_EQ(stub_->Classify(&ctx, req, &r).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+}
+
+TEST_F(ServerTest, ConcurrentClassifyCallsShareBatches) {
+  server_->Shutdown();
+  std::mutex mu;
+  std::vector<server::BatchEvent> batches;
+  server::WorkerHooks hooks;
+  hooks.on_classify_batch = [&](const std::string&, const server::BatchEvent& e) {
+    std::lock_guard<std::mutex> l(mu);
+    batches.push_back(e);
+  };
+  // A long queue delay so that concurrent calls surely meet.
+  std::filesystem::remove_all(models_.dir);
+  models_ = WriteTinyModels("e2e-batch", 300);
+  StartServer(LoopbackOptions(models_.manifest), hooks);
+  const at::Tensor images = RandomImages(8, 8, 8, 1, 3);
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      v1::ClassifyRequest req;
+      *req.add_images() = RawImage(images[t]);
+      grpc::ClientContext ctx;
+      v1::ClassifyResponse r;
+      if (stub_->Classify(&ctx, req, &r).ok() && r.results_size() == 1) ++ok;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 8);
+  std::lock_guard<std::mutex> l(mu);
+  int64_t images_seen = 0, requests_seen = 0, largest = 0;
+  for (const auto& b : batches) {
+    images_seen += b.images;
+    requests_seen += b.requests;
+    largest = std::max(largest, b.requests);
+    EXPECT_LE(b.images, 8);
+  }
+  EXPECT_EQ(images_seen, 8);
+  EXPECT_EQ(requests_seen, 8);
+  EXPECT_LT(batches.size(), 8u) << "no two calls shared a batch";
+  EXPECT_GT(largest, 1);
+}
+
+TEST_F(ServerTest, FullClassifyQueueIsUnavailableAndDeadlineIsHonoured) {
+  // The batch hook (on the worker thread) holds the worker after its first batch, so the queue
+  // fills deterministically.
+  server_->Shutdown();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  int64_t images_run = 0;
+  server::WorkerHooks hooks;
+  hooks.on_classify_batch = [&](const std::string&, const server::BatchEvent& e) {
+    std::unique_lock<std::mutex> l(mu);
+    images_run += e.images;
+    cv.wait(l, [&] { return release; });
+  };
+  StartServer(LoopbackOptions(models_.manifest), hooks);
+  const at::Tensor images = RandomImages(8, 8, 8, 1, 5);
+  auto classify = [&](int n, double timeout_s) {
+    v1::ClassifyRequest req;
+    for (int i = 0; i < n; ++i) *req.add_images() = RawImage(images[i]);
+    grpc::ClientContext ctx;
+    if (timeout_s > 0)
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+    v1::ClassifyResponse r;
+    return stub_->Classify(&ctx, req, &r);
+  };
+  std::vector<std::thread> waiting;
+  waiting.emplace_back([&] { EXPECT_TRUE(classify(1, 0).ok()); });  // runs, then holds the worker
+  std::this_thread::sleep_for(milliseconds(200));
+  // Expires while queued: DEADLINE_EXCEEDED, and it never runs.
+  EXPECT_EQ(classify(4, 0.1).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // 4 (expired, not yet dropped: the worker is held) + 8 = 12 images queue up ...
+  waiting.emplace_back([&] { EXPECT_TRUE(classify(8, 0).ok()); });
+  std::this_thread::sleep_for(milliseconds(200));
+  // ... and 6 more would pass the limit of 16: refused at once.
+  const grpc::Status st = classify(6, 0);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(st.error_message(), ::testing::HasSubstr("classify queue is full"));
+  {
+    std::lock_guard<std::mutex> l(mu);
+    release = true;
+  }
+  cv.notify_all();
+  for (auto& t : waiting) t.join();
+  std::lock_guard<std::mutex> l(mu);
+  EXPECT_EQ(images_run, 1 + 8) << "the expired request must not run";
+}
+
+TEST_F(ServerTest, GenerateStreamsRowsImagesAndSummary) {
+  v1::GenerateRequest req;
+  req.set_num_images(3);
+  req.set_seed(11);
+  req.set_update_interval_ms(10);
+  const Stream s = RunGenerate(*stub_, req);
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  ASSERT_FALSE(s.messages.empty());
+  const auto rows = RowsOf(s);
+  const auto pngs = PngsOf(s);
+  ASSERT_EQ(rows.size(), 3u);
+  ASSERT_EQ(pngs.size(), 3u);
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(rows.at(i).size(), 36u);
+    EXPECT_EQ(rows.at(i), pngs.at(i)) << "streamed rows and the final PNG agree";
+  }
+  const auto& last = s.messages.back();
+  ASSERT_TRUE(last.has_summary());
+  for (size_t i = 0; i + 1 < s.messages.size(); ++i) EXPECT_FALSE(s.messages[i].has_summary());
+  EXPECT_EQ(last.summary().model(), "karm");
+  EXPECT_EQ(last.summary().images(), 3u);
+  EXPECT_EQ(last.summary().pixels_generated(), 3u * 36);
+  EXPECT_EQ(last.summary().seed(), 11u);
+  EXPECT_GT(last.summary().flops_executed(), 0);
+  EXPECT_EQ(last.progress().pixels_done(), last.progress().pixels_total());
+  EXPECT_EQ(last.progress().images_done(), 3u);
+  // Progress never goes back.
+  for (size_t i = 1; i < s.messages.size(); ++i)
+    EXPECT_GE(s.messages[i].progress().pixels_done(), s.messages[i - 1].progress().pixels_done());
+
+  // Image i is sampled with seed + i, whatever else runs: image 1 alone gives the same pixels,
+  // and so does the same model driven directly through the engine.
+  v1::GenerateRequest one;
+  one.set_seed(12);
+  const Stream alone = RunGenerate(*stub_, one);
+  ASSERT_TRUE(alone.status.ok());
+  EXPECT_EQ(PngsOf(alone).at(0), pngs.at(1));
+  EXPECT_EQ(alone.messages.back().images(0).seed(), 12u);
+  auto m = LoadModel(models_.dir + "/karm.safetensors");
+  ASSERT_TRUE(m.ok());
+  auto engine = DecodeEngine::Create(m->arm.get(), EngineOptions{});
+  ASSERT_TRUE(engine.ok());
+  std::vector<uint8_t> direct;
+  GenerationRequest g;
+  g.sampling.seed = 12;
+  g.on_done = [&](absl::Status st, std::vector<uint8_t> px) {
+    EXPECT_TRUE(st.ok());
+    direct = std::move(px);
+  };
+  at::NoGradGuard no_grad;
+  ASSERT_TRUE((*engine)->Submit(std::move(g)).ok());
+  while ((*engine)->Busy()) (*engine)->Step();
+  EXPECT_EQ(std::string(direct.begin(), direct.end()), pngs.at(1));
+}
+
+TEST_F(ServerTest, GenerateRateLimitsMessages) {
+  v1::GenerateRequest req;
+  req.set_model("karm-big");  // 768 subpixels: hundreds of steps
+  req.set_update_interval_ms(10000);
+  const Stream s = RunGenerate(*stub_, req);
+  ASSERT_TRUE(s.status.ok());
+  // Far fewer messages than rows: rows are chunked.
+  EXPECT_LE(s.messages.size(), 3u);
+  EXPECT_EQ(RowsOf(s).at(0).size(), 768u);
+  v1::GenerateRequest quiet = req;
+  quiet.set_stream_rows(false);
+  quiet.set_update_interval_ms(10);
+  const Stream q = RunGenerate(*stub_, quiet);
+  ASSERT_TRUE(q.status.ok());
+  EXPECT_TRUE(RowsOf(q).empty());
+  EXPECT_EQ(PngsOf(q).size(), 1u);
+}
+
+TEST_F(ServerTest, CompletionKeepsThePromptRows) {
+  const at::Tensor prompt = RandomImages(1, 6, 6, 1, 9)[0];
+  auto png = EncodePng(prompt);
+  ASSERT_TRUE(png.ok());
+  v1::GenerateRequest req;
+  req.set_model("arm");
+  req.set_num_images(2);
+  req.mutable_prompt()->set_png(*png);
+  req.set_prompt_rows(4);
+  const Stream s = RunGenerate(*stub_, req);
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  const std::string want(reinterpret_cast<const char*>(prompt.data_ptr<uint8_t>()), 24);
+  for (const auto& [i, px] : PngsOf(s)) EXPECT_EQ(px.substr(0, 24), want) << i;
+  EXPECT_EQ(s.messages.back().summary().pixels_generated(), 2u * 12);
+  // A prompt taller than needed is fine (only its first rows count).
+  const at::Tensor tall = RandomImages(1, 6, 6, 1, 10)[0];
+  req.mutable_prompt()->clear_png();
+  *req.mutable_prompt() = RawImage(tall);
+  req.set_prompt_rows(1);
+  const Stream t = RunGenerate(*stub_, req);
+  ASSERT_TRUE(t.status.ok());
+  EXPECT_EQ(PngsOf(t).at(0).substr(0, 6),
+            std::string(reinterpret_cast<const char*>(tall.data_ptr<uint8_t>()), 6));
+}
+
+TEST_F(ServerTest, GenerateValidation) {
+  struct Case {
+    std::function<void(v1::GenerateRequest*)> make;
+    grpc::StatusCode code;
+    std::string message;
+  };
+  const at::Tensor wide = RandomImages(1, 6, 7, 1, 1)[0];
+  const at::Tensor ok = RandomImages(1, 6, 6, 1, 1)[0];
+  const std::vector<Case> cases = {
+      {[](v1::GenerateRequest* r) { r->set_num_images(9); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "num_images is 9; model karm allows at most 8"},
+      {[](v1::GenerateRequest* r) { r->set_temperature(-1); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "temperature must be in [0, 100]"},
+      {[](v1::GenerateRequest* r) { r->set_top_p(0); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "top_p must be in (0, 1]"},
+      {[](v1::GenerateRequest* r) { r->set_top_k(300); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "top_k must be in [0, 256]"},
+      {[](v1::GenerateRequest* r) { r->set_update_interval_ms(5); },
+       grpc::StatusCode::INVALID_ARGUMENT, "update_interval_ms"},
+      {[](v1::GenerateRequest* r) { r->set_prompt_rows(2); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "prompt_rows is 2 but there is no prompt"},
+      {[&](v1::GenerateRequest* r) {
+         *r->mutable_prompt() = RawImage(wide);
+         r->set_prompt_rows(2);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "needs width 6"},
+      {[&](v1::GenerateRequest* r) {
+         *r->mutable_prompt() = RawImage(ok);
+         r->set_prompt_rows(6);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "prompt_rows must be in [1, 5]"},
+      {[&](v1::GenerateRequest* r) { r->mutable_prompt()->set_png("junk"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "prompt.png is not a readable PNG"},
+      {[](v1::GenerateRequest* r) { r->set_model("vit"); }, grpc::StatusCode::FAILED_PRECONDITION,
+       "not a generator"},
+      {[](v1::GenerateRequest* r) { r->set_model("x"); }, grpc::StatusCode::NOT_FOUND,
+       "not served"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    v1::GenerateRequest req;
+    cases[i].make(&req);
+    const Stream s = RunGenerate(*stub_, req);
+    EXPECT_EQ(s.status.error_code(), cases[i].code) << i << ": " << s.status.error_message();
+    EXPECT_THAT(s.status.error_message(), ::testing::HasSubstr(cases[i].message)) << i;
+    EXPECT_TRUE(s.messages.empty()) << i;
+  }
+  EXPECT_TRUE(SlotsFree("karm"));
+}
+
+TEST_F(ServerTest, ClientCancelStopsGenerationAndFreesTheSlot) {
+  grpc::ClientContext ctx;
+  v1::GenerateRequest req;
+  req.set_model("karm-big");
+  req.set_update_interval_ms(10);
+  auto reader = stub_->Generate(&ctx, req);
+  v1::GenerateResponse m;
+  ASSERT_TRUE(reader->Read(&m));
+  EXPECT_EQ(Model("karm-big")->generator->active(), 1);
+  ctx.TryCancel();
+  while (reader->Read(&m)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(SlotsFree("karm-big"));
+  // The one slot serves the next call.
+  v1::GenerateRequest next;
+  next.set_model("karm-big");
+  next.set_stream_rows(false);
+  EXPECT_TRUE(RunGenerate(*stub_, next).status.ok());
+}
+
+TEST_F(ServerTest, GenerateDeadlineStopsTheWork) {
+  v1::GenerateRequest req;
+  req.set_model("karm-big");
+  const Stream s = RunGenerate(*stub_, req, 0.05);
+  EXPECT_EQ(s.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_TRUE(SlotsFree("karm-big"));
+}
+
+TEST_F(ServerTest, FullGeneratorQueueIsUnavailable) {
+  // karm-big: 1 slot and 1 waiting image. Occupy the slot, then ask for 3 more.
+  grpc::ClientContext ctx;
+  v1::GenerateRequest req;
+  req.set_model("karm-big");
+  auto reader = stub_->Generate(&ctx, req);
+  v1::GenerateResponse m;
+  ASSERT_TRUE(reader->Read(&m));
+  v1::GenerateRequest more;
+  more.set_model("karm-big");
+  more.set_num_images(3);
+  const Stream s = RunGenerate(*stub_, more);
+  EXPECT_EQ(s.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(s.status.error_message(), ::testing::HasSubstr("queue is full"));
+  ctx.TryCancel();
+  while (reader->Read(&m)) {
+  }
+  reader->Finish();
+  EXPECT_TRUE(SlotsFree("karm-big"));
+}
+
+TEST_F(ServerTest, ScoreMatchesTheModel) {
+  const at::Tensor images = RandomImages(3, 6, 6, 1, 4);
+  for (const std::string model : {"karm", "arm"}) {
+    v1::ScoreRequest req;
+    req.set_model(model);
+    for (int i = 0; i < 3; ++i) *req.add_images() = RawImage(images[i]);
+    grpc::ClientContext ctx;
+    v1::ScoreResponse r;
+    ASSERT_TRUE(stub_->Score(&ctx, req, &r).ok());
+    auto m = LoadModel(models_.dir + "/" + model + ".safetensors");
+    ASSERT_TRUE(m.ok());
+    at::NoGradGuard no_grad;
+    auto want = ScoreBitsPerDim(*m->arm, images.reshape({3, -1}));
+    ASSERT_TRUE(want.ok());
+    ASSERT_EQ(r.bits_per_dim_size(), 3);
+    for (int i = 0; i < 3; ++i) EXPECT_DOUBLE_EQ(r.bits_per_dim(i), (*want)[i]);
+    EXPECT_NEAR(r.mean_bits_per_dim(), ((*want)[0] + (*want)[1] + (*want)[2]) / 3, 1e-12);
+    EXPECT_EQ(r.scored_subpixels_per_image(), 36u);
+  }
+  v1::ScoreRequest bad;
+  *bad.add_images() = RawImage(RandomImages(1, 8, 8, 1, 1)[0]);
+  grpc::ClientContext ctx;
+  v1::ScoreResponse r;
+  const grpc::Status st = stub_->Score(&ctx, bad, &r);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), ::testing::HasSubstr("but model karm takes 6x6x1"));
+}
+
+TEST_F(ServerTest, ThirtyTwoConcurrentClientsMixingClassifyAndGenerate) {
+  // Room for every client's image in the generators' waiting rooms.
+  server_->Shutdown();
+  std::filesystem::remove_all(models_.dir);
+  models_ = WriteTinyModels("e2e-32", 20, 64);
+  StartServer(LoopbackOptions(models_.manifest));
+  const at::Tensor images = RandomImages(32, 8, 8, 1, 6);
+  std::atomic<int> ok{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 32; ++t) {
+    threads.emplace_back([&, t] {
+      auto stub = Stub(conn_);  // a channel per client
+      for (int round = 0; round < 3; ++round) {
+        if ((t + round) % 2 == 0) {
+          v1::ClassifyRequest req;
+          *req.add_images() = RawImage(images[t]);
+          grpc::ClientContext ctx;
+          v1::ClassifyResponse r;
+          const grpc::Status st = stub->Classify(&ctx, req, &r);
+          if (st.ok() && r.results_size() == 1)
+            ++ok;
+          else
+            ADD_FAILURE() << st.error_message();
+        } else {
+          v1::GenerateRequest req;
+          req.set_model(t % 4 == 1 ? "arm" : "karm");
+          req.set_seed(static_cast<uint64_t>(t));
+          const Stream s = RunGenerate(*stub, req);
+          if (s.status.ok() && PngsOf(s).size() == 1)
+            ++ok;
+          else
+            ADD_FAILURE() << s.status.error_message();
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 96);
+  EXPECT_TRUE(SlotsFree("karm"));
+  EXPECT_TRUE(SlotsFree("arm"));
+}
+
+TEST_F(ServerTest, TokenAuthentication) {
+  server_->Shutdown();
+  WriteText(models_.dir + "/tokens", "# tokens\nsecret-one\n\nsecret-two\n");
+  server::ServerOptions o = LoopbackOptions(models_.manifest);
+  o.auth_tokens_file = models_.dir + "/tokens";
+  StartServer(o);
+  auto call = [&](const std::string& token) {
+    grpc::ClientContext ctx;
+    if (!token.empty()) ctx.AddMetadata("authorization", token);
+    v1::ListModelsResponse r;
+    return stub_->ListModels(&ctx, {}, &r).error_code();
+  };
+  EXPECT_EQ(call(""), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call("Bearer wrong"), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call("secret-one"), grpc::StatusCode::UNAUTHENTICATED);  // no "Bearer "
+  EXPECT_EQ(call("Bearer secret-one"), grpc::StatusCode::OK);
+  EXPECT_EQ(call("Bearer secret-two"), grpc::StatusCode::OK);
+  // Streams too, and nothing ran: no slot was taken.
+  v1::GenerateRequest req;
+  EXPECT_EQ(RunGenerate(*stub_, req, 0, "bad").status.error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(RunGenerate(*stub_, req, 0, "secret-two").status.error_code(), grpc::StatusCode::OK);
+  // Health needs no token.
+  auto ch = client::MakeChannel(conn_);
+  auto health = grpc::health::v1::Health::NewStub(*ch);
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckResponse r;
+  EXPECT_TRUE(health->Check(&ctx, {}, &r).ok());
+}
+
+TEST_F(ServerTest, TlsAndMutualTls) {
+  server_->Shutdown();
+  const std::string certs = models_.dir + "/certs";
+  std::filesystem::create_directories(certs);
+  const std::string script = std::string(KRAUSE_SOURCE_DIR) + "/tests/make_test_certs.sh";
+  ASSERT_EQ(std::system(("sh " + script + " " + certs).c_str()), 0) << "openssl failed";
+  server::ServerOptions o = LoopbackOptions(models_.manifest);
+  o.tls_cert = certs + "/server.pem";
+  o.tls_key = certs + "/server.key";
+  StartServer(o);
+  auto list = [&](const client::ConnectionOptions& c) {
+    auto stub = Stub(c);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::ListModelsResponse r;
+    return stub->ListModels(&ctx, {}, &r).error_code();
+  };
+  client::ConnectionOptions tls = conn_;
+  tls.tls_ca = certs + "/ca.pem";
+  tls.server = "localhost:" + std::to_string(server_->port());
+  EXPECT_EQ(list(tls), grpc::StatusCode::OK);
+  EXPECT_NE(list(conn_), grpc::StatusCode::OK) << "plaintext to a TLS server";
+  server_->Shutdown();
+
+  o.tls_client_ca = certs + "/ca.pem";
+  StartServer(o);
+  tls.server = "localhost:" + std::to_string(server_->port());
+  EXPECT_NE(list(tls), grpc::StatusCode::OK) << "mutual TLS without a client certificate";
+  client::ConnectionOptions mtls = tls;
+  mtls.tls_cert = certs + "/client.pem";
+  mtls.tls_key = certs + "/client.key";
+  EXPECT_EQ(list(mtls), grpc::StatusCode::OK);
+}
+
+TEST_F(ServerTest, ShutdownCancelsStreamsAfterTheGrace) {
+  server_->Shutdown();
+  server::ServerOptions o = LoopbackOptions(models_.manifest);
+  o.drain_seconds = 0.3;
+  StartServer(o, {}, milliseconds(5));  // the stream takes >= 768 * 5 ms
+  grpc::ClientContext ctx;
+  v1::GenerateRequest req;
+  req.set_model("karm-big");
+  req.set_temperature(1);
+  auto reader = stub_->Generate(&ctx, req);
+  v1::GenerateResponse m;
+  ASSERT_TRUE(reader->Read(&m));
+  std::thread stopper([&] { server_->Shutdown(); });
+  // Draining: health says NOT_SERVING and new calls are refused.
+  std::this_thread::sleep_for(milliseconds(100));
+  {
+    auto ch = client::MakeChannel(conn_);
+    auto health = grpc::health::v1::Health::NewStub(*ch);
+    grpc::ClientContext hc;
+    grpc::health::v1::HealthCheckResponse hr;
+    const grpc::Status st = health->Check(&hc, {}, &hr);
+    EXPECT_TRUE(!st.ok() || hr.status() == grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+    grpc::ClientContext lc;
+    v1::ListModelsResponse lr;
+    EXPECT_EQ(stub_->ListModels(&lc, {}, &lr).error_code(), grpc::StatusCode::UNAVAILABLE);
+  }
+  while (reader->Read(&m)) {
+  }
+  const grpc::Status st = reader->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(st.error_message(), ::testing::HasSubstr("shutting down"));
+  stopper.join();
+}
+
+TEST_F(ServerTest, ShutdownLetsInFlightStreamsFinishWithinTheGrace) {
+  v1::GenerateRequest req;
+  req.set_model("karm");
+  req.set_num_images(4);
+  req.set_update_interval_ms(10);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, req);
+  v1::GenerateResponse m;
+  ASSERT_TRUE(reader->Read(&m));
+  std::thread stopper([&] { server_->Shutdown(); });  // drain_seconds 5
+  int images = 0;
+  bool summary = false;
+  while (reader->Read(&m)) {
+    images += m.images_size();
+    summary = summary || m.has_summary();
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_TRUE(summary);
+  stopper.join();
+}
+
+}  // namespace
+}  // namespace krause::testing

@@ -1,0 +1,121 @@
+// Helpers for the end-to-end tests: tiny randomly initialised models written to a fresh folder,
+// a manifest, an in-process KrauseServer on a loopback port, and client stubs.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "client/connection.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "krause/v1/krause.grpc.pb.h"
+#include "model/loader.h"
+#include "server/server.h"
+
+namespace krause::testing {
+
+// A fresh folder under /tmp (ctest runs test cases in parallel processes).
+inline std::string FreshDir(const std::string& tag) {
+  std::string t = "/tmp/krause-" + tag + "-XXXXXX";
+  if (mkdtemp(t.data()) == nullptr) return "";
+  return t;
+}
+
+inline void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+// Tiny models: a Krause ViT classifier on 8x8x1 with labels, a KARM and a softmax ARM on
+// 6x6x1 (36 subpixels), and a bigger KARM (16x16x3, 768 subpixels) for long streams.
+inline ViTConfig TinyViTConfig() {
+  ViTConfig c;
+  c.image_size = 8;
+  c.patch = 4;
+  c.width = 16;
+  c.depth = 1;
+  c.heads = 2;
+  c.mlp = 32;
+  c.classes = 3;
+  c.labels = {"zero", "one", "two"};
+  c.mean = {0.5};
+  c.std = {0.25};
+  return c;
+}
+
+inline ArmConfig TinyArmConfig(const std::string& attention, int64_t h, int64_t w, int64_t ch) {
+  ArmConfig c;
+  c.attention = attention;
+  c.height = h;
+  c.width_px = w;
+  c.channels = ch;
+  c.width = 16;
+  c.depth = 1;
+  c.heads = 2;
+  c.window = 8;
+  c.top_k = 4;
+  return c;
+}
+
+struct TinyModels {
+  std::string dir;
+  std::string manifest;
+};
+
+// Writes the models and a manifest with small limits chosen for the tests:
+//   vit:       max_batch_size 8, max_queue_delay_ms `delay_ms`, max_queued_images 16
+//   karm, arm: max_sequences 4, max_waiting `max_waiting`, max_images_per_request 8 (karm)
+//   karm-big:  max_sequences 1, max_waiting 1
+inline TinyModels WriteTinyModels(const std::string& tag, int delay_ms = 20, int max_waiting = 8) {
+  TinyModels t;
+  t.dir = FreshDir(tag);
+  auto vit = ViT::Create(TinyViTConfig(), 1);
+  auto karm = Arm::Create(TinyArmConfig("krause", 6, 6, 1), 2);
+  auto arm = Arm::Create(TinyArmConfig("softmax", 6, 6, 1), 3);
+  auto big = Arm::Create(TinyArmConfig("krause", 16, 16, 3), 4);
+  EXPECT_TRUE(vit.ok() && karm.ok() && arm.ok() && big.ok());
+  EXPECT_TRUE(SaveModel(t.dir + "/vit.safetensors", *vit).ok());
+  EXPECT_TRUE(SaveModel(t.dir + "/karm.safetensors", *karm).ok());
+  EXPECT_TRUE(SaveModel(t.dir + "/arm.safetensors", *arm).ok());
+  EXPECT_TRUE(SaveModel(t.dir + "/big.safetensors", *big).ok());
+  t.manifest = t.dir + "/manifest.json";
+  WriteText(t.manifest, R"({"models": [
+    {"name": "vit", "checkpoint": "vit.safetensors", "max_batch_size": 8,
+     "max_queue_delay_ms": )" +
+                            std::to_string(delay_ms) + R"(, "max_queued_images": 16},
+    {"name": "karm", "checkpoint": "karm.safetensors", "default": true,
+     "max_sequences": 4, "max_waiting": )" +
+                            std::to_string(max_waiting) + R"(, "max_images_per_request": 8},
+    {"name": "arm", "checkpoint": "arm.safetensors", "max_sequences": 4, "max_waiting": )" +
+                            std::to_string(max_waiting) + R"(},
+    {"name": "karm-big", "checkpoint": "big.safetensors", "max_sequences": 1, "max_waiting": 1}
+  ]})");
+  return t;
+}
+
+inline server::ServerOptions LoopbackOptions(const std::string& manifest) {
+  server::ServerOptions o;
+  o.listen = "127.0.0.1:0";
+  o.manifest = manifest;
+  o.quiet = true;
+  o.drain_seconds = 5;
+  return o;
+}
+
+inline client::ConnectionOptions ClientFor(int port) {
+  client::ConnectionOptions c;
+  c.server = "127.0.0.1:" + std::to_string(port);
+  return c;
+}
+
+inline std::unique_ptr<v1::KrauseService::Stub> Stub(const client::ConnectionOptions& c) {
+  auto ch = client::MakeChannel(c);
+  EXPECT_TRUE(ch.ok());
+  return v1::KrauseService::NewStub(*ch);
+}
+
+}  // namespace krause::testing
