@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# What the Quick start's "serve" command runs. The gRPC server does not exist yet (see README,
-# Status): until it does, this installs what is needed, builds, and runs the attention benchmark
-# (a quick subset; pass --help to see the options, or run build/bin/krause-attention-bench
-# without --quick for the full table).
+# The Quick start's "serve" command: installs what is needed (scripts/install-deps.sh via
+# scripts/build.sh), builds, and starts krause-server on the bundled models in models/
+# (gRPC on 0.0.0.0:50051 unless you pass --listen). Extra arguments go to krause-server
+# (see build/bin/krause-server --help). Ctrl-C drains and stops it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/build.sh
 BUILD_DIR=${BUILD_DIR:-build}
-if [ $# -eq 0 ]; then set -- --quick; fi
-exec "$BUILD_DIR/bin/krause-attention-bench" "$@"
+exec "$BUILD_DIR/bin/krause-server" --models_dir models "$@"

@@ -32,6 +32,8 @@ ABSL_FLAG(std::string, tls_client_ca, "",
 ABSL_FLAG(std::string, auth_tokens, "",
           "file of bearer tokens, one per line: calls need 'authorization: Bearer <token>'");
 ABSL_FLAG(bool, quiet, false, "no log lines on stderr");
+ABSL_FLAG(std::string, port_file, "",
+          "once serving, write the port listened on to this file (for scripts and --listen :0)");
 
 namespace {
 int g_signal_pipe[2] = {-1, -1};
@@ -84,6 +86,17 @@ int main(int argc, char** argv) {
   if (!server.ok()) {
     std::fprintf(stderr, "krause-server: %s\n", server.status().ToString().c_str());
     return 1;
+  }
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    // Written whole under a temporary name, then renamed: readers never see a partial file.
+    const std::string tmp = port_file + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f == nullptr || std::fprintf(f, "%d\n", (*server)->port()) < 0 || std::fclose(f) != 0 ||
+        std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+      std::fprintf(stderr, "krause-server: cannot write --port_file %s\n", port_file.c_str());
+      return 1;
+    }
   }
   std::thread waiter([&] {
     unsigned char sig = 0;

@@ -10,12 +10,10 @@
 #include <ATen/ATen.h>
 
 #include <cstdio>
-#include <nlohmann/json.hpp>
 #include <string>
 
 #include "model/checkpoint/safetensors.h"
-#include "model/karm.h"
-#include "model/vit.h"
+#include "model/loader.h"
 
 namespace {
 
@@ -51,37 +49,20 @@ int main(int argc, char** argv) {
     else if (s != "auto")
       return Fail("unknown implementation " + s);
   }
-  auto model = krause::ReadSafetensors(argv[1]);
+  auto model = krause::LoadModel(argv[1]);
   if (!model.ok()) return Fail(model.status().ToString());
   auto input = krause::ReadSafetensors(argv[2]);
   if (!input.ok()) return Fail(input.status().ToString());
-  const std::string config = model->metadata["config"];
-  const nlohmann::json j = nlohmann::json::parse(config, nullptr, false);
-  if (j.is_discarded()) return Fail("model has no valid config in its metadata");
   at::NoGradGuard no_grad;
   at::Tensor logits;
-  if (j.value("model", "") == "vit") {
-    auto cfg = krause::ViTConfig::FromJson(config);
-    if (!cfg.ok()) return Fail(cfg.status().ToString());
-    auto m = krause::ViT::Create(*cfg, 0);
-    if (!m.ok()) return Fail(m.status().ToString());
-    auto st = m->parameters().LoadStrict(model->tensors, krause::ViT::IgnoredCheckpointNames());
-    if (!st.ok()) return Fail(st.ToString());
+  if (model->classifier()) {
     const at::Tensor* images = Find(input->tensors, "images");
     if (!images) return Fail("input has no tensor \"images\"");
-    logits = m->Forward(images->to(at::kFloat), impl);
-  } else if (j.value("model", "") == "arm") {
-    auto cfg = krause::ArmConfig::FromJson(config);
-    if (!cfg.ok()) return Fail(cfg.status().ToString());
-    auto m = krause::Arm::Create(*cfg, 0);
-    if (!m.ok()) return Fail(m.status().ToString());
-    auto st = m->parameters().LoadStrict(model->tensors);
-    if (!st.ok()) return Fail(st.ToString());
+    logits = model->vit->Forward(images->to(at::kFloat), impl);
+  } else {
     const at::Tensor* pixels = Find(input->tensors, "pixels");
     if (!pixels) return Fail("input has no tensor \"pixels\"");
-    logits = m->Forward(pixels->to(at::kLong), impl);
-  } else {
-    return Fail("config.model must be vit or arm");
+    logits = model->arm->Forward(pixels->to(at::kLong), impl);
   }
   auto st = krause::WriteSafetensors(argv[3], {{"logits", logits.contiguous()}}, {});
   if (!st.ok()) return Fail(st.ToString());

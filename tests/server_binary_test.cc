@@ -1,0 +1,159 @@
+// The krause-server and krause-client binaries as users run them: the server as a child process
+// (manifest, --port_file), a client session (list, health, classify, generate, complete, score,
+// errors and exit codes), and SIGTERM ending the server with exit code 0.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "model/data/png.h"
+#include "server_fixture.h"
+
+namespace krause::testing {
+namespace {
+
+struct ShellRun {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+ShellRun Shell(const std::string& cmd) {
+  ShellRun r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+class ServerBinaryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    models_ = WriteTinyModels("bin");
+    const std::string port_file = models_.dir + "/port";
+    pid_ = fork();
+    ASSERT_GE(pid_, 0);
+    if (pid_ == 0) {
+      const std::string server = std::string(KRAUSE_BIN_DIR) + "/krause-server";
+      const std::string manifest = "--manifest=" + models_.manifest;
+      const std::string pf = "--port_file=" + port_file;
+      execl(server.c_str(), "krause-server", manifest.c_str(), "--listen=127.0.0.1:0", pf.c_str(),
+            "--threads=1", "--drain_seconds=2", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < until) {
+      std::ifstream in(port_file);
+      if (in >> port_) break;
+      int status;
+      ASSERT_EQ(waitpid(pid_, &status, WNOHANG), 0) << "krause-server exited early";
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_GT(port_, 0) << "krause-server did not write its port";
+    client_ = std::string(KRAUSE_BIN_DIR) +
+              "/krause-client --server=127.0.0.1:" + std::to_string(port_) + " ";
+  }
+  void TearDown() override {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    std::filesystem::remove_all(models_.dir);
+  }
+
+  TinyModels models_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+  std::string client_;
+};
+
+TEST_F(ServerBinaryTest, ClientSessionAndSigtermExitsZero) {
+  ShellRun r = Shell(client_ + "list");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("karm-big"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("GENERATOR"));
+  r = Shell(client_ + "list --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("\"name\": \"vit\""));
+  r = Shell(client_ + "health");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_THAT(r.out, ::testing::HasSubstr("SERVING"));
+
+  // classify a PNG and an IDX slice
+  at::Generator gen = at::detail::createCPUGenerator(3);
+  const at::Tensor img = at::randint(0, 256, {8, 8, 1}, gen, at::kLong).to(at::kByte);
+  const std::string png = models_.dir + "/in.png";
+  ASSERT_TRUE(WritePng(png, img).ok());
+  r = Shell(client_ + "classify --top 2 " + png);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("in.png:"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("FLOPs:"));
+  {
+    // a 3-image IDX file (magic 0x00000803, dims 3 x 8 x 8)
+    std::ofstream f(models_.dir + "/imgs.idx", std::ios::binary);
+    const unsigned char head[] = {0, 0, 8, 3, 0, 0, 0, 3, 0, 0, 0, 8, 0, 0, 0, 8};
+    f.write(reinterpret_cast<const char*>(head), sizeof(head));
+    for (int i = 0; i < 3 * 64; ++i) f.put(static_cast<char>(i));
+  }
+  r = Shell(client_ + "classify --json --index 1:3 " + models_.dir + "/imgs.idx");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("imgs.idx[1]"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("imgs.idx[2]"));
+  EXPECT_THAT(r.out, ::testing::Not(::testing::HasSubstr("imgs.idx[0]")));
+
+  // generate and complete write PNGs of the model's shape
+  const std::string out = models_.dir + "/out";
+  r = Shell(client_ + "generate --num 2 --seed 5 --progress=false --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (int i = 0; i < 2; ++i) {
+    auto t = ReadPng(out + "/sample-" + std::to_string(i) + ".png");
+    ASSERT_TRUE(t.ok()) << r.out;
+    EXPECT_EQ(t->sizes(), at::IntArrayRef({6, 6, 1}));
+  }
+  EXPECT_THAT(r.out, ::testing::HasSubstr("seed 5"));
+  const std::string prompt = models_.dir + "/prompt.png";
+  const at::Tensor p = at::randint(0, 256, {6, 6, 1}, gen, at::kLong).to(at::kByte);
+  ASSERT_TRUE(WritePng(prompt, p).ok());
+  r = Shell(client_ + "complete --model arm --rows 3 --prefix done --progress=false --out " + out +
+            " " + prompt);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto done = ReadPng(out + "/done-0.png");
+  ASSERT_TRUE(done.ok());
+  EXPECT_TRUE(at::equal(done->narrow(0, 0, 3), p.narrow(0, 0, 3)));
+
+  // score
+  r = Shell(client_ + "score --json " + out + "/sample-0.png " + out + "/sample-1.png");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("mean_bits_per_dim"));
+
+  // errors: a clear message and exit code 1; bad usage exit code 2
+  r = Shell(client_ + "classify --model nope " + png);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, ::testing::HasSubstr("NOT_FOUND"));
+  r = Shell(client_ + "classify --model karm " + png);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, ::testing::HasSubstr("FAILED_PRECONDITION"));
+  r = Shell(client_ + "frobnicate");
+  EXPECT_EQ(r.code, 2);
+  r = Shell(std::string(KRAUSE_BIN_DIR) + "/krause-client --server=127.0.0.1:1 --timeout=2 list");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, ::testing::HasSubstr("UNAVAILABLE"));
+
+  // SIGTERM: drain and exit 0
+  ASSERT_EQ(kill(pid_, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid_, &status, 0), pid_);
+  pid_ = -1;
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace krause::testing
