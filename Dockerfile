@@ -1,7 +1,6 @@
 # krause-serve CPU image, built from Debian with the same install script as every other machine.
-# The gRPC server does not exist yet: the image builds everything and runs the attention
-# benchmark. (No Docker engine runs on the development machines; the install script it runs is
-# the one CI exercises.)
+# It serves the bundled models on port 50051. (No Docker engine runs on the development machines;
+# the install script it runs is the one CI exercises.)
 FROM debian:bookworm AS build
 WORKDIR /src
 COPY . .
@@ -14,7 +13,11 @@ WORKDIR /opt/krause
 COPY scripts/install-deps.sh /tmp/install-deps.sh
 RUN /tmp/install-deps.sh && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/build/bin /opt/krause/bin
+COPY models /opt/krause/models
 RUN useradd --system --uid 10001 krause
 USER krause
-ENTRYPOINT ["/opt/krause/bin/krause-attention-bench"]
-CMD ["--quick"]
+EXPOSE 50051
+HEALTHCHECK --interval=10s --timeout=5s --start-period=60s \
+  CMD ["/opt/krause/bin/krause-client", "--server=localhost:50051", "--timeout=4", "health"]
+ENTRYPOINT ["/opt/krause/bin/krause-server", "--models_dir=/opt/krause/models"]
+CMD ["--listen=0.0.0.0:50051"]
