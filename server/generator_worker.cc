@@ -2,13 +2,15 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 
 namespace krause::server {
 
 absl::StatusOr<std::unique_ptr<GeneratorWorker>> GeneratorWorker::Create(
     std::shared_ptr<const Arm> model, const GeneratorOptions& options,
-    std::function<void(const StepStats&)> on_step) {
+    std::function<void(const DecodeEvent&)> on_step) {
   auto engine = DecodeEngine::Create(model.get(), options.engine);
   if (!engine.ok()) return engine.status();
   return std::unique_ptr<GeneratorWorker>(
@@ -18,7 +20,7 @@ absl::StatusOr<std::unique_ptr<GeneratorWorker>> GeneratorWorker::Create(
 GeneratorWorker::GeneratorWorker(std::shared_ptr<const Arm> model,
                                  std::unique_ptr<DecodeEngine> engine,
                                  const GeneratorOptions& options,
-                                 std::function<void(const StepStats&)> on_step)
+                                 std::function<void(const DecodeEvent&)> on_step)
     : model_(std::move(model)),
       engine_(std::move(engine)),
       options_(options),
@@ -149,10 +151,15 @@ void GeneratorWorker::Loop() {
       }
     }
     if (engine_->Busy()) {
-      const StepStats stats = engine_->Step();
-      active_.store(engine_->active());
-      waiting_.store(engine_->waiting());
-      if (on_step_) on_step_(stats);
+      const auto t0 = std::chrono::steady_clock::now();
+      DecodeEvent e;
+      e.stats = engine_->Step();
+      e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      e.active = engine_->active();
+      e.waiting = engine_->waiting();
+      active_.store(e.active);
+      waiting_.store(e.waiting);
+      if (on_step_) on_step_(e);
     }
     for (auto it = listeners.begin(); it != listeners.end();) {
       if ((*it)->AfterStep()) {

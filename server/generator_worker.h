@@ -40,6 +40,14 @@ struct ScoreJob {
   std::function<void(absl::StatusOr<std::vector<double>> bits_per_dim)> done;
 };
 
+// One engine step, as the worker saw it (for metrics).
+struct DecodeEvent {
+  StepStats stats;
+  double seconds = 0;   // wall time of the step (admission prefill included)
+  int64_t active = 0;   // sequences holding a slot after the step
+  int64_t waiting = 0;  // sequences waiting for a slot
+};
+
 struct GeneratorOptions {
   EngineOptions engine;
   int64_t max_waiting = 256;  // images waiting for a slot; beyond, Submit is UNAVAILABLE
@@ -49,7 +57,7 @@ class GeneratorWorker {
  public:
   static absl::StatusOr<std::unique_ptr<GeneratorWorker>> Create(
       std::shared_ptr<const Arm> model, const GeneratorOptions& options,
-      std::function<void(const StepStats&)> on_step = {});
+      std::function<void(const DecodeEvent&)> on_step = {});
   ~GeneratorWorker();
 
   // Submits the requests all or none: UNAVAILABLE when the waiting room would overflow or the
@@ -71,13 +79,13 @@ class GeneratorWorker {
 
  private:
   GeneratorWorker(std::shared_ptr<const Arm> model, std::unique_ptr<DecodeEngine> engine,
-                  const GeneratorOptions& options, std::function<void(const StepStats&)> on_step);
+                  const GeneratorOptions& options, std::function<void(const DecodeEvent&)> on_step);
   void Loop();
 
   const std::shared_ptr<const Arm> model_;
   const std::unique_ptr<DecodeEngine> engine_;
   const GeneratorOptions options_;
-  const std::function<void(const StepStats&)> on_step_;
+  const std::function<void(const DecodeEvent&)> on_step_;
   const int64_t slots_;
   const int64_t bytes_per_sequence_;
 

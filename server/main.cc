@@ -31,6 +31,8 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: require client certificates signed by it (mutual TLS)");
 ABSL_FLAG(std::string, auth_tokens, "",
           "file of bearer tokens, one per line: calls need 'authorization: Bearer <token>'");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9090",
+          "address:port for Prometheus text metrics at /metrics (empty: off)");
 ABSL_FLAG(bool, quiet, false, "no log lines on stderr");
 ABSL_FLAG(std::string, port_file, "",
           "once serving, write the port listened on to this file (for scripts and --listen :0)");
@@ -75,6 +77,7 @@ int main(int argc, char** argv) {
   o.tls_key = absl::GetFlag(FLAGS_tls_key);
   o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   o.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
+  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.quiet = absl::GetFlag(FLAGS_quiet);
   if (o.threads > 0) {
     at::set_num_threads(o.threads);

@@ -48,6 +48,7 @@ struct ServerOptions {
   // TLS: both or neither; with tls_client_ca, clients must present a certificate it signed.
   std::string tls_cert, tls_key, tls_client_ca;
   std::string auth_tokens_file;  // one token per line ('#' comments); empty: no auth
+  std::string metrics_listen;    // host:port for Prometheus /metrics; empty: off
   bool quiet = false;
 };
 

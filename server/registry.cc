@@ -89,9 +89,9 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Load(const std::vector<Model
       GeneratorOptions g;
       g.engine.max_sequences = spec.max_sequences;
       g.max_waiting = spec.max_waiting;
-      std::function<void(const StepStats&)> on_step;
+      std::function<void(const DecodeEvent&)> on_step;
       if (hooks.on_decode_step)
-        on_step = [f = hooks.on_decode_step, name](const StepStats& s) { f(name, s); };
+        on_step = [f = hooks.on_decode_step, name](const DecodeEvent& s) { f(name, s); };
       auto worker = GeneratorWorker::Create(m->model.arm, g, on_step);
       if (!worker.ok())
         return absl::Status(worker.status().code(),

@@ -28,10 +28,11 @@ struct ServedModel {
   std::unique_ptr<GeneratorWorker> generator;  // generators
 };
 
-// Observers the workers report to (metrics); all optional.
+// Observers the workers report to (metrics, tests); all optional. They run on the workers'
+// threads.
 struct WorkerHooks {
   std::function<void(const std::string& model, const BatchEvent&)> on_classify_batch;
-  std::function<void(const std::string& model, const StepStats&)> on_decode_step;
+  std::function<void(const std::string& model, const DecodeEvent&)> on_decode_step;
 };
 
 class Registry {

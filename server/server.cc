@@ -58,8 +58,7 @@ void KrauseServer::Log(const std::string& line) const {
 }
 
 absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOptions& options,
-                                                                  const WorkerHooks& hooks,
-                                                                  CallObserver* observer) {
+                                                                  const WorkerHooks& hooks) {
   std::unique_ptr<KrauseServer> s(new KrauseServer());
   s->options_ = options;
   // The manifest and tokens are checked before anything listens.
@@ -75,9 +74,30 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   auto creds = Credentials(options);
   if (!creds.ok()) return creds.status();
 
+  s->metrics_ = std::make_unique<Metrics>();
+  if (!options.metrics_listen.empty()) {
+    auto port = s->metrics_->Listen(options.metrics_listen);
+    if (!port.ok()) return port.status();
+    s->metrics_port_ = *port;
+  }
+  // Metrics first, then the caller's hooks.
+  WorkerHooks chained = s->metrics_->Hooks();
+  if (hooks.on_classify_batch)
+    chained.on_classify_batch = [a = chained.on_classify_batch, b = hooks.on_classify_batch](
+                                    const std::string& m, const BatchEvent& e) {
+      a(m, e);
+      b(m, e);
+    };
+  if (hooks.on_decode_step)
+    chained.on_decode_step = [a = chained.on_decode_step, b = hooks.on_decode_step](
+                                 const std::string& m, const DecodeEvent& e) {
+      a(m, e);
+      b(m, e);
+    };
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  s->service_ = std::make_unique<KrauseService>(&s->gate_, observer);
+  s->service_ = std::make_unique<KrauseService>(&s->gate_, s->metrics_.get());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, *creds, &s->port_);
   builder.RegisterService(s->service_.get());
@@ -90,9 +110,10 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   health->SetServingStatus(false);
   health->SetServingStatus(v1::KrauseService::service_full_name(), false);
   s->Log(absl::StrCat("listening on port ", s->port_, options.tls_cert.empty() ? "" : " (TLS)",
+                      s->metrics_port_ ? absl::StrCat(", /metrics on port ", s->metrics_port_) : "",
                       "; loading ", specs->size(), " model(s)"));
 
-  auto registry = Registry::Load(*specs, hooks);
+  auto registry = Registry::Load(*specs, chained);
   if (!registry.ok()) {
     s->server_->Shutdown(std::chrono::system_clock::now());
     return registry.status();
@@ -105,6 +126,7 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
                         i.width(), "x", i.channels(), ", ", i.parameters(), " parameters",
                         i.is_default() ? ", default" : "", " (", m->model.path, ")"));
   }
+  s->metrics_->SetRegistry(s->registry_.get());
   s->gate_.SetRegistry(s->registry_.get());
   health->SetServingStatus(v1::KrauseService::service_full_name(), true);
   health->SetServingStatus(true);
@@ -112,7 +134,10 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   return s;
 }
 
-KrauseServer::~KrauseServer() { Shutdown(); }
+KrauseServer::~KrauseServer() {
+  Shutdown();
+  if (metrics_) metrics_->SetRegistry(nullptr);  // the registry goes first
+}
 
 void KrauseServer::Shutdown() {
   std::lock_guard<std::mutex> lock(shutdown_mu_);

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "server/metrics.h"
 #include "server/options.h"
 #include "server/registry.h"
 #include "server/service.h"
@@ -20,14 +21,15 @@ namespace krause::server {
 
 class KrauseServer {
  public:
-  // Returns once the server listens and the models are loaded (SERVING). `hooks` and
-  // `observer` (optional, must outlive the server) receive worker and call events.
+  // Returns once the server listens and the models are loaded (SERVING). `hooks` (optional)
+  // receive worker events after the metrics do.
   static absl::StatusOr<std::unique_ptr<KrauseServer>> Start(const ServerOptions& options,
-                                                             const WorkerHooks& hooks = {},
-                                                             CallObserver* observer = nullptr);
+                                                             const WorkerHooks& hooks = {});
   ~KrauseServer();
 
   int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }  // 0 when --metrics_listen is off
+  const Metrics& metrics() const { return *metrics_; }
   const Registry& registry() const { return *registry_; }
   const Gate& gate() const { return gate_; }
   void Shutdown();
@@ -39,10 +41,12 @@ class KrauseServer {
 
   ServerOptions options_;
   Gate gate_;
+  std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<KrauseService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Registry> registry_;
   int port_ = 0;
+  int metrics_port_ = 0;
   std::mutex shutdown_mu_;
   bool shut_down_ = false;
 };

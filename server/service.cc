@@ -349,6 +349,11 @@ void GenerateState::Flush() {
         const AttentionCost cost = model_->model.FlopsPerImage();
         s->set_flops_executed(cost.executed_flops * static_cast<double>(Total()));
         s->set_flops_dense_equivalent(cost.dense_equivalent_flops * static_cast<double>(Total()));
+        if (CallObserver* obs = svc_->observer()) {
+          obs->OnFlops("Generate", model_->spec.name, s->flops_executed(),
+                       s->flops_dense_equivalent());
+          obs->OnImages("Generate", model_->spec.name, Total());
+        }
         summary_sent_ = true;
         do_write = true;
       } else if (news || (due && pixels_done_ != last_sent_pixels_)) {
@@ -356,6 +361,12 @@ void GenerateState::Flush() {
       }
       if (do_write) {
         write_in_flight_ = true;
+        if (CallObserver* obs = svc_->observer()) {
+          const bool first = last_send_ == Clock::time_point{};
+          obs->OnStreamChunk(
+              model_->spec.name, first,
+              std::chrono::duration<double>(now - (first ? start_ : last_send_)).count());
+        }
         last_send_ = now;
         last_sent_pixels_ = pixels_done_;
       }
@@ -538,8 +549,9 @@ grpc::ServerUnaryReactor* KrauseService::Classify(grpc::CallbackServerContext* c
   job.images = *images;
   job.deadline = SteadyDeadline(ctx);
   job.cancelled = [ctx] { return ctx->IsCancelled(); };
-  job.done = [call, response, top_k, full, cost, labels, name = m->spec.name](
-                 absl::StatusOr<at::Tensor> probs, double) {
+  job.done = [this, call, response, top_k, full, cost, labels, name = m->spec.name](
+                 absl::StatusOr<at::Tensor> probs, double queue_seconds) {
+    if (observer_ && queue_seconds > 0) observer_->OnQueued("Classify", name, queue_seconds);
     if (!probs.ok()) {
       call->Finish(probs.status());
       return;
@@ -564,6 +576,11 @@ grpc::ServerUnaryReactor* KrauseService::Classify(grpc::CallbackServerContext* c
     }
     response->set_flops_executed(cost.executed_flops * static_cast<double>(n));
     response->set_flops_dense_equivalent(cost.dense_equivalent_flops * static_cast<double>(n));
+    if (observer_) {
+      observer_->OnFlops("Classify", name, response->flops_executed(),
+                         response->flops_dense_equivalent());
+      observer_->OnImages("Classify", name, n);
+    }
     call->Finish(absl::OkStatus());
   };
   const absl::Status st = m->batcher->Enqueue(std::move(job));
@@ -600,7 +617,7 @@ grpc::ServerUnaryReactor* KrauseService::Score(grpc::CallbackServerContext* ctx,
   ScoreJob job;
   job.images = images->permute({0, 2, 3, 1}).reshape({n, -1}).contiguous();
   job.cancelled = [ctx] { return ctx->IsCancelled(); };
-  job.done = [call, response, n, cost, name = m->spec.name,
+  job.done = [this, call, response, n, cost, name = m->spec.name,
               scored =
                   c.seq_len() - (c.start_token ? 0 : 1)](absl::StatusOr<std::vector<double>> bpd) {
     if (!bpd.ok()) {
@@ -617,6 +634,11 @@ grpc::ServerUnaryReactor* KrauseService::Score(grpc::CallbackServerContext* ctx,
     response->set_scored_subpixels_per_image(static_cast<uint32_t>(scored));
     response->set_flops_executed(cost.executed_flops * static_cast<double>(n));
     response->set_flops_dense_equivalent(cost.dense_equivalent_flops * static_cast<double>(n));
+    if (observer_) {
+      observer_->OnFlops("Score", name, response->flops_executed(),
+                         response->flops_dense_equivalent());
+      observer_->OnImages("Score", name, n);
+    }
     call->Finish(absl::OkStatus());
   };
   const absl::Status st = m->generator->EnqueueScore(std::move(job));

@@ -18,11 +18,22 @@
 
 namespace krause::server {
 
-// Observer of finished calls (metrics); optional.
+// Observer of calls (metrics); optional. `model` is "" until the call resolved a served model.
 struct CallObserver {
   virtual ~CallObserver() = default;
+  // Every call, once, when it finishes.
   virtual void OnCallDone(const std::string& rpc, const std::string& model, grpc::StatusCode code,
                           double seconds) = 0;
+  // Time a call's work waited in its model's queue before it ran.
+  virtual void OnQueued(const std::string& rpc, const std::string& model, double seconds) {}
+  // FLOPs of a successful call, executed and dense-equivalent.
+  virtual void OnFlops(const std::string& rpc, const std::string& model, double executed,
+                       double dense) {}
+  // Images a successful call classified, generated or scored.
+  virtual void OnImages(const std::string& rpc, const std::string& model, int64_t images) {}
+  // A Generate message was sent: `first`: seconds since the call arrived; else since the
+  // previous message.
+  virtual void OnStreamChunk(const std::string& model, bool first, double seconds) {}
 };
 
 // Admission: authentication, loading/draining, and the count of calls in flight.

@@ -35,7 +35,7 @@ class ServerTest : public ::testing::Test {
   void StartServer(const server::ServerOptions& o, server::WorkerHooks hooks = {},
                    milliseconds step_delay = milliseconds(1)) {
     if (!hooks.on_decode_step)
-      hooks.on_decode_step = [step_delay](const std::string& model, const StepStats&) {
+      hooks.on_decode_step = [step_delay](const std::string& model, const server::DecodeEvent&) {
         if (model == "karm-big") std::this_thread::sleep_for(step_delay);
       };
     auto s = server::KrauseServer::Start(o, hooks);
