@@ -21,8 +21,10 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   return ss.str();
 }
 
-absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptions& o) {
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptions& o,
+                                                           int channel_index) {
   grpc::ChannelArguments args;
+  if (channel_index > 0) args.SetInt("krause.channel_index", channel_index);
   args.SetMaxReceiveMessageSize(static_cast<int>(o.max_message_bytes));
   args.SetMaxSendMessageSize(static_cast<int>(o.max_message_bytes));
   std::shared_ptr<grpc::ChannelCredentials> creds;

@@ -24,7 +24,10 @@ struct ConnectionOptions {
   double timeout_seconds = 0;  // per call; 0: none
 };
 
-absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptions& o);
+// `channel_index` > 0 gives a channel its own connection (distinct channel arguments), so
+// several channels spread calls over several connections.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptions& o,
+                                                           int channel_index = 0);
 // Adds the token and the deadline to a call's context.
 void PrepareContext(const ConnectionOptions& o, grpc::ClientContext* ctx);
 // "INVALID_ARGUMENT: images[0]: ..." plus a hint for the codes a user can act on.

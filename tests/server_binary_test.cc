@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "model/data/png.h"
@@ -154,6 +155,50 @@ TEST_F(ServerBinaryTest, ClientSessionAndSigtermExitsZero) {
   pid_ = -1;
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace krause::testing
+
+namespace krause::testing {
+namespace {
+
+// krause-loadgen against an in-process server: closed and open loop, its JSON report counts
+// exactly the calls it was asked for, and the server's view comes from /metrics.
+TEST(LoadGen, ClosedAndOpenLoopReports) {
+  const TinyModels models = WriteTinyModels("loadgen", 5, 64);
+  server::ServerOptions o = LoopbackOptions(models.manifest);
+  o.metrics_listen = "127.0.0.1:0";
+  auto server = server::KrauseServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string base =
+      std::string(KRAUSE_BIN_DIR) +
+      "/krause-loadgen --progress=false --server=127.0.0.1:" + std::to_string((*server)->port()) +
+      " --metrics=127.0.0.1:" + std::to_string((*server)->metrics_port()) +
+      " --data=synthetic --warmup=0 --json=- ";
+  // Closed loop over the tiny KARM.
+  ShellRun r =
+      Shell(base + "--workload=generate --concurrency=8 --requests=24 --generate_model=karm");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const size_t brace = r.out.find("{\n");
+  ASSERT_NE(brace, std::string::npos) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out.substr(brace));
+  EXPECT_EQ(j["calls"], 24);
+  EXPECT_EQ(j["errors_by_code"]["Generate"]["OK"], 24);
+  EXPECT_EQ(j["latency_seconds"]["Generate"]["count"], 24);
+  EXPECT_GT(j["generate_first_chunk_seconds"]["count"].get<int>(), 0);
+  EXPECT_EQ(j["server"]["generated_pixels"], 24 * 36);
+  EXPECT_GT(j["server"]["decode_mean_batch_sequences"].get<double>(), 1.0);
+  EXPECT_GT(j["server"]["flop_saving"].get<double>(), 0.0);
+
+  // Open loop; the 28x28 synthetic images do not fit the 8x8 classifier: every call fails
+  // with INVALID_ARGUMENT, counted by code, and the exit code says so.
+  r = Shell(base + "--mode=open --rate=200 --arrivals=constant --requests=10 --workload=classify");
+  EXPECT_EQ(r.code, 3) << r.out;
+  j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  EXPECT_EQ(j["errors_by_code"]["Classify"]["INVALID_ARGUMENT"], 10);
+  (*server)->Shutdown();
+  std::filesystem::remove_all(models.dir);
 }
 
 }  // namespace

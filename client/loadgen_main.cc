@@ -1,0 +1,468 @@
+// krause-loadgen: load tests krause-server with asynchronous calls over several channels.
+//
+//   krause-loadgen --workload classify --concurrency 32 --duration 20
+//   krause-loadgen --workload generate --concurrency 64 --requests 128
+//   krause-loadgen --mode open --rate 200 --arrivals poisson --workload mix --mix_classify 0.9
+//
+// Closed loop: --concurrency calls always in flight (each finished call starts the next).
+// Open loop: calls start at --rate per second (constant spacing or Poisson), however many are
+// in flight. Reports throughput, latency percentiles, time to first chunk and gaps between
+// chunks for streams, errors by status code; --metrics HOST:PORT also scrapes the server's
+// /metrics before and after and reports the server's view (FLOP savings, batch sizes).
+#include <ATen/ATen.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "client/connection.h"
+#include "client/http_get.h"
+#include "krause/v1/krause.grpc.pb.h"
+#include "model/data/datasets.h"
+#include "server/status.h"
+
+ABSL_FLAG(std::string, server, "localhost:50051", "server address host:port");
+ABSL_FLAG(std::string, token, "", "bearer token");
+ABSL_FLAG(std::string, tls_ca, "", "PEM roots to verify the server with (enables TLS)");
+ABSL_FLAG(std::string, mode, "closed", "closed (fixed concurrency) or open (fixed arrival rate)");
+ABSL_FLAG(int32_t, concurrency, 32, "closed loop: calls in flight");
+ABSL_FLAG(double, rate, 50, "open loop: calls started per second");
+ABSL_FLAG(std::string, arrivals, "poisson", "open loop: constant or poisson");
+ABSL_FLAG(double, duration, 10,
+          "seconds of measured load (after the warm-up); ignored with --requests");
+ABSL_FLAG(int64_t, requests, 0, "measured calls to make (0: run for --duration)");
+ABSL_FLAG(double, warmup, 2,
+          "seconds of load before measuring (calls started then are not counted)");
+ABSL_FLAG(std::string, workload, "classify", "classify, generate or mix");
+ABSL_FLAG(double, mix_classify, 0.8, "mix: fraction of calls that are Classify");
+ABSL_FLAG(std::string, classify_model, "", "model for Classify (empty: the default classifier)");
+ABSL_FLAG(std::string, generate_model, "", "model for Generate (empty: the default generator)");
+ABSL_FLAG(int32_t, images_per_request, 1, "Classify: images per call");
+ABSL_FLAG(int32_t, generate_images, 1, "Generate: images per call");
+ABSL_FLAG(std::string, data, "fashion-mnist",
+          "classify images: fashion-mnist (the Debian package's test set) or synthetic");
+ABSL_FLAG(int32_t, channels, 4, "gRPC channels the calls are spread over");
+ABSL_FLAG(std::string, metrics, "", "server /metrics address host:port to scrape before and after");
+ABSL_FLAG(std::string, json, "", "write the report as JSON to this file ('-': stdout)");
+ABSL_FLAG(bool, progress, true, "progress line with ETA on stderr");
+
+namespace {
+
+namespace v1 = krause::v1;
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+struct Stats {
+  std::mutex mu;
+  std::map<std::string, std::vector<double>> latency;  // rpc -> seconds (OK calls)
+  std::vector<double> first_chunk, chunk_gap;
+  std::map<std::string, std::map<std::string, int64_t>> codes;  // rpc -> code -> calls
+  int64_t images = 0;
+  int64_t measured_done = 0;
+};
+
+json Percentiles(std::vector<double> v) {
+  if (v.empty()) return json::object();
+  std::sort(v.begin(), v.end());
+  auto q = [&](double p) {
+    const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())));
+    return v[i];
+  };
+  double sum = 0;
+  for (double x : v) sum += x;
+  return {{"count", v.size()}, {"mean", sum / v.size()}, {"p50", q(0.50)}, {"p90", q(0.90)},
+          {"p95", q(0.95)},    {"p99", q(0.99)},         {"max", v.back()}};
+}
+
+class LoadGen {
+ public:
+  LoadGen(std::vector<std::unique_ptr<v1::KrauseService::Stub>> stubs,
+          krause::client::ConnectionOptions conn, std::vector<v1::Image> images)
+      : stubs_(std::move(stubs)), conn_(std::move(conn)), images_(std::move(images)) {}
+
+  // Starts one call; `done` runs when it ends (on a gRPC thread).
+  void Issue(bool measured, std::function<void()> done) {
+    in_flight_.fetch_add(1);
+    const uint64_t n = counter_.fetch_add(1);
+    auto& stub = *stubs_[n % stubs_.size()];
+    const std::string w = absl::GetFlag(FLAGS_workload);
+    bool classify = w == "classify";
+    if (w == "mix") {
+      std::lock_guard<std::mutex> l(rng_mu_);
+      classify =
+          std::uniform_real_distribution<double>(0, 1)(rng_) < absl::GetFlag(FLAGS_mix_classify);
+    }
+    if (classify) {
+      struct Call {
+        grpc::ClientContext ctx;
+        v1::ClassifyRequest req;
+        v1::ClassifyResponse resp;
+        Clock::time_point start;
+      };
+      auto* c = new Call;
+      krause::client::PrepareContext(conn_, &c->ctx);
+      c->req.set_model(absl::GetFlag(FLAGS_classify_model));
+      c->req.set_top_k(1);
+      const int k = std::max(1, absl::GetFlag(FLAGS_images_per_request));
+      for (int i = 0; i < k; ++i) *c->req.add_images() = images_[(n * k + i) % images_.size()];
+      c->start = Clock::now();
+      stub.async()->Classify(
+          &c->ctx, &c->req, &c->resp, [this, c, measured, k, done](grpc::Status st) {
+            Record("Classify", measured, st, Seconds(Clock::now() - c->start), st.ok() ? k : 0);
+            delete c;
+            in_flight_.fetch_sub(1);
+            done();
+          });
+    } else {
+      new GenerateCall(this, stub, n, measured, std::move(done));
+    }
+  }
+
+  void Record(const char* rpc, bool measured, const grpc::Status& st, double seconds,
+              int64_t images) {
+    if (!measured) return;
+    std::lock_guard<std::mutex> l(stats_.mu);
+    stats_.codes[rpc][krause::server::GrpcCodeName(st.error_code())] += 1;
+    if (st.ok()) {
+      stats_.latency[rpc].push_back(seconds);
+      stats_.images += images;
+    }
+    ++stats_.measured_done;
+  }
+
+  Stats& stats() { return stats_; }
+  int64_t in_flight() const { return in_flight_.load(); }
+
+ private:
+  class GenerateCall : public grpc::ClientReadReactor<v1::GenerateResponse> {
+   public:
+    GenerateCall(LoadGen* g, v1::KrauseService::Stub& stub, uint64_t n, bool measured,
+                 std::function<void()> done)
+        : g_(g), measured_(measured), done_(std::move(done)) {
+      krause::client::PrepareContext(g->conn_, &ctx_);
+      req_.set_model(absl::GetFlag(FLAGS_generate_model));
+      req_.set_num_images(static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_generate_images))));
+      req_.set_seed(n * 1000);
+      req_.set_update_interval_ms(50);
+      start_ = last_ = Clock::now();
+      stub.async()->Generate(&ctx_, &req_, this);
+      StartRead(&msg_);
+      StartCall();
+    }
+    void OnReadDone(bool ok) override {
+      if (!ok) return;
+      const Clock::time_point now = Clock::now();
+      if (chunks_++ == 0) {
+        first_ = Seconds(now - start_);
+      } else {
+        gaps_.push_back(Seconds(now - last_));
+      }
+      last_ = now;
+      StartRead(&msg_);
+    }
+    void OnDone(const grpc::Status& st) override {
+      g_->Record("Generate", measured_, st, Seconds(Clock::now() - start_),
+                 st.ok() ? req_.num_images() : 0);
+      if (measured_ && st.ok()) {
+        std::lock_guard<std::mutex> l(g_->stats_.mu);
+        if (chunks_ > 0) g_->stats_.first_chunk.push_back(first_);
+        g_->stats_.chunk_gap.insert(g_->stats_.chunk_gap.end(), gaps_.begin(), gaps_.end());
+      }
+      g_->in_flight_.fetch_sub(1);
+      auto done = std::move(done_);
+      delete this;
+      done();
+    }
+
+   private:
+    LoadGen* g_;
+    bool measured_;
+    std::function<void()> done_;
+    grpc::ClientContext ctx_;
+    v1::GenerateRequest req_;
+    v1::GenerateResponse msg_;
+    Clock::time_point start_, last_;
+    double first_ = 0;
+    int chunks_ = 0;
+    std::vector<double> gaps_;
+  };
+
+  std::vector<std::unique_ptr<v1::KrauseService::Stub>> stubs_;
+  krause::client::ConnectionOptions conn_;
+  std::vector<v1::Image> images_;
+  std::atomic<uint64_t> counter_{0};
+  std::atomic<int64_t> in_flight_{0};
+  std::mutex rng_mu_;
+  std::mt19937_64 rng_{12345};
+  Stats stats_;
+};
+
+std::vector<v1::Image> LoadImages() {
+  std::vector<v1::Image> out;
+  if (absl::GetFlag(FLAGS_data) == "fashion-mnist") {
+    auto ds = krause::LoadFashionMnist("/usr/share/datasets/fashion-mnist", false);
+    if (ds.ok()) {
+      for (int64_t i = 0; i < 1000; ++i) {
+        const at::Tensor t = ds->images[i].contiguous();
+        v1::Image im;
+        im.mutable_raw()->set_height(static_cast<uint32_t>(t.size(1)));
+        im.mutable_raw()->set_width(static_cast<uint32_t>(t.size(2)));
+        im.mutable_raw()->set_channels(static_cast<uint32_t>(t.size(0)));
+        im.mutable_raw()->set_pixels(t.data_ptr<uint8_t>(), static_cast<size_t>(t.numel()));
+        out.push_back(std::move(im));
+      }
+      return out;
+    }
+    std::fprintf(stderr, "krause-loadgen: %s; using synthetic images\n",
+                 ds.status().ToString().c_str());
+  }
+  std::mt19937 rng(1);
+  for (int i = 0; i < 64; ++i) {
+    v1::Image im;
+    std::string px(28 * 28, '\0');
+    for (char& c : px) c = static_cast<char>(rng() & 255);
+    im.mutable_raw()->set_height(28);
+    im.mutable_raw()->set_width(28);
+    im.mutable_raw()->set_channels(1);
+    im.mutable_raw()->set_pixels(px);
+    out.push_back(std::move(im));
+  }
+  return out;
+}
+
+// The server's view from two scrapes: FLOPs and batch sizes over the run.
+json ServerView(const std::string& before, const std::string& after) {
+  using krause::client::PrometheusSum;
+  auto delta = [&](const std::string& name, const std::map<std::string, std::string>& l = {}) {
+    return PrometheusSum(after, name, l) - PrometheusSum(before, name, l);
+  };
+  json j;
+  const double ex = delta("krause_flops_executed_total"),
+               de = delta("krause_flops_dense_equivalent_total");
+  j["flops_executed"] = ex;
+  j["flops_dense_equivalent"] = de;
+  j["flop_saving"] = de > 0 ? 1 - ex / de : 0.0;
+  const double cb = delta("krause_classify_batch_images_count");
+  j["classify_batches"] = cb;
+  j["classify_mean_batch_images"] = cb > 0 ? delta("krause_classify_batch_images_sum") / cb : 0.0;
+  const double ds = delta("krause_decode_batch_sequences_count");
+  j["decode_steps"] = ds;
+  j["decode_mean_batch_sequences"] = ds > 0 ? delta("krause_decode_batch_sequences_sum") / ds : 0.0;
+  j["generated_pixels"] = delta("krause_generated_pixels_total");
+  return j;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "load tests krause-server (closed or open loop, classify / generate / mix).\n"
+      "  krause-loadgen --workload classify --concurrency 32 --duration 20 --metrics "
+      "localhost:9090\n"
+      "  krause-loadgen --mode open --rate 100 --arrivals poisson --workload mix --json "
+      "report.json");
+  absl::ParseCommandLine(argc, argv);
+  krause::client::ConnectionOptions conn;
+  conn.server = absl::GetFlag(FLAGS_server);
+  conn.token = absl::GetFlag(FLAGS_token);
+  conn.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  const std::string mode = absl::GetFlag(FLAGS_mode), workload = absl::GetFlag(FLAGS_workload);
+  if ((mode != "closed" && mode != "open") ||
+      (workload != "classify" && workload != "generate" && workload != "mix")) {
+    std::fprintf(stderr, "krause-loadgen: --mode closed|open, --workload classify|generate|mix\n");
+    return 2;
+  }
+  std::vector<std::unique_ptr<v1::KrauseService::Stub>> stubs;
+  for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_channels)); ++i) {
+    // Distinct channel arguments keep gRPC from sharing one connection between the channels.
+    krause::client::ConnectionOptions c = conn;
+    auto ch = krause::client::MakeChannel(c, i);
+    if (!ch.ok()) {
+      std::fprintf(stderr, "krause-loadgen: %s\n", ch.status().ToString().c_str());
+      return 1;
+    }
+    stubs.push_back(v1::KrauseService::NewStub(*ch));
+  }
+  const std::string metrics = absl::GetFlag(FLAGS_metrics);
+  std::string before;
+  if (!metrics.empty()) {
+    auto m = krause::client::HttpGet(metrics, "/metrics");
+    if (!m.ok()) {
+      std::fprintf(stderr, "krause-loadgen: --metrics: %s\n", m.status().ToString().c_str());
+      return 1;
+    }
+    before = *m;
+  }
+
+  LoadGen gen(std::move(stubs), conn, LoadImages());
+  const double warmup = absl::GetFlag(FLAGS_warmup), duration = absl::GetFlag(FLAGS_duration);
+  const int64_t want = absl::GetFlag(FLAGS_requests);
+  const Clock::time_point t0 = Clock::now();
+  const Clock::time_point measure_from =
+      t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(warmup));
+  std::atomic<int64_t> measured_started{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  // Whether a call starting now is measured, and whether it may start at all.
+  auto admit = [&](bool* measured) {
+    if (stop.load()) return false;
+    const Clock::time_point now = Clock::now();
+    *measured = now >= measure_from;
+    if (!*measured) return true;
+    if (want > 0) return measured_started.fetch_add(1) < want;
+    if (Seconds(now - measure_from) >= duration) return false;
+    measured_started.fetch_add(1);
+    return true;
+  };
+  std::function<void()> next;
+  if (mode == "closed") {
+    next = [&] {
+      bool measured;
+      if (admit(&measured)) {
+        gen.Issue(measured, next);
+      } else {
+        cv.notify_all();
+      }
+    };
+    for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_concurrency)); ++i) next();
+  } else {
+    std::thread pacer([&] {
+      std::mt19937_64 rng(7);
+      std::exponential_distribution<double> exp(absl::GetFlag(FLAGS_rate));
+      const bool poisson = absl::GetFlag(FLAGS_arrivals) == "poisson";
+      Clock::time_point at = Clock::now();
+      for (;;) {
+        bool measured;
+        if (!admit(&measured)) break;
+        gen.Issue(measured, [&] { cv.notify_all(); });
+        const double gap = poisson ? exp(rng) : 1.0 / absl::GetFlag(FLAGS_rate);
+        at += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap));
+        std::this_thread::sleep_until(at);
+      }
+    });
+    pacer.detach();
+  }
+  // Progress until every admitted call has ended.
+  const bool progress = absl::GetFlag(FLAGS_progress);
+  Clock::time_point measure_end{};
+  for (;;) {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait_for(l, std::chrono::milliseconds(500));
+    const double el = Seconds(Clock::now() - t0);
+    int64_t done;
+    {
+      std::lock_guard<std::mutex> s(gen.stats().mu);
+      done = gen.stats().measured_done;
+    }
+    const bool admitting =
+        want > 0 ? measured_started.load() < want
+                 : Clock::now() < measure_from + std::chrono::duration_cast<Clock::duration>(
+                                                     std::chrono::duration<double>(duration));
+    if (progress) {
+      const double total = want > 0 ? static_cast<double>(want) : warmup + duration;
+      const double frac = want > 0 ? done / total : std::min(1.0, el / total);
+      std::fprintf(stderr,
+                   "\r%s %5.1f%%  %lld calls done, %lld in flight, %.0fs elapsed, eta %.0fs   ",
+                   el < warmup ? "warm-up" : "load   ", 100 * frac, static_cast<long long>(done),
+                   static_cast<long long>(gen.in_flight()), el,
+                   frac > 0 ? std::max(0.0, el / frac - el) : 0.0);
+    }
+    if (!admitting && measure_end == Clock::time_point{}) {
+      measure_end = Clock::now();
+      stop.store(true);
+    }
+    if (stop.load() && gen.in_flight() == 0) break;
+  }
+  if (progress) std::fprintf(stderr, "\n");
+  const double measured_seconds = Seconds(Clock::now() - measure_from);
+
+  json report;
+  report["config"] = {{"server", conn.server},
+                      {"mode", mode},
+                      {"workload", workload},
+                      {"concurrency", absl::GetFlag(FLAGS_concurrency)},
+                      {"rate", absl::GetFlag(FLAGS_rate)},
+                      {"arrivals", absl::GetFlag(FLAGS_arrivals)},
+                      {"channels", absl::GetFlag(FLAGS_channels)},
+                      {"images_per_request", absl::GetFlag(FLAGS_images_per_request)},
+                      {"generate_images", absl::GetFlag(FLAGS_generate_images)},
+                      {"classify_model", absl::GetFlag(FLAGS_classify_model)},
+                      {"generate_model", absl::GetFlag(FLAGS_generate_model)},
+                      {"warmup_seconds", warmup}};
+  Stats& s = gen.stats();
+  int64_t calls = 0;
+  for (auto& [rpc, codes] : s.codes) {
+    for (auto& [code, n] : codes) calls += n;
+    report["errors_by_code"][rpc] = codes;
+    report["latency_seconds"][rpc] = Percentiles(s.latency[rpc]);
+  }
+  report["measured_seconds"] = measured_seconds;
+  report["calls"] = calls;
+  report["calls_per_second"] = calls / measured_seconds;
+  report["images_per_second"] = s.images / measured_seconds;
+  report["generate_first_chunk_seconds"] = Percentiles(s.first_chunk);
+  report["generate_chunk_gap_seconds"] = Percentiles(s.chunk_gap);
+  if (!metrics.empty()) {
+    auto after = krause::client::HttpGet(metrics, "/metrics");
+    if (after.ok()) report["server"] = ServerView(before, *after);
+  }
+
+  std::printf("%s loop, %s, %.1f s measured: %lld calls, %.2f calls/s, %.2f images/s\n",
+              mode.c_str(), workload.c_str(), measured_seconds, static_cast<long long>(calls),
+              calls / measured_seconds, s.images / measured_seconds);
+  for (auto& [rpc, p] : report["latency_seconds"].items()) {
+    if (p.empty()) continue;
+    std::printf("  %-9s latency ms: p50 %.1f  p90 %.1f  p95 %.1f  p99 %.1f  max %.1f\n",
+                rpc.c_str(), 1e3 * p["p50"].get<double>(), 1e3 * p["p90"].get<double>(),
+                1e3 * p["p95"].get<double>(), 1e3 * p["p99"].get<double>(),
+                1e3 * p["max"].get<double>());
+  }
+  if (!s.first_chunk.empty()) {
+    const json& f = report["generate_first_chunk_seconds"];
+    const json& g = report["generate_chunk_gap_seconds"];
+    std::printf("  Generate  first chunk ms: p50 %.1f p99 %.1f; gaps ms: p50 %.1f p99 %.1f\n",
+                1e3 * f["p50"].get<double>(), 1e3 * f["p99"].get<double>(),
+                g.empty() ? 0.0 : 1e3 * g["p50"].get<double>(),
+                g.empty() ? 0.0 : 1e3 * g["p99"].get<double>());
+  }
+  for (auto& [rpc, codes] : s.codes)
+    for (auto& [code, n] : codes)
+      std::printf("  %s %s: %lld\n", rpc.c_str(), code.c_str(), static_cast<long long>(n));
+  if (report.contains("server")) {
+    const json& v = report["server"];
+    std::printf(
+        "  server: FLOP saving %.1f%%, mean classify batch %.2f images, mean decode batch %.2f "
+        "sequences\n",
+        100 * v["flop_saving"].get<double>(), v["classify_mean_batch_images"].get<double>(),
+        v["decode_mean_batch_sequences"].get<double>());
+  }
+  const std::string out = absl::GetFlag(FLAGS_json);
+  if (out == "-") {
+    std::cout << report.dump(2) << "\n";
+  } else if (!out.empty()) {
+    std::ofstream(out) << report.dump(2) << "\n";
+  }
+  int64_t failures = 0;
+  for (auto& [rpc, codes] : s.codes)
+    for (auto& [code, n] : codes)
+      if (code != "OK") failures += n;
+  return failures > 0 ? 3 : 0;
+}
