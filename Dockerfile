@@ -1,23 +1,61 @@
-# krause-serve CPU image, built from Debian with the same install script as every other machine.
-# It serves the bundled models on port 50051. (No Docker engine runs on the development machines;
-# the install script it runs is the one CI exercises.)
-FROM debian:bookworm AS build
+# krause-serve images. Two targets:
+#   docker build --target cpu -t krause-serve:cpu .   Debian + Debian's LibTorch (the default)
+#   docker build --target gpu -t krause-serve:gpu .   PyTorch's CUDA LibTorch (CUDA runtime
+#                                                      libraries come with the wheel; the driver
+#                                                      from the host's NVIDIA container toolkit)
+# Both serve the bundled models on port 50051 (gRPC) and 9090 (/metrics), run as a non-root
+# user and carry a health check. No Docker engine runs on the development machines: the image
+# is kept buildable by construction (it runs the same install and build scripts that CI runs).
+
+# ---- CPU -------------------------------------------------------------------------------------
+FROM debian:bookworm AS build-cpu
 WORKDIR /src
 COPY . .
-RUN scripts/build.sh
+RUN CMAKE_ARGS="-DKRAUSE_BUILD_TESTS=OFF -DKRAUSE_BUILD_BENCH=OFF" scripts/build.sh
 
-FROM debian:bookworm
-WORKDIR /opt/krause
-# The runtime needs LibTorch, OpenBLAS and Abseil's shared libraries; the install script brings
-# them (with the development packages, for now: a slimmer runtime set comes with the server).
+FROM debian:bookworm AS cpu
+# The runtime needs LibTorch, OpenBLAS, gRPC, protobuf, Abseil and libpng's shared libraries;
+# the install script brings them (with the development packages: simple and identical to CI).
 COPY scripts/install-deps.sh /tmp/install-deps.sh
 RUN /tmp/install-deps.sh && rm -rf /var/lib/apt/lists/*
-COPY --from=build /src/build/bin /opt/krause/bin
+WORKDIR /opt/krause
+COPY --from=build-cpu /src/build/bin /opt/krause/bin
 COPY models /opt/krause/models
 RUN useradd --system --uid 10001 krause
-USER krause
-EXPOSE 50051
+USER 10001
+EXPOSE 50051 9090
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s \
   CMD ["/opt/krause/bin/krause-client", "--server=localhost:50051", "--timeout=4", "health"]
 ENTRYPOINT ["/opt/krause/bin/krause-server", "--models_dir=/opt/krause/models"]
-CMD ["--listen=0.0.0.0:50051"]
+CMD ["--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9090"]
+
+# ---- GPU -------------------------------------------------------------------------------------
+FROM debian:bookworm AS build-gpu
+WORKDIR /src
+COPY . .
+RUN scripts/install-deps.sh && apt-get install -y --no-install-recommends python3-venv && \
+    python3 -m venv /opt/torch && \
+    /opt/torch/bin/pip install --no-cache-dir torch --index-url https://download.pytorch.org/whl/cu126
+RUN TORCH_PREFIX="$(/opt/torch/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
+    SKIP_INSTALL=1 CMAKE_ARGS="-DKRAUSE_BUILD_TESTS=OFF -DKRAUSE_BUILD_BENCH=OFF -DKRAUSE_WITH_CUDA=OFF" \
+    scripts/build.sh
+
+FROM debian:bookworm AS gpu
+COPY scripts/install-deps.sh /tmp/install-deps.sh
+RUN /tmp/install-deps.sh && rm -rf /var/lib/apt/lists/*
+COPY --from=build-gpu /opt/torch /opt/torch
+ENV LD_LIBRARY_PATH=/opt/torch/lib/python3.11/site-packages/torch/lib
+ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
+WORKDIR /opt/krause
+COPY --from=build-gpu /src/build/bin /opt/krause/bin
+COPY models /opt/krause/models
+RUN useradd --system --uid 10001 krause
+USER 10001
+EXPOSE 50051 9090
+HEALTHCHECK --interval=10s --timeout=5s --start-period=120s \
+  CMD ["/opt/krause/bin/krause-client", "--server=localhost:50051", "--timeout=4", "health"]
+ENTRYPOINT ["/opt/krause/bin/krause-server", "--models_dir=/opt/krause/models"]
+CMD ["--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9090"]
+
+# The default target (a plain `docker build .`) is the CPU image.
+FROM cpu

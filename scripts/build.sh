@@ -7,6 +7,7 @@
 #   TORCH_PREFIX=            a LibTorch CMake prefix (e.g. from a PyTorch 2.x install); default:
 #                            Debian's LibTorch
 #   SKIP_INSTALL=0           1: do not run scripts/install-deps.sh
+#   CMAKE_ARGS=              extra CMake arguments (e.g. -DKRAUSE_BUILD_TESTS=OFF)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +22,7 @@ fi
 args=(-S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE")
 if [ "$KRAUSE_SANITIZE" = "1" ]; then args+=(-DKRAUSE_SANITIZE=ON); fi
 if [ -n "${TORCH_PREFIX:-}" ]; then args+=(-DCMAKE_PREFIX_PATH="$TORCH_PREFIX"); fi
+if [ -n "${CMAKE_ARGS:-}" ]; then read -r -a extra <<< "$CMAKE_ARGS"; args+=("${extra[@]}"); fi
 
 cmake "${args[@]}"
 # 2 cores and ~1.5 GiB per LibTorch translation unit: one job per core.

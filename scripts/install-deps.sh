@@ -16,6 +16,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # the TLS tests make throw-away certificates
   openssl
+  # the deployment kit test: promtool and YAML
+  prometheus python3-yaml
   # image and compressed-data I/O
   libpng-dev zlib1g-dev
   # JSON (safetensors headers, model configs, reports)

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""The deployment kit against a real server.
+
+Usage: deploy_test.py BIN_DIR PROJECT_DIR
+
+- every Kubernetes manifest parses (YAML), has apiVersion/kind/metadata.name, and every
+  kustomization's resources and patches exist; the Deployment's probes are gRPC and its grace
+  period covers the drain plus the preStop pause;
+- the Grafana dashboard parses and every panel has a query;
+- krause-server serves the bundled models, krause-client sends a classify, a generate and a score,
+  and every metric name the dashboard and the alert rules use is in the server's /metrics;
+- promtool check config / rules / metrics pass (skipped with exit code 77 when promtool is missing).
+"""
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import yaml
+
+BIN, ROOT = sys.argv[1], sys.argv[2]
+DEPLOY = os.path.join(ROOT, "deploy")
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def metric_names(expr):
+    # Metric names: krause_* identifiers not followed by '(' (functions) or '=' (labels).
+    return set(re.findall(r"\b(krause_[a-z_]+)\b(?!\s*[(=])", expr))
+
+
+# --- Kubernetes manifests -------------------------------------------------------------------
+docs = {}
+for path in sorted(glob.glob(os.path.join(DEPLOY, "k8s", "**", "*.yaml"), recursive=True)):
+    with open(path) as f:
+        for doc in yaml.safe_load_all(f):
+            check(isinstance(doc, dict) and "apiVersion" in doc and "kind" in doc, f"{path}: apiVersion and kind")
+            if os.path.basename(path) == "kustomization.yaml":
+                for r in doc.get("resources", []):
+                    check(os.path.exists(os.path.join(os.path.dirname(path), r)), f"{path}: resource {r} exists")
+                for p in doc.get("patches", []):
+                    check(os.path.exists(os.path.join(os.path.dirname(path), p["path"])), f"{path}: patch {p['path']} exists")
+            else:
+                check("name" in doc.get("metadata", {}), f"{path}: metadata.name")
+            docs.setdefault(doc.get("kind"), []).append((path, doc))
+for kind in ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ServiceMonitor", "ConfigMap"]:
+    check(kind in docs, f"a {kind} manifest exists")
+dep = next(d for p, d in docs["Deployment"] if "base" in p)
+c = dep["spec"]["template"]["spec"]["containers"][0]
+for probe in ["startupProbe", "readinessProbe", "livenessProbe"]:
+    check("grpc" in c.get(probe, {}), f"{probe} is a native gRPC probe")
+drain = next(float(a.split("=")[1]) for a in c["args"] if a.startswith("--drain_seconds="))
+pause = float(c["lifecycle"]["preStop"]["exec"]["command"][-1])
+check(dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > drain + pause,
+      "terminationGracePeriodSeconds > drain + preStop")
+check(any(d["spec"].get("clusterIP") == "None" for _, d in docs["Service"]), "a headless Service")
+gpu = [d for p, d in docs["Deployment"] if "gpu" in p]
+check(gpu and gpu[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu") == 1,
+      "the gpu overlay asks for one GPU")
+for path, cm in docs["ConfigMap"]:
+    m = json.loads(cm["data"]["manifest.json"])
+    check(len(m["models"]) > 0, f"{path}: the model manifest parses")
+
+# --- dashboard and alert rules ---------------------------------------------------------------
+with open(os.path.join(DEPLOY, "grafana", "krause-serve.json")) as f:
+    dash = json.load(f)
+used = set()
+for p in dash["panels"]:
+    check(p.get("targets"), f"panel {p.get('title')} has queries")
+    for t in p.get("targets", []):
+        used |= metric_names(t["expr"])
+with open(os.path.join(DEPLOY, "prometheus", "alerts.yml")) as f:
+    rules = yaml.safe_load(f)
+for g in rules["groups"]:
+    for r in g["rules"]:
+        used |= metric_names(r["expr"])
+check(len(used) >= 10, f"the dashboard and alerts use metrics ({len(used)})")
+
+# --- a real server ---------------------------------------------------------------------------
+tmp = tempfile.mkdtemp(prefix="krause-deploy-")
+grpc_port_file = os.path.join(tmp, "port")
+mport = free_port()
+server = subprocess.Popen([os.path.join(BIN, "krause-server"), "--listen=127.0.0.1:0",
+                           f"--metrics_listen=127.0.0.1:{mport}", f"--port_file={grpc_port_file}",
+                           "--models_dir=" + os.path.join(ROOT, "models"), "--threads=2", "--quiet"])
+try:
+    deadline = time.time() + 120
+    while not os.path.exists(grpc_port_file):
+        check(server.poll() is None, "krause-server runs")
+        if failures or time.time() > deadline:
+            raise SystemExit("krause-server did not start")
+        time.sleep(0.1)
+    port = open(grpc_port_file).read().strip()
+    client = [os.path.join(BIN, "krause-client"), f"--server=127.0.0.1:{port}"]
+    idx = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
+    subprocess.run(client + ["classify", "--index=0:4", idx], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(client + ["generate", "--progress=false", "--out=" + tmp], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(client + ["score", os.path.join(tmp, "sample-0.png")], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(client + ["classify", "--model=nope", "--index=0", idx], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    scrape = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10).read().decode()
+finally:
+    server.send_signal(signal.SIGTERM)
+    code = server.wait(timeout=60)
+    check(code == 0, f"krause-server exits 0 on SIGTERM (got {code})")
+
+exported = set()
+for line in scrape.splitlines():
+    if line.startswith("# TYPE "):
+        exported.add(line.split()[2])
+    elif line and not line.startswith("#"):
+        exported.add(re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group(0))
+for name in sorted(used):
+    check(name in exported, f"metric {name} (dashboard/alerts) is exported by the server")
+
+# --- promtool ---------------------------------------------------------------------------------
+promtool = shutil.which("promtool")
+if promtool is None:
+    print("promtool not installed (Debian package prometheus): skipping its checks")
+    sys.exit(77 if not failures else 1)
+r = subprocess.run([promtool, "check", "config", os.path.join(DEPLOY, "prometheus", "prometheus.yml")],
+                   capture_output=True, text=True)
+check(r.returncode == 0, "promtool check config: " + r.stdout + r.stderr)
+r = subprocess.run([promtool, "check", "rules", os.path.join(DEPLOY, "prometheus", "alerts.yml")],
+                   capture_output=True, text=True)
+check(r.returncode == 0, "promtool check rules: " + r.stdout + r.stderr)
+r = subprocess.run([promtool, "check", "metrics"], input=scrape, capture_output=True, text=True)
+check(r.returncode == 0, "promtool check metrics: " + r.stdout + r.stderr)
+
+shutil.rmtree(tmp, ignore_errors=True)
+print(f"{len(used)} metric names checked against the scrape; {len(failures)} failure(s)")
+sys.exit(1 if failures else 0)
