@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -86,6 +87,32 @@ absl::StatusOr<at::Tensor> DecodeBatch(const google::protobuf::RepeatedPtrField<
     out.push_back(t->permute({2, 0, 1}));
   }
   return at::stack(out, 0).contiguous();
+}
+
+struct ResolvedCall {
+  ServedModel* model = nullptr;
+  at::Tensor images;  // [n, C, H, W] uint8
+};
+
+// The common start of Classify and Score: enter the gate, find the model of `kind`, decode the
+// images. On failure the call is finished and nothing is returned.
+std::optional<ResolvedCall> ResolveImageCall(
+    UnaryCall* call, const grpc::CallbackServerContext* ctx, const Gate* gate,
+    const std::string& model, v1::ModelInfo::Kind kind,
+    const google::protobuf::RepeatedPtrField<v1::Image>& images) {
+  if (!call->Enter(ctx)) return std::nullopt;
+  auto found = gate->registry()->Find(model, kind);
+  if (!found.ok()) {
+    call->Finish(found.status());
+    return std::nullopt;
+  }
+  call->set_model((*found)->spec.name);
+  auto decoded = DecodeBatch(images, **found);
+  if (!decoded.ok()) {
+    call->Finish(decoded.status());
+    return std::nullopt;
+  }
+  return ResolvedCall{*found, *decoded};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -527,26 +554,18 @@ grpc::ServerUnaryReactor* KrauseService::Classify(grpc::CallbackServerContext* c
                                                   v1::ClassifyResponse* response) {
   auto call = std::make_shared<UnaryCall>(this, ctx, "Classify");
   grpc::ServerUnaryReactor* reactor = call->reactor();
-  if (!call->Enter(ctx)) return reactor;
-  auto found = gate_->registry()->Find(request->model(), v1::ModelInfo::CLASSIFIER);
-  if (!found.ok()) {
-    call->Finish(found.status());
-    return reactor;
-  }
-  ServedModel* m = *found;
-  call->set_model(m->spec.name);
-  auto images = DecodeBatch(request->images(), *m);
-  if (!images.ok()) {
-    call->Finish(images.status());
-    return reactor;
-  }
+  auto resolved = ResolveImageCall(call.get(), ctx, gate_, request->model(),
+                                   v1::ModelInfo::CLASSIFIER, request->images());
+  if (!resolved) return reactor;
+  ServedModel* m = resolved->model;
+  const at::Tensor images = resolved->images;
   const int64_t classes = m->model.vit->config().classes;
   const int64_t top_k = std::min<int64_t>(request->top_k() == 0 ? 5 : request->top_k(), classes);
   const bool full = request->return_probabilities();
   const AttentionCost cost = m->model.FlopsPerImage();
   const std::vector<std::string> labels = m->model.vit->config().labels;
   ClassifyJob job;
-  job.images = *images;
+  job.images = images;
   job.deadline = SteadyDeadline(ctx);
   job.cancelled = [ctx] { return ctx->IsCancelled(); };
   job.done = [this, call, response, top_k, full, cost, labels, name = m->spec.name](
@@ -598,24 +617,16 @@ grpc::ServerUnaryReactor* KrauseService::Score(grpc::CallbackServerContext* ctx,
                                                v1::ScoreResponse* response) {
   auto call = std::make_shared<UnaryCall>(this, ctx, "Score");
   grpc::ServerUnaryReactor* reactor = call->reactor();
-  if (!call->Enter(ctx)) return reactor;
-  auto found = gate_->registry()->Find(request->model(), v1::ModelInfo::GENERATOR);
-  if (!found.ok()) {
-    call->Finish(found.status());
-    return reactor;
-  }
-  ServedModel* m = *found;
-  call->set_model(m->spec.name);
-  auto images = DecodeBatch(request->images(), *m);
-  if (!images.ok()) {
-    call->Finish(images.status());
-    return reactor;
-  }
-  const int64_t n = images->size(0);
+  auto resolved = ResolveImageCall(call.get(), ctx, gate_, request->model(),
+                                   v1::ModelInfo::GENERATOR, request->images());
+  if (!resolved) return reactor;
+  ServedModel* m = resolved->model;
+  const at::Tensor images = resolved->images;
+  const int64_t n = images.size(0);
   const ArmConfig& c = m->model.arm->config();
   const AttentionCost cost = m->model.FlopsPerImage();
   ScoreJob job;
-  job.images = images->permute({0, 2, 3, 1}).reshape({n, -1}).contiguous();
+  job.images = images.permute({0, 2, 3, 1}).reshape({n, -1}).contiguous();
   job.cancelled = [ctx] { return ctx->IsCancelled(); };
   job.done = [this, call, response, n, cost, name = m->spec.name,
               scored =
