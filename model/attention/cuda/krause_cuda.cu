@@ -1,0 +1,263 @@
+// CUDA kernels of Krause attention: see krause_cuda.h for the contract.
+//
+// One thread block per (batch, head, query row) in the prefill and per (sequence, head) in the
+// decode step. The block scores the row's candidates into shared memory, finds the exact k-th
+// largest score by a radix search over the scores' order-preserving bit patterns (32 block-wide
+// counting rounds; the same selection as the CPU kernels), keeps every candidate above it and, of
+// those equal to it, the ones with the largest key index (the tie rule), then runs the softmax
+// over the kept set with the row max subtracted and aggregates V.
+#include "model/attention/cuda/krause_cuda.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace krause::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kMaxHeadDim = 256;
+constexpr int kMaxRow = 2048;  // candidates per row held in shared memory
+
+// Float -> uint32 with the same order (negative values flipped, positives get the top bit).
+__device__ __forceinline__ uint32_t OrderedBits(float x) {
+  const uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ float BlockSum(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float total = 0;
+  for (int w = 0; w < kThreads / 32; ++w) total += red[w];
+  return total;
+}
+
+__device__ float BlockMax(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float m = red[0];
+  for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, red[w]);
+  return m;
+}
+
+__device__ int BlockCount(int local, int* counter) {
+  __syncthreads();
+  if (threadIdx.x == 0) *counter = 0;
+  __syncthreads();
+  if (local) atomicAdd(counter, local);
+  __syncthreads();
+  return *counter;
+}
+
+// Shared state of one row.
+struct Row {
+  float score[kMaxRow];
+  uint32_t key[kMaxRow];
+  int64_t pos[kMaxRow];  // key index (absolute position), ascending in c
+  float q[kMaxHeadDim];
+  float red[kThreads / 32];
+  int counter;
+};
+
+// Given row.score / key / pos for c candidates, keeps K = min(kept, c) of them: on return
+// row.score[c] holds the softmax weight of candidate c (0 when not kept). Optionally writes the
+// kept positions and weights in rank order.
+__device__ void SelectAndSoftmax(Row& row, int c, int kept, int64_t* sel_index, float* sel_weight,
+                                 int sel_width) {
+  const int K = min(kept, c);
+  // Radix search for the K-th largest ordered key: after it, `prefix` is that key and `need`
+  // is how many candidates equal to it must be kept.
+  uint32_t prefix = 0, mask = 0;
+  int need = K;
+  for (int bit = 31; bit >= 0; --bit) {
+    const uint32_t m = mask | (1u << bit), want = prefix | (1u << bit);
+    int local = 0;
+    for (int i = threadIdx.x; i < c; i += kThreads) local += (row.key[i] & m) == want;
+    const int cnt = BlockCount(local, &row.counter);
+    if (cnt >= need) {
+      prefix = want;
+    } else {
+      need -= cnt;
+    }
+    mask = m;
+  }
+  // Keep: above the K-th, or equal to it and among the `need` largest positions of the ties.
+  __syncthreads();
+  for (int i = threadIdx.x; i < c; i += kThreads) {
+    bool keep = row.key[i] > prefix;
+    if (!keep && row.key[i] == prefix) {
+      int larger_ties = 0;
+      for (int j = i + 1; j < c; ++j) larger_ties += row.key[j] == prefix;
+      keep = larger_ties < need;
+    }
+    if (!keep) row.key[i] = 0;  // 0 is below every real score's pattern: marks "dropped"
+    else row.key[i] = max(row.key[i], 1u);
+  }
+  __syncthreads();
+  float local_max = -INFINITY;
+  for (int i = threadIdx.x; i < c; i += kThreads)
+    if (row.key[i] != 0) local_max = fmaxf(local_max, row.score[i]);
+  const float mx = BlockMax(local_max, row.red);
+  float local_sum = 0;
+  for (int i = threadIdx.x; i < c; i += kThreads) {
+    const float w = row.key[i] != 0 ? __expf(row.score[i] - mx) : 0.f;
+    local_sum += w;
+  }
+  const float sum = BlockSum(local_sum, row.red);
+  // Ranks (descending score, ties: larger position first) need the scores: compute before
+  // overwriting them with weights.
+  if (sel_index != nullptr) {
+    for (int r = threadIdx.x; r < sel_width; r += kThreads) {
+      sel_index[r] = -1;
+      sel_weight[r] = 0.f;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < c; i += kThreads) {
+      if (row.key[i] == 0) continue;
+      int rank = 0;
+      for (int j = 0; j < c; ++j) {
+        if (row.key[j] == 0 || j == i) continue;
+        rank += row.score[j] > row.score[i] || (row.score[j] == row.score[i] && j > i);
+      }
+      sel_index[rank] = row.pos[i];
+      sel_weight[rank] = __expf(row.score[i] - mx) / sum;
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < c; i += kThreads)
+    row.score[i] = row.key[i] != 0 ? __expf(row.score[i] - mx) / sum : 0.f;
+  __syncthreads();
+}
+
+__global__ void KeyBiasKernel(const float* k, int64_t rows, int64_t d, float* bias) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (r >= rows) return;
+  const float* kr = k + r * d;
+  float s = 0;
+  for (int64_t i = 0; i < d; ++i) s = fmaf(kr[i], kr[i], s);
+  bias[r] = -0.5f * s;
+}
+
+__global__ void PrefillKernel(PrefillArgs a) {
+  extern __shared__ unsigned char smem[];
+  Row& row = *reinterpret_cast<Row*>(smem);
+  const int64_t i = blockIdx.x, bh = blockIdx.y;  // query row, batch * heads + head
+  const int64_t h = bh % a.heads;
+  const int64_t base = bh * a.n;  // row offset of this (b, h)
+  const int c = a.count[i];
+  for (int t = threadIdx.x; t < a.d; t += kThreads) row.q[t] = a.q[(base + i) * a.d + t];
+  __syncthreads();
+  const float s2 = a.inv_sigma2[h];
+  for (int ci = threadIdx.x; ci < c; ci += kThreads) {
+    const int64_t j = a.cand[i * a.width + ci];
+    const float* kr = a.k + (base + j) * a.d;
+    float dot = 0;
+    for (int64_t t = 0; t < a.d; ++t) dot = fmaf(row.q[t], kr[t], dot);
+    const float s = (dot + a.bias[base + j]) * s2;
+    row.score[ci] = s;
+    row.key[ci] = OrderedBits(s);
+    row.pos[ci] = j;
+  }
+  __syncthreads();
+  const int64_t sel = (base + i) * a.kept;
+  SelectAndSoftmax(row, c, static_cast<int>(a.kept), a.sel_index ? a.sel_index + sel : nullptr,
+                   a.sel_weight ? a.sel_weight + sel : nullptr, static_cast<int>(a.kept));
+  for (int t = threadIdx.x; t < a.d; t += kThreads) {
+    float acc = 0;
+    for (int ci = 0; ci < c; ++ci) {
+      const float w = row.score[ci];
+      if (w != 0.f) acc = fmaf(w, a.v[(base + row.pos[ci]) * a.d + t], acc);
+    }
+    a.out[(base + i) * a.d + t] = acc;
+  }
+}
+
+__global__ void DecodeKernel(DecodeArgs a) {
+  extern __shared__ unsigned char smem[];
+  Row& row = *reinterpret_cast<Row*>(smem);
+  const int64_t s = blockIdx.x, h = blockIdx.y;
+  const int64_t slot = a.slots[s], p = a.positions[s];
+  const int64_t col = p % a.window;
+  const int64_t in = (s * a.heads + h) * a.d;
+  float* keys = a.keys_t + (slot * a.heads + h) * a.d * a.ring_stride;  // [d, ring_stride]
+  float* vals = a.values + (slot * a.heads + h) * a.window * a.d;        // [W, d]
+  float* bias = a.ring_bias + (slot * a.heads + h) * a.ring_stride;
+  // Append the new key (transposed), value and bias at column p % W.
+  float local = 0;
+  for (int t = threadIdx.x; t < a.d; t += kThreads) {
+    const float kt = a.k[in + t];
+    keys[t * a.ring_stride + col] = kt;
+    vals[col * a.d + t] = a.v[in + t];
+    row.q[t] = a.q[in + t];
+    local = fmaf(kt, kt, local);
+  }
+  const float norm2 = BlockSum(local, row.red);
+  if (threadIdx.x == 0) bias[col] = -0.5f * norm2;
+  __syncthreads();
+  const int c = static_cast<int>(a.window < p + 1 ? a.window : p + 1);
+  const int64_t first = p - c + 1;
+  const float s2 = a.inv_sigma2[h];
+  for (int ci = threadIdx.x; ci < c; ci += kThreads) {
+    const int64_t pos = first + ci, cc = pos % a.window;
+    float dot = 0;
+    for (int64_t t = 0; t < a.d; ++t) dot = fmaf(row.q[t], keys[t * a.ring_stride + cc], dot);
+    const float sc = (dot + bias[cc]) * s2;
+    row.score[ci] = sc;
+    row.key[ci] = OrderedBits(sc);
+    row.pos[ci] = pos;
+  }
+  __syncthreads();
+  const int64_t sel = (s * a.heads + h) * a.kept;
+  SelectAndSoftmax(row, c, static_cast<int>(a.kept), a.sel_index ? a.sel_index + sel : nullptr,
+                   a.sel_weight ? a.sel_weight + sel : nullptr, static_cast<int>(a.kept));
+  for (int t = threadIdx.x; t < a.d; t += kThreads) {
+    float acc = 0;
+    for (int ci = 0; ci < c; ++ci) {
+      const float w = row.score[ci];
+      if (w != 0.f) acc = fmaf(w, vals[(row.pos[ci] % a.window) * a.d + t], acc);
+    }
+    a.out[in + t] = acc;
+  }
+}
+
+}  // namespace
+
+cudaError_t KeyBias(const float* k, int64_t rows, int64_t d, float* bias, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  const int64_t blocks = (rows + 255) / 256;
+  KeyBiasKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(k, rows, d, bias);
+  return cudaGetLastError();
+}
+
+cudaError_t Prefill(const PrefillArgs& a, cudaStream_t stream) {
+  if (a.width > kMaxRow || a.width > kMaxCandidates || a.d > kMaxHeadDim) return cudaErrorInvalidValue;
+  if (a.n == 0 || a.batch * a.heads == 0) return cudaSuccess;
+  const size_t smem = sizeof(Row);
+  cudaError_t e = cudaFuncSetAttribute(PrefillKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(a.batch * a.heads));
+  PrefillKernel<<<grid, kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t DecodeStep(const DecodeArgs& a, cudaStream_t stream) {
+  if (a.window > kMaxRow || a.d > kMaxHeadDim) return cudaErrorInvalidValue;
+  if (a.seqs == 0 || a.heads == 0) return cudaSuccess;
+  const size_t smem = sizeof(Row);
+  cudaError_t e = cudaFuncSetAttribute(DecodeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(a.seqs), static_cast<unsigned>(a.heads));
+  DecodeKernel<<<grid, kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace krause::cuda
