@@ -101,6 +101,8 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, *creds, &s->port_);
   builder.RegisterService(s->service_.get());
+  // A second server on the same port must fail, not silently share it (gRPC's default on Linux).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   s->server_ = builder.BuildAndStart();
