@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Compile-checks every CUDA source (model/**/*.cu) standalone with nvcc for sm_90, so CUDA code
-# cannot rot on machines without a GPU or a CUDA LibTorch (the kernels include no LibTorch
-# header). Exit 77 (ctest: skipped) when nvcc is not installed.
+# Compile-checks the CUDA code on machines without a GPU or a CUDA LibTorch, so it cannot rot:
+#  1. every CUDA source (model/**/*.cu) compiles standalone with nvcc for sm_90 (the kernels
+#     include no LibTorch header);
+#  2. the LibTorch glue and every file with KRAUSE_WITH_CUDA branches pass a syntax check with
+#     KRAUSE_WITH_CUDA defined, against this machine's LibTorch headers (Debian's ship the CUDA
+#     headers but not one generated config header, which is stubbed for the check).
+# Exit 77 (ctest: skipped) when nvcc is not installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || true)}
@@ -10,6 +14,7 @@ if [ -z "$NVCC" ]; then
   echo "check-cuda-compile: nvcc not found: skipped"
   exit 77
 fi
+CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$NVCC")")")}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 n=0
@@ -17,4 +22,23 @@ while IFS= read -r f; do
   "$NVCC" -std=c++17 -arch=sm_90 -I. -Werror all-warnings -c "$f" -o "$out/$(basename "$f").o"
   n=$((n + 1))
 done < <(find model -name '*.cu' | sort)
-echo "check-cuda-compile: $n file(s) compiled for sm_90 with $("$NVCC" --version | tail -1)"
+echo "check-cuda-compile: $n CUDA file(s) compiled for sm_90 with $("$NVCC" --version | tail -1)"
+
+TORCH_INCLUDE=${TORCH_INCLUDE:-/usr/include}
+if [ ! -f "$TORCH_INCLUDE/ATen/cuda/CUDAContext.h" ]; then
+  echo "check-cuda-compile: no LibTorch CUDA headers under $TORCH_INCLUDE: glue not checked"
+  exit 0
+fi
+mkdir -p "$out/stub/c10/cuda/impl"
+[ -f "$TORCH_INCLUDE/c10/cuda/impl/cuda_cmake_macros.h" ] ||
+  echo '#pragma once' > "$out/stub/c10/cuda/impl/cuda_cmake_macros.h"
+torch_flags=(-isystem "$TORCH_INCLUDE/torch/csrc/api/include")
+# /usr/include is a default system folder already (adding it again breaks #include_next).
+[ "$TORCH_INCLUDE" = /usr/include ] || torch_flags+=(-isystem "$TORCH_INCLUDE")
+m=0
+for f in model/attention/cuda/dispatch_cuda.cc model/attention/krause_attention.cc tests/attention_cuda_test.cc; do
+  "${CXX:-c++}" -std=c++17 -fsyntax-only -Wall -Werror -DKRAUSE_WITH_CUDA -I. -Itests -I"$out/stub" \
+    "${torch_flags[@]}" -idirafter "$CUDA_HOME/include" "$f"
+  m=$((m + 1))
+done
+echo "check-cuda-compile: $m C++ file(s) with KRAUSE_WITH_CUDA pass a syntax check"

@@ -50,6 +50,9 @@ TEST(AttentionValidation, RejectsBadArgumentsByName) {
   EXPECT_THAT(StatusOf(KrauseAttention(x.to(at::kDouble), x.to(at::kDouble), x.to(at::kDouble), ls,
                                        Causal(2, 1, KrauseImpl::kFusedCpu))),
               StatusIs(kInvalid, HasSubstr("fused_cpu needs fp32 CPU tensors")));
+  // kCuda on CPU tensors: refused by name, whether or not the build has CUDA kernels.
+  EXPECT_THAT(StatusOf(KrauseAttention(x, x, x, ls, Causal(2, 1, KrauseImpl::kCuda))),
+              StatusIs(kInvalid, HasSubstr("impl cuda")));
 
   KrauseOptions grid;
   grid.neighbourhood = Neighbourhood::Grid(2, 2, 1, GridMetric::kManhattan, false);

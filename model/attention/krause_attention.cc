@@ -21,6 +21,8 @@ const char* KrauseImplName(KrauseImpl impl) {
       return "windowed";
     case KrauseImpl::kFusedCpu:
       return "fused_cpu";
+    case KrauseImpl::kCuda:
+      return "cuda";
   }
   return "unknown";
 }
@@ -75,9 +77,12 @@ absl::StatusOr<KrauseResult> KrauseAttention(const at::Tensor& q, const at::Tens
         at::GradMode::is_enabled() &&
         (q.requires_grad() || k.requires_grad() || v.requires_grad() || log_sigma.requires_grad());
     if (impl == KrauseImpl::kAuto) {
-      impl = (q.device().is_cpu() && q.scalar_type() == at::kFloat && !needs_grad)
-                 ? KrauseImpl::kFusedCpu
-                 : KrauseImpl::kWindowed;
+      const bool fp32 = q.scalar_type() == at::kFloat && !needs_grad;
+      impl = KrauseImpl::kWindowed;
+      if (fp32 && q.device().is_cpu()) impl = KrauseImpl::kFusedCpu;
+#ifdef KRAUSE_WITH_CUDA
+      if (fp32 && q.device().is_cuda()) impl = KrauseImpl::kCuda;
+#endif
     }
     if (args.batch == 0 || args.heads == 0 || args.n == 0) {  // nothing to attend
       KrauseResult empty;
@@ -100,6 +105,18 @@ absl::StatusOr<KrauseResult> KrauseAttention(const at::Tensor& q, const at::Tens
               "impl fused_cpu needs fp32 CPU tensors; q is ", std::string(q.toString())));
         }
         return internal::FusedCpuAttention(args, options);
+      case KrauseImpl::kCuda:
+#ifdef KRAUSE_WITH_CUDA
+        if (!q.device().is_cuda() || q.scalar_type() != at::kFloat) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("impl cuda needs fp32 CUDA tensors; q is ", std::string(q.toString())));
+        }
+        return internal::CudaAttention(args, options);
+#else
+        return absl::InvalidArgumentError(
+            "impl cuda: this build has no CUDA kernels (configure with KRAUSE_WITH_CUDA=ON "
+            "against a CUDA-enabled LibTorch)");
+#endif
       case KrauseImpl::kAuto:
         break;
     }

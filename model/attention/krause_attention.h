@@ -18,7 +18,11 @@
 //   kFusedCpu   inference kernel for fp32 CPU tensors: O(N*W*d) time, O(W) scratch per thread,
 //               parallel over (batch, head, query block), vectorised inner loops, exact top-k by
 //               partial selection, row max subtracted before exp. No autograd.
-//   kAuto       kFusedCpu for fp32 CPU tensors when no gradient is needed, else kWindowed.
+//   kCuda       inference kernels for fp32 CUDA tensors (cuda/krause_cuda.h): one block per query
+//               row, exact radix top-k in shared memory. No autograd. Only in builds with
+//               KRAUSE_WITH_CUDA; elsewhere asking for it is InvalidArgument.
+//   kAuto       kFusedCpu for fp32 CPU tensors and kCuda for fp32 CUDA tensors (CUDA builds)
+//               when no gradient is needed, else kWindowed.
 //
 // Scores in the fast paths use the equivalent bias form (q_i . k_j + b_j) / sigma^2 with
 // b_j = -||k_j||^2 / 2: ||q_i||^2 is constant per row and cancels in ranking and softmax.
@@ -35,7 +39,7 @@
 
 namespace krause {
 
-enum class KrauseImpl { kAuto, kReference, kWindowed, kFusedCpu };
+enum class KrauseImpl { kAuto, kReference, kWindowed, kFusedCpu, kCuda };
 const char* KrauseImplName(KrauseImpl impl);
 
 struct KrauseOptions {
@@ -83,6 +87,9 @@ absl::StatusOr<AttentionArgs> ValidateAttentionArgs(const at::Tensor& q, const a
 KrauseResult ReferenceAttention(const AttentionArgs& a, const KrauseOptions& o);
 KrauseResult WindowedAttention(const AttentionArgs& a, const KrauseOptions& o);
 KrauseResult FusedCpuAttention(const AttentionArgs& a, const KrauseOptions& o);
+#ifdef KRAUSE_WITH_CUDA
+KrauseResult CudaAttention(const AttentionArgs& a, const KrauseOptions& o);
+#endif
 
 }  // namespace internal
 }  // namespace krause

@@ -136,6 +136,22 @@ __device__ void SelectAndSoftmax(Row& row, int c, int kept, int64_t* sel_index, 
   __syncthreads();
 }
 
+// out[t] = sum over the candidates of weight * V[row][t], V rows `stride` floats apart, where
+// row = pos % modulo for a ring (decode) and row = pos when modulo is 0 (prefill).
+__device__ void Aggregate(const Row& row, int c, int64_t d, const float* v, int64_t stride,
+                          int64_t modulo, float* out) {
+  for (int t = threadIdx.x; t < d; t += kThreads) {
+    float acc = 0;
+    for (int ci = 0; ci < c; ++ci) {
+      const float w = row.score[ci];
+      if (w == 0.f) continue;
+      const int64_t r = modulo > 0 ? row.pos[ci] % modulo : row.pos[ci];
+      acc = fmaf(w, v[r * stride + t], acc);
+    }
+    out[t] = acc;
+  }
+}
+
 __global__ void KeyBiasKernel(const float* k, int64_t rows, int64_t d, float* bias) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (r >= rows) return;
@@ -169,14 +185,7 @@ __global__ void PrefillKernel(PrefillArgs a) {
   const int64_t sel = (base + i) * a.kept;
   SelectAndSoftmax(row, c, static_cast<int>(a.kept), a.sel_index ? a.sel_index + sel : nullptr,
                    a.sel_weight ? a.sel_weight + sel : nullptr, static_cast<int>(a.kept));
-  for (int t = threadIdx.x; t < a.d; t += kThreads) {
-    float acc = 0;
-    for (int ci = 0; ci < c; ++ci) {
-      const float w = row.score[ci];
-      if (w != 0.f) acc = fmaf(w, a.v[(base + row.pos[ci]) * a.d + t], acc);
-    }
-    a.out[(base + i) * a.d + t] = acc;
-  }
+  Aggregate(row, c, a.d, a.v + base * a.d, a.d, 0, a.out + (base + i) * a.d);
 }
 
 __global__ void DecodeKernel(DecodeArgs a) {
@@ -217,14 +226,7 @@ __global__ void DecodeKernel(DecodeArgs a) {
   const int64_t sel = (s * a.heads + h) * a.kept;
   SelectAndSoftmax(row, c, static_cast<int>(a.kept), a.sel_index ? a.sel_index + sel : nullptr,
                    a.sel_weight ? a.sel_weight + sel : nullptr, static_cast<int>(a.kept));
-  for (int t = threadIdx.x; t < a.d; t += kThreads) {
-    float acc = 0;
-    for (int ci = 0; ci < c; ++ci) {
-      const float w = row.score[ci];
-      if (w != 0.f) acc = fmaf(w, vals[(row.pos[ci] % a.window) * a.d + t], acc);
-    }
-    a.out[in + t] = acc;
-  }
+  Aggregate(row, c, a.d, vals, a.d, a.window, a.out + in);
 }
 
 }  // namespace

@@ -1,0 +1,65 @@
+// kCuda: Krause attention on CUDA tensors through the kernels of krause_cuda.cu. Compiled only
+// when KRAUSE_WITH_CUDA (a CUDA-enabled LibTorch); scripts/check-cuda-compile.sh syntax-checks it
+// everywhere else.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "model/attention/cuda/krause_cuda.h"
+#include "model/attention/krause_attention.h"
+#include "model/attention/neighbourhood.h"
+
+namespace krause::internal {
+
+KrauseResult CudaAttention(const AttentionArgs& a, const KrauseOptions& o) {
+  const c10::cuda::CUDAGuard guard(a.q.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  const at::Tensor q = a.q.contiguous(), k = a.k.contiguous(), v = a.v.contiguous();
+  const auto f32 = q.options();
+  // The candidate table, built on the host once per call (small: N x MaxCandidates).
+  const CandidateTable table = BuildCandidateTable(o.neighbourhood, a.n);
+  TORCH_CHECK(table.width <= cuda::kMaxCandidates, "cuda: at most ", cuda::kMaxCandidates,
+              " candidates per row, got ", table.width);
+  TORCH_CHECK(a.head_dim <= 256, "cuda: head dimension at most 256, got ", a.head_dim);
+  std::vector<int32_t> cand(table.index.begin(), table.index.end());
+  std::vector<int32_t> count(table.count.begin(), table.count.end());
+  const at::Tensor cand_d =
+      at::tensor(cand, at::TensorOptions().dtype(at::kInt)).to(q.device(), /*non_blocking=*/false);
+  const at::Tensor count_d =
+      at::tensor(count, at::TensorOptions().dtype(at::kInt)).to(q.device(), /*non_blocking=*/false);
+  at::Tensor bias = at::empty({a.batch, a.heads, a.n}, f32);
+  C10_CUDA_CHECK(cuda::KeyBias(k.data_ptr<float>(), a.batch * a.heads * a.n, a.head_dim,
+                               bias.data_ptr<float>(), stream));
+  const at::Tensor inv_sigma2 = at::exp(-2.0 * a.log_sigma.to(f32)).contiguous();
+
+  KrauseResult r;
+  r.out = at::empty_like(q);
+  cuda::PrefillArgs p;
+  p.q = q.data_ptr<float>();
+  p.k = k.data_ptr<float>();
+  p.v = v.data_ptr<float>();
+  p.bias = bias.data_ptr<float>();
+  p.inv_sigma2 = inv_sigma2.data_ptr<float>();
+  p.cand = cand_d.data_ptr<int32_t>();
+  p.count = count_d.data_ptr<int32_t>();
+  p.width = table.width;
+  p.batch = a.batch;
+  p.heads = a.heads;
+  p.n = a.n;
+  p.d = a.head_dim;
+  p.kept = a.kept;
+  p.out = r.out.data_ptr<float>();
+  if (o.return_selection) {
+    r.indices = at::empty({a.batch, a.heads, a.n, a.kept}, f32.dtype(at::kLong));
+    r.weights = at::empty({a.batch, a.heads, a.n, a.kept}, f32);
+    p.sel_index = r.indices.data_ptr<int64_t>();
+    p.sel_weight = r.weights.data_ptr<float>();
+  }
+  C10_CUDA_CHECK(cuda::Prefill(p, stream));
+  return r;
+}
+
+}  // namespace krause::internal
