@@ -36,7 +36,7 @@ torch_flags=(-isystem "$TORCH_INCLUDE/torch/csrc/api/include")
 # /usr/include is a default system folder already (adding it again breaks #include_next).
 [ "$TORCH_INCLUDE" = /usr/include ] || torch_flags+=(-isystem "$TORCH_INCLUDE")
 m=0
-for f in model/attention/cuda/dispatch_cuda.cc model/attention/krause_attention.cc \
+for f in model/attention/cuda/dispatch_cuda.cc model/attention/krause_attention.cc model/attention/decode.cc \
   tests/attention_cuda_test.cc bench/attention_gpu_bench.cc; do
   "${CXX:-c++}" -std=c++17 -fsyntax-only -Wall -Werror -DKRAUSE_WITH_CUDA -I. -Itests -I"$out/stub" \
     "${torch_flags[@]}" -idirafter "$CUDA_HOME/include" "$f"

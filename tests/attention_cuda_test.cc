@@ -5,6 +5,7 @@
 
 #include <tuple>
 
+#include "model/attention/decode.h"
 #include "model/attention/krause_attention.h"
 #include "test_util.h"
 
@@ -73,6 +74,47 @@ TEST_P(CudaParity, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaParity,
                          ::testing::Combine(::testing::Range(0, 8), ::testing::Bool()));
+
+// The CUDA decode step against the CPU decode step (itself bit-equal to the fused prefill): three
+// sequences joining at different steps, across several ring wraps, k > W included.
+TEST(CudaDecode, MatchesTheCpuDecodeStepAcrossTheRingWrap) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const int64_t slots = 3, h = 2, d = 16;
+  const at::Device dev(at::kCUDA);
+  for (const auto& [window, top_k] :
+       std::vector<std::pair<int64_t, int64_t>>{{8, 5}, {4, 9}, {128, 96}}) {
+    KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseRingCache cpu, KrauseRingCache::Create(slots, h, d, window));
+    KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseRingCache gpu,
+                                KrauseRingCache::Create(slots, h, d, window, dev));
+    at::Generator gen = at::detail::createCPUGenerator(window);
+    const at::Tensor ls = at::full({h}, std::log(2.5f));
+    const int64_t steps = 3 * window + 5;
+    for (int64_t t = 0; t < steps; ++t) {
+      // Sequence i joins at step 2 * i; its position is t - 2 * i.
+      std::vector<int64_t> sl, pos;
+      for (int64_t i = 0; i < slots; ++i) {
+        if (t >= 2 * i) {
+          sl.push_back(i);
+          pos.push_back(t - 2 * i);
+        }
+      }
+      const int64_t s = static_cast<int64_t>(sl.size());
+      const at::Tensor q = QuantizedTensor({s, h, d}, 3, gen),
+                       k = QuantizedTensor({s, h, d}, 3, gen),
+                       v = QuantizedTensor({s, h, d}, 3, gen);
+      const at::Tensor st = at::tensor(sl, at::kLong), pt = at::tensor(pos, at::kLong);
+      DecodeSelection want_sel, got_sel;
+      KRAUSE_ASSERT_OK_AND_ASSIGN(at::Tensor want,
+                                  KrauseDecodeStep(q, k, v, ls, top_k, st, pt, &cpu, &want_sel));
+      KRAUSE_ASSERT_OK_AND_ASSIGN(
+          at::Tensor got, KrauseDecodeStep(q.to(dev), k.to(dev), v.to(dev), ls.to(dev), top_k, st,
+                                           pt, &gpu, &got_sel));
+      ASSERT_LE(RelativeMaxError(got.cpu(), want), 1e-5) << "W " << window << " step " << t;
+      ASSERT_TRUE(at::equal(got_sel.indices.cpu(), want_sel.indices))
+          << "W " << window << " step " << t;
+    }
+  }
+}
 
 }  // namespace
 }  // namespace krause::testing

@@ -15,7 +15,8 @@
 namespace krause {
 
 absl::StatusOr<KrauseRingCache> KrauseRingCache::Create(int64_t slots, int64_t heads,
-                                                        int64_t head_dim, int64_t window) {
+                                                        int64_t head_dim, int64_t window,
+                                                        const at::Device& device) {
   if (slots < 1) return absl::InvalidArgumentError(absl::StrCat("slots must be >= 1, got ", slots));
   if (heads < 1) return absl::InvalidArgumentError(absl::StrCat("heads must be >= 1, got ", heads));
   if (head_dim < 1) {
@@ -31,9 +32,10 @@ absl::StatusOr<KrauseRingCache> KrauseRingCache::Create(int64_t slots, int64_t h
   c.window_ = window;
   c.ring_stride_ = cpu::RoundUpToChunk(window);
   try {
-    c.keys_t_ = at::zeros({slots, heads, head_dim, c.ring_stride_}, at::kFloat);
-    c.values_ = at::zeros({slots, heads, window, head_dim}, at::kFloat);
-    c.bias_ = at::zeros({slots, heads, c.ring_stride_}, at::kFloat);
+    const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+    c.keys_t_ = at::zeros({slots, heads, head_dim, c.ring_stride_}, opts);
+    c.values_ = at::zeros({slots, heads, window, head_dim}, opts);
+    c.bias_ = at::zeros({slots, heads, c.ring_stride_}, opts);
   } catch (const std::exception& e) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the ring cache: ", e.what()));
   }
@@ -47,15 +49,16 @@ int64_t KrauseRingCache::bytes_per_slot() const {
 
 namespace {
 
-absl::Status CheckStepTensor(const at::Tensor& t, const char* name, int64_t s, int64_t h,
-                             int64_t d) {
+absl::Status CheckStepTensor(const at::Tensor& t, const char* name, int64_t s, int64_t h, int64_t d,
+                             const at::Device& device) {
   RETURN_IF_ERROR(CheckDefined(t, name));
   if (t.dim() != 3 || t.size(0) != s || t.size(1) != h || t.size(2) != d) {
     return absl::InvalidArgumentError(absl::StrCat(name, " must have shape [S, H, d] = [", s, ", ",
                                                    h, ", ", d, "], got ", ShapeString(t.sizes())));
   }
-  if (t.scalar_type() != at::kFloat || !t.device().is_cpu()) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " must be fp32 on the CPU"));
+  if (t.scalar_type() != at::kFloat || t.device() != device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " must be fp32 on ", device.str(), " (the cache's device)"));
   }
   return absl::OkStatus();
 }
@@ -88,9 +91,10 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
     }
     const int64_t s = q.size(0), h = cache->heads(), d = cache->head_dim();
     const int64_t win = cache->window();
-    RETURN_IF_ERROR(CheckStepTensor(q, "q", s, h, d));
-    RETURN_IF_ERROR(CheckStepTensor(k, "k", s, h, d));
-    RETURN_IF_ERROR(CheckStepTensor(v, "v", s, h, d));
+    const at::Device dev = cache->keys_t().device();
+    RETURN_IF_ERROR(CheckStepTensor(q, "q", s, h, d, dev));
+    RETURN_IF_ERROR(CheckStepTensor(k, "k", s, h, d, dev));
+    RETURN_IF_ERROR(CheckStepTensor(v, "v", s, h, d, dev));
     RETURN_IF_ERROR(CheckIndexVector(slots, "slots", s));
     RETURN_IF_ERROR(CheckIndexVector(positions, "positions", s));
     if (top_k < 1)
@@ -118,6 +122,13 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
     }
 
     at::NoGradGuard no_grad;
+    if (dev.is_cuda()) {
+#ifdef KRAUSE_WITH_CUDA
+      return internal::CudaDecodeStep(q, k, v, log_sig, top_k, slot_c, pos_c, cache, selection);
+#else
+      return absl::InvalidArgumentError("the cache is on CUDA but this build has no CUDA kernels");
+#endif
+    }
     const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
     const at::Tensor inv_var = at::exp(-2.0 * log_sig).contiguous();
     at::Tensor out = at::empty({s, h, d}, q.options());

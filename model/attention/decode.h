@@ -24,8 +24,10 @@ namespace krause {
 // Ring-buffer storage for one attention layer of a model, for `slots` sequences. fp32, CPU.
 class KrauseRingCache {
  public:
+  // On `device`: the CPU (the fused kernels) or, in CUDA builds, a GPU (the CUDA decode kernel).
   static absl::StatusOr<KrauseRingCache> Create(int64_t slots, int64_t heads, int64_t head_dim,
-                                                int64_t window);
+                                                int64_t window,
+                                                const at::Device& device = at::Device(at::kCPU));
   KrauseRingCache() = default;
 
   int64_t slots() const { return slots_; }
@@ -52,7 +54,7 @@ struct DecodeSelection {
 };
 
 // One decode step for S sequences.
-//   q, k, v:    [S, H, d] fp32 CPU: the new tokens' projections.
+//   q, k, v:    [S, H, d] fp32 on the cache's device: the new tokens' projections.
 //   log_sigma:  numel 1 or H, finite.
 //   slots:      [S] int64, distinct, in [0, cache.slots()).
 //   positions:  [S] int64 >= 0: the new token's absolute position in its sequence. The caller
@@ -64,5 +66,16 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
                                             int64_t top_k, const at::Tensor& slots,
                                             const at::Tensor& positions, KrauseRingCache* cache,
                                             DecodeSelection* selection = nullptr);
+
+#ifdef KRAUSE_WITH_CUDA
+namespace internal {
+// The CUDA branch of KrauseDecodeStep (cuda/dispatch_cuda.cc); arguments already validated,
+// slots and positions on the CPU.
+at::Tensor CudaDecodeStep(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& log_sigma, int64_t top_k, const at::Tensor& slots,
+                          const at::Tensor& positions, KrauseRingCache* cache,
+                          DecodeSelection* selection);
+}  // namespace internal
+#endif
 
 }  // namespace krause

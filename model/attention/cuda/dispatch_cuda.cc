@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/attention/cuda/krause_cuda.h"
+#include "model/attention/decode.h"
 #include "model/attention/krause_attention.h"
 #include "model/attention/neighbourhood.h"
 
@@ -60,6 +61,45 @@ KrauseResult CudaAttention(const AttentionArgs& a, const KrauseOptions& o) {
   }
   C10_CUDA_CHECK(cuda::Prefill(p, stream));
   return r;
+}
+
+at::Tensor CudaDecodeStep(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& log_sigma, int64_t top_k, const at::Tensor& slots,
+                          const at::Tensor& positions, KrauseRingCache* cache,
+                          DecodeSelection* selection) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  const at::Tensor slots_d = slots.to(q.device()), pos_d = positions.to(q.device());
+  const at::Tensor inv_sigma2 = at::exp(-2.0 * log_sigma.to(q.options())).contiguous();
+  const int64_t s = q.size(0), h = q.size(1), d = q.size(2);
+  const int64_t kept = std::min(top_k, cache->window());
+  at::Tensor out = at::empty({s, h, d}, q.options());
+  cuda::DecodeArgs a;
+  a.q = qc.data_ptr<float>();
+  a.k = kc.data_ptr<float>();
+  a.v = vc.data_ptr<float>();
+  a.inv_sigma2 = inv_sigma2.data_ptr<float>();
+  a.slots = slots_d.data_ptr<int64_t>();
+  a.positions = pos_d.data_ptr<int64_t>();
+  a.seqs = s;
+  a.heads = h;
+  a.d = d;
+  a.window = cache->window();
+  a.ring_stride = cache->ring_stride();
+  a.kept = kept;
+  a.keys_t = cache->keys_t().data_ptr<float>();
+  a.values = cache->values().data_ptr<float>();
+  a.ring_bias = cache->bias().data_ptr<float>();
+  a.out = out.data_ptr<float>();
+  if (selection != nullptr) {
+    selection->indices = at::empty({s, h, kept}, q.options().dtype(at::kLong));
+    selection->weights = at::empty({s, h, kept}, q.options());
+    a.sel_index = selection->indices.data_ptr<int64_t>();
+    a.sel_weight = selection->weights.data_ptr<float>();
+  }
+  C10_CUDA_CHECK(cuda::DecodeStep(a, stream));
+  return out;
 }
 
 }  // namespace krause::internal
