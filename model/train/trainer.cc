@@ -16,6 +16,7 @@
 #include "model/checkpoint/safetensors.h"
 #include "model/data/datasets.h"
 #include "model/data/png.h"
+#include "model/engine/decode_engine.h"
 #include "model/train/optimizer.h"
 #include "model/train/plot.h"
 #include "model/util/status_macros.h"
@@ -137,10 +138,30 @@ EvalResult Evaluate(Trainee& m, const ImageDataset& test, int64_t batch, const a
 
 // Plain autoregressive sampling with full recomputation: slow but obviously right; the decoding
 // engine is the fast path. Returns [count, C, H, W] uint8.
+// On the CPU through the generation engine (KV caches, one batched decode step per subpixel;
+// image i from seed + i); elsewhere by re-running the forward over the prefix per subpixel.
 at::Tensor SampleImages(const Arm& arm, int64_t count, uint64_t seed, const at::Device& dev) {
   at::NoGradGuard no_grad;
   const ArmConfig& c = arm.config();
   const int64_t n = c.seq_len();
+  if (dev.is_cpu()) {
+    auto engine = DecodeEngine::Create(&arm, EngineOptions{count, 0});
+    if (engine.ok()) {
+      at::Tensor x = at::zeros({count, n}, at::kByte);
+      bool ok = true;
+      for (int64_t i = 0; i < count; ++i) {
+        GenerationRequest r;
+        r.sampling.seed = seed + static_cast<uint64_t>(i);
+        r.on_done = [&x, &ok, i, n](absl::Status st, std::vector<uint8_t> px) {
+          ok = ok && st.ok() && static_cast<int64_t>(px.size()) == n;
+          if (ok) std::copy(px.begin(), px.end(), x[i].data_ptr<uint8_t>());
+        };
+        ok = ok && (*engine)->Submit(std::move(r)).ok();
+      }
+      while ((*engine)->Busy()) (*engine)->Step();
+      if (ok) return x.view({count, c.height, c.width_px, c.channels}).permute({0, 3, 1, 2});
+    }
+  }
   at::Generator gen = at::detail::createCPUGenerator(seed);
   at::Tensor x = at::zeros({count, n}, at::kLong);
   const int64_t first = c.start_token ? 0 : 1;  // without a start token x_0 is fixed to 0
