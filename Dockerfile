@@ -3,7 +3,7 @@
 #   docker build --target gpu -t krause-serve:gpu .   PyTorch's CUDA LibTorch (CUDA runtime
 #                                                      libraries come with the wheel; the driver
 #                                                      from the host's NVIDIA container toolkit)
-# Both serve the bundled models on port 50051 (gRPC) and 9090 (/metrics), run as a non-root
+# Both serve the bundled models on port 50051 (gRPC) and 9464 (/metrics), run as a non-root
 # user and carry a health check. No Docker engine runs on the development machines: the image
 # is kept buildable by construction (it runs the same install and build scripts that CI runs).
 
@@ -23,11 +23,11 @@ COPY --from=build-cpu /src/build/bin /opt/krause/bin
 COPY models /opt/krause/models
 RUN useradd --system --uid 10001 krause
 USER 10001
-EXPOSE 50051 9090
+EXPOSE 50051 9464
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s \
   CMD ["/opt/krause/bin/krause-client", "--server=localhost:50051", "--timeout=4", "health"]
 ENTRYPOINT ["/opt/krause/bin/krause-server", "--models_dir=/opt/krause/models"]
-CMD ["--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9090"]
+CMD ["--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464"]
 
 # ---- GPU -------------------------------------------------------------------------------------
 FROM debian:bookworm AS build-gpu
@@ -51,11 +51,11 @@ COPY --from=build-gpu /src/build/bin /opt/krause/bin
 COPY models /opt/krause/models
 RUN useradd --system --uid 10001 krause
 USER 10001
-EXPOSE 50051 9090
+EXPOSE 50051 9464
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s \
   CMD ["/opt/krause/bin/krause-client", "--server=localhost:50051", "--timeout=4", "health"]
 ENTRYPOINT ["/opt/krause/bin/krause-server", "--models_dir=/opt/krause/models"]
-CMD ["--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9090"]
+CMD ["--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464"]
 
 # The default target (a plain `docker build .`) is the CPU image.
 FROM cpu

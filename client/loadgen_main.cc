@@ -275,7 +275,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "load tests krause-server (closed or open loop, classify / generate / mix).\n"
       "  krause-loadgen --workload classify --concurrency 32 --duration 20 --metrics "
-      "localhost:9090\n"
+      "localhost:9464\n"
       "  krause-loadgen --mode open --rate 100 --arrivals poisson --workload mix --json "
       "report.json");
   absl::ParseCommandLine(argc, argv);

@@ -16,7 +16,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # the TLS tests make throw-away certificates
   openssl
-  # the deployment kit test: promtool and YAML
+  # the deployment kit test: promtool (in Debian's prometheus package) and YAML
   prometheus python3-yaml
   # image and compressed-data I/O
   libpng-dev zlib1g-dev
@@ -47,4 +47,12 @@ echo "install-deps: installing ${#missing[@]} packages: ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+
+# The prometheus package is here for promtool only. On a systemd machine installing it starts a
+# Prometheus server on :9090; if this script installed it, stop and disable that service again.
+for p in "${missing[@]}"; do
+  if [ "$p" = prometheus ] && [ -d /run/systemd/system ] && command -v systemctl > /dev/null; then
+    $SUDO systemctl disable --now prometheus > /dev/null 2>&1 || true
+  fi
+done
 echo "install-deps: done"

@@ -31,7 +31,7 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: require client certificates signed by it (mutual TLS)");
 ABSL_FLAG(std::string, auth_tokens, "",
           "file of bearer tokens, one per line: calls need 'authorization: Bearer <token>'");
-ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9090",
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
           "address:port for Prometheus text metrics at /metrics (empty: off)");
 ABSL_FLAG(bool, quiet, false, "no log lines on stderr");
 ABSL_FLAG(std::string, port_file, "",
