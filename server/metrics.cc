@@ -116,7 +116,8 @@ Metrics::Metrics()
                    .Register(*prom_)),
       queue_(BuildHistogram()
                  .Name("krause_queue_duration_seconds")
-                 .Help("Time a call's work waited in its model's queue before running.")
+                 .Help("Time waiting in the model's queue: Classify per call (until its batch "
+                       "runs), Generate per image (until it gets a KV cache slot).")
                  .Register(*prom_)),
       compute_(BuildHistogram()
                    .Name("krause_compute_duration_seconds")

@@ -161,6 +161,12 @@ class GenerateState : public StepListener, public std::enable_shared_from_this<G
     ids_ = std::move(ids);
   }
 
+  // Engine thread: an image got its cache slot; its wait is the call's queue time.
+  void OnAdmitted() {
+    if (CallObserver* obs = svc_->observer())
+      obs->OnQueued("Generate", model_->spec.name, SecondsSince(start_));
+  }
+
   // Engine thread.
   void OnPixel(int64_t image, int64_t index, uint8_t value) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -460,6 +466,7 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
     r.sampling.seed = seed + static_cast<uint64_t>(i);
     std::shared_ptr<GenerateState> s = state_;
     r.on_pixel = [s, i](int64_t index, uint8_t v) { s->OnPixel(i, index, v); };
+    r.on_admitted = [s] { s->OnAdmitted(); };
     r.on_done = [s, i](absl::Status status, std::vector<uint8_t>) {
       s->OnDone(i, std::move(status));
     };

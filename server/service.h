@@ -24,7 +24,8 @@ struct CallObserver {
   // Every call, once, when it finishes.
   virtual void OnCallDone(const std::string& rpc, const std::string& model, grpc::StatusCode code,
                           double seconds) = 0;
-  // Time a call's work waited in its model's queue before it ran.
+  // Time a call's work waited in its model's queue before it ran (Classify: once per call;
+  // Generate: once per image, until it got a cache slot).
   virtual void OnQueued(const std::string& rpc, const std::string& model, double seconds) {}
   // FLOPs of a successful call, executed and dense-equivalent.
   virtual void OnFlops(const std::string& rpc, const std::string& model, double executed,

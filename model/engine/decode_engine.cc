@@ -61,6 +61,7 @@ int64_t DecodeEngine::waiting() const {
 bool DecodeEngine::Busy() const { return !active_.empty() || waiting() > 0; }
 
 absl::Status DecodeEngine::Admit(Sequence* s) {
+  if (s->request.on_admitted) s->request.on_admitted();
   const ArmConfig& c = model_->config();
   s->pixels = s->request.prompt;
   // Known model inputs u: with a start token [START, prompt...] (u_p predicts x_p), without one

@@ -39,6 +39,8 @@ struct GenerationRequest {
   SamplingParams sampling;
   // Pixel index, value: called for every generated subpixel, in order.
   std::function<void(int64_t, uint8_t)> on_pixel;
+  // Optional: called once when the request gets a cache slot (before its prefill).
+  std::function<void()> on_admitted;
   // Final status (OK, Cancelled, Internal) and the whole image's N subpixels (prompt included)
   // on OK.
   std::function<void(absl::Status, std::vector<uint8_t>)> on_done;
