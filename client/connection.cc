@@ -5,21 +5,12 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include <chrono>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "model/util/files.h"
 #include "server/status.h"
 
 namespace krause::client {
-
-absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptions& o,
                                                            int channel_index) {

@@ -32,7 +32,5 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptio
 void PrepareContext(const ConnectionOptions& o, grpc::ClientContext* ctx);
 // "INVALID_ARGUMENT: images[0]: ..." plus a hint for the codes a user can act on.
 std::string Explain(const grpc::Status& status, const ConnectionOptions& o);
-// Reads a whole file (token files, PEM files).
-absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
 }  // namespace krause::client

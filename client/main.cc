@@ -33,6 +33,7 @@
 #include "krause/v1/krause.grpc.pb.h"
 #include "model/data/datasets.h"
 #include "model/data/png.h"
+#include "model/util/files.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "server address host:port");
 ABSL_FLAG(std::string, model, "", "model name (empty: the server's default of the right kind)");
@@ -87,7 +88,7 @@ absl::StatusOr<std::vector<InputImage>> ReadInputs(const std::vector<std::string
   for (const std::string& f : files) {
     const std::string ext = std::filesystem::path(f).extension().string();
     if (ext == ".png" || ext == ".PNG") {
-      auto bytes = krause::client::ReadFileToString(f);
+      auto bytes = krause::ReadFileToString(f);
       if (!bytes.ok()) return bytes.status();
       InputImage in;
       in.name = f;
@@ -256,7 +257,7 @@ int Generate(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_
   req.set_top_k(static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_top_k))));
   req.set_stream_rows(false);  // the client only needs the progress and the final PNGs
   if (!prompt_file.empty()) {
-    auto bytes = krause::client::ReadFileToString(prompt_file);
+    auto bytes = krause::ReadFileToString(prompt_file);
     if (!bytes.ok()) return Fail(bytes.status().ToString());
     req.mutable_prompt()->set_png(std::move(*bytes));
     req.set_prompt_rows(static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_rows))));
@@ -394,7 +395,7 @@ int main(int argc, char** argv) {
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.timeout_seconds = absl::GetFlag(FLAGS_timeout);
   if (!absl::GetFlag(FLAGS_token_file).empty()) {
-    auto t = krause::client::ReadFileToString(absl::GetFlag(FLAGS_token_file));
+    auto t = krause::ReadFileToString(absl::GetFlag(FLAGS_token_file));
     if (!t.ok()) return Fail(t.status().ToString());
     o.token = std::string(absl::StripAsciiWhitespace(*t));
   }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -11,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "model/util/files.h"
 
 namespace krause::server {
 namespace {
@@ -22,14 +22,6 @@ bool ValidName(const std::string& s) {
   return std::all_of(s.begin(), s.end(), [](char c) {
     return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
   });
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 absl::Status CheckRange(const std::string& field, int64_t v, int64_t lo, int64_t hi) {
@@ -106,7 +98,7 @@ absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
 }
 
 absl::StatusOr<std::vector<ModelSpec>> ReadManifest(const std::string& path) {
-  auto text = ReadFile(path);
+  auto text = ReadFileToString(path);
   if (!text.ok()) return text.status();
   auto specs = ParseManifest(*text, fs::path(path).parent_path().string());
   if (!specs.ok())
@@ -137,7 +129,7 @@ absl::StatusOr<std::vector<ModelSpec>> BundledManifest(const std::string& dir) {
 }
 
 absl::StatusOr<std::vector<std::string>> ReadTokens(const std::string& path) {
-  auto text = ReadFile(path);
+  auto text = ReadFileToString(path);
   if (!text.ok()) return text.status();
   std::vector<std::string> tokens;
   std::istringstream in(*text);

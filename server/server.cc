@@ -7,22 +7,21 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "model/util/files.h"
 
 namespace krause::server {
 namespace {
 
-absl::StatusOr<std::string> ReadAll(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(what, " ", path, ": cannot open"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+// A TLS file named by `flag`; errors say which flag.
+absl::StatusOr<std::string> ReadFlagFile(const std::string& path, const char* flag) {
+  auto bytes = ReadFileToString(path);
+  if (!bytes.ok())
+    return absl::Status(bytes.status().code(), absl::StrCat(flag, " ", bytes.status().message()));
+  return bytes;
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const ServerOptions& o) {
@@ -33,14 +32,14 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const Serve
       return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
     return grpc::InsecureServerCredentials();
   }
-  auto cert = ReadAll(o.tls_cert, "--tls_cert");
+  auto cert = ReadFlagFile(o.tls_cert, "--tls_cert");
   if (!cert.ok()) return cert.status();
-  auto key = ReadAll(o.tls_key, "--tls_key");
+  auto key = ReadFlagFile(o.tls_key, "--tls_key");
   if (!key.ok()) return key.status();
   grpc::SslServerCredentialsOptions ssl;
   ssl.pem_key_cert_pairs.push_back({*key, *cert});
   if (!o.tls_client_ca.empty()) {
-    auto ca = ReadAll(o.tls_client_ca, "--tls_client_ca");
+    auto ca = ReadFlagFile(o.tls_client_ca, "--tls_client_ca");
     if (!ca.ok()) return ca.status();
     ssl.pem_root_certs = *ca;
     ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;

@@ -5,9 +5,9 @@
 
 #include <cstring>
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "model/util/files.h"
 #include "model/util/status_macros.h"
 #include "model/util/tensor_checks.h"
 
@@ -71,11 +71,9 @@ absl::Status WritePng(const std::string& path, const at::Tensor& hwc) {
 }
 
 absl::StatusOr<at::Tensor> ReadPng(const std::string& path, int channels) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  auto r = DecodePng(ss.str(), channels);
+  auto bytes = ReadFileToString(path);
+  if (!bytes.ok()) return bytes.status();
+  auto r = DecodePng(*bytes, channels);
   if (!r.ok())
     return absl::Status(r.status().code(), absl::StrCat(path, ": ", r.status().message()));
   return r;
