@@ -30,42 +30,60 @@ Clock::time_point SteadyDeadline(const grpc::CallbackServerContext* ctx) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
 }
 
-// Bookkeeping of one unary call: finishes it exactly once, leaves the gate, reports.
-class UnaryCall {
+// What every call does at its two ends, unary or streaming: enter the gate; finish once,
+// report the call to the observer and leave the gate.
+class CallBook {
  public:
-  UnaryCall(KrauseService* svc, grpc::CallbackServerContext* ctx, const char* rpc)
-      : svc_(svc), reactor_(ctx->DefaultReactor()), rpc_(rpc), start_(Clock::now()) {}
+  CallBook(KrauseService* svc, const char* rpc) : svc_(svc), rpc_(rpc), start_(Clock::now()) {}
 
-  // Enters the gate; on refusal finishes the call and returns false.
-  bool Enter(const grpc::CallbackServerContext* ctx) {
+  absl::Status Enter(const grpc::CallbackServerContext* ctx) {
     const absl::Status st = svc_->gate()->Enter(ctx);
-    if (!st.ok()) {
-      Finish(st);
-      return false;
-    }
-    entered_ = true;
-    return true;
+    entered_ = st.ok();
+    return st;
   }
   void set_model(const std::string& m) { model_ = m; }
-  grpc::ServerUnaryReactor* reactor() const { return reactor_; }
+  Clock::time_point start() const { return start_; }
 
-  void Finish(const absl::Status& st) {
+  // reactor->Finish may end the call and free the reactor (and this object with it): what is
+  // needed afterwards is copied first.
+  template <typename Reactor>
+  void Finish(Reactor* reactor, const absl::Status& st) {
     const grpc::Status g = ToGrpcStatus(st);
     if (svc_->observer())
       svc_->observer()->OnCallDone(rpc_, model_, g.error_code(), SecondsSince(start_));
     const bool entered = entered_;
     Gate* gate = svc_->gate();
-    reactor_->Finish(g);
+    reactor->Finish(g);
     if (entered) gate->Leave();
   }
 
  private:
-  KrauseService* svc_;
-  grpc::ServerUnaryReactor* reactor_;
-  const char* rpc_;
+  KrauseService* const svc_;
+  const char* const rpc_;
+  const Clock::time_point start_;
   std::string model_;
-  Clock::time_point start_;
   bool entered_ = false;
+};
+
+// A unary call on the default reactor.
+class UnaryCall {
+ public:
+  UnaryCall(KrauseService* svc, grpc::CallbackServerContext* ctx, const char* rpc)
+      : book_(svc, rpc), reactor_(ctx->DefaultReactor()) {}
+
+  // Enters the gate; on refusal finishes the call and returns false.
+  bool Enter(const grpc::CallbackServerContext* ctx) {
+    const absl::Status st = book_.Enter(ctx);
+    if (!st.ok()) Finish(st);
+    return st.ok();
+  }
+  void set_model(const std::string& m) { book_.set_model(m); }
+  grpc::ServerUnaryReactor* reactor() const { return reactor_; }
+  void Finish(const absl::Status& st) { book_.Finish(reactor_, st); }
+
+ private:
+  CallBook book_;
+  grpc::ServerUnaryReactor* reactor_;
 };
 
 // Decodes request images of one model into [n, C, H, W] uint8.
@@ -252,15 +270,10 @@ class GenerateState : public StepListener, public std::enable_shared_from_this<G
 class GenerateCall : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   GenerateCall(KrauseService* svc, grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req)
-      : svc_(svc), start_(Clock::now()) {
-    const absl::Status st = svc_->gate()->Enter(ctx);
-    if (!st.ok()) {
-      FinishCall(st);
-      return;
-    }
-    entered_ = true;
-    const absl::Status started = Start(ctx, *req);
-    if (!started.ok()) FinishCall(started);
+      : svc_(svc), book_(svc, "Generate") {
+    absl::Status st = book_.Enter(ctx);
+    if (st.ok()) st = Start(ctx, *req);
+    if (!st.ok()) FinishCall(st);
   }
 
   void OnWriteDone(bool ok) override { state_->WriteDone(ok); }
@@ -270,23 +283,13 @@ class GenerateCall : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   void OnDone() override { delete this; }
 
   // Finishes exactly once (GenerateState guarantees it for the streaming part).
-  void FinishCall(const absl::Status& st) {
-    const grpc::Status g = ToGrpcStatus(st);
-    if (svc_->observer())
-      svc_->observer()->OnCallDone("Generate", model_name_, g.error_code(), SecondsSince(start_));
-    const bool entered = entered_;
-    Gate* gate = svc_->gate();
-    Finish(g);
-    if (entered) gate->Leave();
-  }
+  void FinishCall(const absl::Status& st) { book_.Finish(this, st); }
 
  private:
   absl::Status Start(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req);
 
   KrauseService* const svc_;
-  const Clock::time_point start_;
-  bool entered_ = false;
-  std::string model_name_;
+  CallBook book_;
   std::shared_ptr<GenerateState> state_;
 };
 
@@ -416,7 +419,7 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
   auto found = svc_->gate()->registry()->Find(req.model(), v1::ModelInfo::GENERATOR);
   if (!found.ok()) return found.status();
   ServedModel* m = *found;
-  model_name_ = m->spec.name;
+  book_.set_model(m->spec.name);
   const int64_t n = req.num_images() == 0 ? 1 : req.num_images();
   if (n > m->max_images_per_request)
     return absl::InvalidArgumentError(absl::StrCat("num_images is ", n, "; model ", m->spec.name,
@@ -455,8 +458,8 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
         absl::StrCat("prompt_rows is ", req.prompt_rows(), " but there is no prompt"));
   }
   uint64_t seed = req.has_seed() ? req.seed() : std::random_device{}() * 0x100000001ull;
-  state_ = std::make_shared<GenerateState>(svc_, m, this, SteadyDeadline(ctx), start_, interval,
-                                           !req.has_stream_rows() || req.stream_rows());
+  state_ = std::make_shared<GenerateState>(svc_, m, this, SteadyDeadline(ctx), book_.start(),
+                                           interval, !req.has_stream_rows() || req.stream_rows());
   state_->Init(n, prompt, seed);
   std::vector<GenerationRequest> requests(n);
   for (int64_t i = 0; i < n; ++i) {
