@@ -657,10 +657,11 @@ TEST_F(ServerTest, ScoreMatchesTheModel) {
 }
 
 TEST_F(ServerTest, ThirtyTwoConcurrentClientsMixingClassifyAndGenerate) {
-  // Room for every client's image in the generators' waiting rooms.
+  // Room for every client's image in the generators' waiting rooms and the classify queue (up
+  // to 32 classify calls can be in flight at once when the clients drift between rounds).
   server_->Shutdown();
   std::filesystem::remove_all(models_.dir);
-  models_ = WriteTinyModels("e2e-32", 20, 64);
+  models_ = WriteTinyModels("e2e-32", 20, 64, 64);
   StartServer(LoopbackOptions(models_.manifest));
   const at::Tensor images = RandomImages(32, 8, 8, 1, 6);
   std::atomic<int> ok{0};

@@ -67,10 +67,11 @@ struct TinyModels {
 };
 
 // Writes the models and a manifest with small limits chosen for the tests:
-//   vit:       max_batch_size 8, max_queue_delay_ms `delay_ms`, max_queued_images 16
+//   vit:       max_batch_size 8, max_queue_delay_ms `delay_ms`, max_queued_images `max_queued`
 //   karm, arm: max_sequences 4, max_waiting `max_waiting`, max_images_per_request 8 (karm)
 //   karm-big:  max_sequences 1, max_waiting 1
-inline TinyModels WriteTinyModels(const std::string& tag, int delay_ms = 20, int max_waiting = 8) {
+inline TinyModels WriteTinyModels(const std::string& tag, int delay_ms = 20, int max_waiting = 8,
+                                  int max_queued = 16) {
   TinyModels t;
   t.dir = FreshDir(tag);
   auto vit = ViT::Create(TinyViTConfig(), 1);
@@ -86,7 +87,8 @@ inline TinyModels WriteTinyModels(const std::string& tag, int delay_ms = 20, int
   WriteText(t.manifest, R"({"models": [
     {"name": "vit", "checkpoint": "vit.safetensors", "max_batch_size": 8,
      "max_queue_delay_ms": )" +
-                            std::to_string(delay_ms) + R"(, "max_queued_images": 16},
+                            std::to_string(delay_ms) + R"(, "max_queued_images": )" +
+                            std::to_string(max_queued) + R"(},
     {"name": "karm", "checkpoint": "karm.safetensors", "default": true,
      "max_sequences": 4, "max_waiting": )" +
                             std::to_string(max_waiting) + R"(, "max_images_per_request": 8},
