@@ -34,6 +34,7 @@
 #include "client/http_get.h"
 #include "krause/v1/krause.grpc.pb.h"
 #include "model/data/datasets.h"
+#include "server/images.h"
 #include "server/status.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "server address host:port");
@@ -220,13 +221,7 @@ std::vector<v1::Image> LoadImages() {
     auto ds = krause::LoadFashionMnist("/usr/share/datasets/fashion-mnist", false);
     if (ds.ok()) {
       for (int64_t i = 0; i < 1000; ++i) {
-        const at::Tensor t = ds->images[i].contiguous();
-        v1::Image im;
-        im.mutable_raw()->set_height(static_cast<uint32_t>(t.size(1)));
-        im.mutable_raw()->set_width(static_cast<uint32_t>(t.size(2)));
-        im.mutable_raw()->set_channels(static_cast<uint32_t>(t.size(0)));
-        im.mutable_raw()->set_pixels(t.data_ptr<uint8_t>(), static_cast<size_t>(t.numel()));
-        out.push_back(std::move(im));
+        out.push_back(krause::server::EncodeRawImage(ds->images[i].permute({1, 2, 0})));
       }
       return out;
     }

@@ -34,6 +34,7 @@
 #include "model/data/datasets.h"
 #include "model/data/png.h"
 #include "model/util/files.h"
+#include "server/images.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "server address host:port");
 ABSL_FLAG(std::string, model, "", "model name (empty: the server's default of the right kind)");
@@ -116,14 +117,9 @@ absl::StatusOr<std::vector<InputImage>> ReadInputs(const std::vector<std::string
           absl::StrCat(f, " holds ", t->size(0), " images: choose some with --index A:B"));
     }
     for (int64_t i = a; i < b; ++i) {
-      const at::Tensor img = (*t)[i].contiguous();
       InputImage in;
       in.name = absl::StrCat(f, "[", i, "]");
-      v1::RawImage* raw = in.image.mutable_raw();
-      raw->set_height(static_cast<uint32_t>(img.size(0)));
-      raw->set_width(static_cast<uint32_t>(img.size(1)));
-      raw->set_channels(1);
-      raw->set_pixels(img.data_ptr<uint8_t>(), static_cast<size_t>(img.numel()));
+      in.image = krause::server::EncodeRawImage((*t)[i].unsqueeze(-1));  // [H, W] gray
       out.push_back(std::move(in));
     }
   }

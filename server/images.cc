@@ -49,6 +49,17 @@ absl::StatusOr<at::Tensor> DecodeImage(const v1::Image& image, const std::string
   }
 }
 
+v1::Image EncodeRawImage(const at::Tensor& hwc) {
+  const at::Tensor c = hwc.contiguous();
+  v1::Image im;
+  v1::RawImage* raw = im.mutable_raw();
+  raw->set_height(static_cast<uint32_t>(c.size(0)));
+  raw->set_width(static_cast<uint32_t>(c.size(1)));
+  raw->set_channels(static_cast<uint32_t>(c.size(2)));
+  raw->set_pixels(c.data_ptr<uint8_t>(), static_cast<size_t>(c.numel()));
+  return im;
+}
+
 absl::Status CheckShape(const at::Tensor& hwc, const ImageShape& shape, const std::string& field,
                         const std::string& model) {
   if (hwc.size(0) != shape.height || hwc.size(1) != shape.width || hwc.size(2) != shape.channels)

@@ -1,5 +1,6 @@
 // Request images (krause.v1.Image: PNG bytes or raw HWC pixels) to tensors, with errors that
-// name the field and the limit. Thread-safety: pure functions.
+// name the field and the limit, and tensors back to raw images (clients, tests).
+// Thread-safety: pure functions.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -17,6 +18,9 @@ struct ImageShape {
 
 // Decodes `image` to [H, W, C] uint8 (CPU). `field` names it in errors ("images[3]").
 absl::StatusOr<at::Tensor> DecodeImage(const v1::Image& image, const std::string& field);
+
+// The inverse of DecodeImage for raw pixels: hwc [H, W, C] uint8 (any layout, CPU) as an Image.
+v1::Image EncodeRawImage(const at::Tensor& hwc);
 
 // InvalidArgument unless hwc is exactly `shape` ("images[3]: image is 32x32x3 but model m takes
 // 28x28x1").

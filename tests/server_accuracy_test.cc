@@ -41,14 +41,8 @@ TEST(ServerAccuracy, FashionMnistThroughTheServerEqualsDirect) {
         const int64_t e = std::min(n, s + 64);
         v1::ClassifyRequest req;
         req.set_top_k(1);
-        for (int64_t i = s; i < e; ++i) {
-          const at::Tensor img = test.images[i].contiguous();  // [1, 28, 28]
-          v1::RawImage* raw = req.add_images()->mutable_raw();
-          raw->set_height(28);
-          raw->set_width(28);
-          raw->set_channels(1);
-          raw->set_pixels(img.data_ptr<uint8_t>(), 784);
-        }
+        for (int64_t i = s; i < e; ++i)
+          *req.add_images() = server::EncodeRawImage(test.images[i].permute({1, 2, 0}));
         grpc::ClientContext ctx;
         v1::ClassifyResponse r;
         const grpc::Status st = stub->Classify(&ctx, req, &r);

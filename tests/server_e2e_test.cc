@@ -71,15 +71,7 @@ class ServerTest : public ::testing::Test {
   std::unique_ptr<v1::KrauseService::Stub> stub_;
 };
 
-v1::Image RawImage(const at::Tensor& hwc) {
-  v1::Image im;
-  const at::Tensor c = hwc.contiguous();
-  im.mutable_raw()->set_height(static_cast<uint32_t>(c.size(0)));
-  im.mutable_raw()->set_width(static_cast<uint32_t>(c.size(1)));
-  im.mutable_raw()->set_channels(static_cast<uint32_t>(c.size(2)));
-  im.mutable_raw()->set_pixels(c.data_ptr<uint8_t>(), static_cast<size_t>(c.numel()));
-  return im;
-}
+v1::Image RawImage(const at::Tensor& hwc) { return server::EncodeRawImage(hwc); }
 
 at::Tensor RandomImages(int64_t n, int64_t h, int64_t w, int64_t c, uint64_t seed) {
   at::Generator gen = at::detail::createCPUGenerator(seed);

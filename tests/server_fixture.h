@@ -15,6 +15,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "krause/v1/krause.grpc.pb.h"
 #include "model/loader.h"
+#include "server/images.h"
 #include "server/server.h"
 
 namespace krause::testing {

@@ -13,13 +13,7 @@ using Labels = std::map<std::string, std::string>;
 
 v1::Image Raw(int64_t h, int64_t w, uint64_t seed) {
   at::Generator gen = at::detail::createCPUGenerator(seed);
-  const at::Tensor t = at::randint(0, 256, {h, w, 1}, gen, at::kLong).to(at::kByte);
-  v1::Image im;
-  im.mutable_raw()->set_height(static_cast<uint32_t>(h));
-  im.mutable_raw()->set_width(static_cast<uint32_t>(w));
-  im.mutable_raw()->set_channels(1);
-  im.mutable_raw()->set_pixels(t.data_ptr<uint8_t>(), static_cast<size_t>(t.numel()));
-  return im;
+  return server::EncodeRawImage(at::randint(0, 256, {h, w, 1}, gen, at::kLong).to(at::kByte));
 }
 
 TEST(ServerMetrics, ScrapeMatchesAKnownWorkload) {
