@@ -72,7 +72,6 @@ class GeneratorWorker {
 
   int64_t active() const { return active_.load(); }
   int64_t waiting() const { return waiting_.load(); }
-  int64_t slots_in_use() const { return active_.load(); }
   int64_t slots() const { return slots_; }
   int64_t bytes_per_sequence() const { return bytes_per_sequence_; }
   bool stopping() const;

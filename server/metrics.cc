@@ -89,9 +89,9 @@ class Metrics::Gauges : public prometheus::Collectable {
           AddGauge(&queued, name, static_cast<double>(g.waiting()));
           AddGauge(&active, name, static_cast<double>(g.active()));
           AddGauge(&slots, name, static_cast<double>(g.slots()));
-          AddGauge(&used, name, static_cast<double>(g.slots_in_use()));
+          AddGauge(&used, name, static_cast<double>(g.active()));  // one slot per active sequence
           AddGauge(&bytes, name, per * static_cast<double>(g.slots()));
-          AddGauge(&bytes_used, name, per * static_cast<double>(g.slots_in_use()));
+          AddGauge(&bytes_used, name, per * static_cast<double>(g.active()));
         }
       }
     }

@@ -131,7 +131,7 @@ void Registry::Stop() {
   }
 }
 
-absl::StatusOr<const ServedModel*> Registry::FindAny(const std::string& name) const {
+absl::StatusOr<ServedModel*> Registry::FindAny(const std::string& name) const {
   for (const auto& m : models_)
     if (m->spec.name == name) return m.get();
   std::vector<std::string> names;
@@ -152,7 +152,7 @@ absl::StatusOr<ServedModel*> Registry::Find(const std::string& name,
   if (!m.ok()) return m.status();
   if ((*m)->info.kind() != kind)
     return absl::FailedPreconditionError(absl::StrCat("model \"", name, "\" is not a ", kind_name));
-  return const_cast<ServedModel*>(*m);
+  return *m;
 }
 
 }  // namespace krause::server

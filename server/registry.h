@@ -46,7 +46,7 @@ class Registry {
   // The model called `name`, or the default of `kind` when name is empty. NOT_FOUND for an
   // unknown name; FAILED_PRECONDITION when it is of another kind.
   absl::StatusOr<ServedModel*> Find(const std::string& name, v1::ModelInfo::Kind kind) const;
-  absl::StatusOr<const ServedModel*> FindAny(const std::string& name) const;
+  absl::StatusOr<ServedModel*> FindAny(const std::string& name) const;
   const std::vector<std::unique_ptr<ServedModel>>& models() const { return models_; }
 
   // Stops every worker: queued and running work ends with UNAVAILABLE / Cancelled.
