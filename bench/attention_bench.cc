@@ -31,6 +31,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/counting_allocator.h"
 #include "bench/progress.h"
+#include "model/util/threads.h"
 #include "model/attention/cpu_kernels.h"
 #include "model/attention/decode.h"
 #include "model/attention/krause_attention.h"
@@ -312,7 +313,7 @@ int Main(int argc, char** argv) {
   if (!ParseOptions(argc, argv, &o)) return 2;
   const int threads =
       o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
-  at::set_num_threads(threads);
+  krause::SetCpuThreads(threads);
   CountingAllocator::Install();
 
   std::vector<PrefillConfig> prefill;

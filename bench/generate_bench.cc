@@ -27,6 +27,7 @@
 
 #include "absl/strings/str_format.h"
 #include "bench/progress.h"
+#include "model/util/threads.h"
 #include "model/engine/decode_engine.h"
 #include "model/engine/kv_cache.h"
 #include "model/karm.h"
@@ -153,7 +154,7 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  at::set_num_threads(static_cast<int>(std::thread::hardware_concurrency()));
+  krause::SetCpuThreads(0);
   at::NoGradGuard no_grad;
   std::vector<int64_t> streams =
       o.quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64};

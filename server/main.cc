@@ -1,6 +1,5 @@
 // krause-server: serves Krause ViT classifiers and KARM generators (and their softmax baselines)
 // over gRPC. See --help and the README's API reference.
-#include <ATen/Parallel.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "model/util/threads.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
@@ -79,11 +79,7 @@ int main(int argc, char** argv) {
   o.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.quiet = absl::GetFlag(FLAGS_quiet);
-  if (o.threads > 0) {
-    at::set_num_threads(o.threads);
-  } else {
-    at::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  }
+  krause::SetCpuThreads(o.threads);
 
   auto server = krause::server::KrauseServer::Start(o);
   if (!server.ok()) {

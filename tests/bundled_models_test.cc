@@ -12,6 +12,7 @@
 
 #include "model/data/datasets.h"
 #include "model/loader.h"
+#include "model/util/threads.h"
 #include "tests/test_util.h"
 
 namespace krause {
@@ -34,7 +35,7 @@ TEST(BundledModels, ReproduceTheirRecordedTestFigures) {
   if (paths.empty()) GTEST_SKIP() << "no bundled models in models/";
   KRAUSE_ASSERT_OK_AND_ASSIGN(ImageDataset test,
                               LoadFashionMnist("/usr/share/datasets/fashion-mnist", false));
-  at::set_num_threads(2);
+  krause::SetCpuThreads(2);
   at::NoGradGuard no_grad;
   for (const std::string& path : paths) {
     SCOPED_TRACE(path);

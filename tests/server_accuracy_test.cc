@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "model/data/datasets.h"
+#include "model/util/threads.h"
 #include "server_fixture.h"
 #include "test_util.h"
 
@@ -15,7 +16,7 @@ namespace krause::testing {
 namespace {
 
 TEST(ServerAccuracy, FashionMnistThroughTheServerEqualsDirect) {
-  at::set_num_threads(2);
+  krause::SetCpuThreads(2);
   KRAUSE_ASSERT_OK_AND_ASSIGN(ImageDataset test,
                               LoadFashionMnist("/usr/share/datasets/fashion-mnist", false));
   const std::string checkpoint =

@@ -14,6 +14,7 @@
 
 #include "model/data/png.h"
 #include "model/engine/decode_engine.h"
+#include "model/util/threads.h"
 #include "server_fixture.h"
 #include "test_util.h"
 
@@ -26,7 +27,7 @@ namespace v1 = krause::v1;
 class ServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    at::set_num_threads(1);
+    krause::SetCpuThreads(1);
     models_ = WriteTinyModels("e2e");
     StartServer(LoopbackOptions(models_.manifest));
   }

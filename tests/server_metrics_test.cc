@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include "client/http_get.h"
+#include "model/util/threads.h"
 #include "server_fixture.h"
 
 namespace krause::testing {
@@ -17,7 +18,7 @@ v1::Image Raw(int64_t h, int64_t w, uint64_t seed) {
 }
 
 TEST(ServerMetrics, ScrapeMatchesAKnownWorkload) {
-  at::set_num_threads(1);
+  krause::SetCpuThreads(1);
   const TinyModels models = WriteTinyModels("metrics");
   server::ServerOptions o = LoopbackOptions(models.manifest);
   o.metrics_listen = "127.0.0.1:0";

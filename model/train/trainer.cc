@@ -20,6 +20,7 @@
 #include "model/train/optimizer.h"
 #include "model/train/plot.h"
 #include "model/util/status_macros.h"
+#include "model/util/threads.h"
 
 namespace krause {
 
@@ -212,7 +213,7 @@ absl::Status WriteCurve(const std::string& path, const std::vector<double>& step
 
 absl::Status Train(const TrainOptions& o) {
   const auto start = Clock::now();
-  if (o.threads > 0) at::set_num_threads(o.threads);
+  const CpuThreads threads = SetCpuThreads(o.threads);
   at::manual_seed(o.seed);
   const at::Device dev(o.device);
   if (dev.is_cuda() && !at::hasCUDA())
@@ -292,11 +293,11 @@ absl::Status Train(const TrainOptions& o) {
   if (!o.quiet) {
     std::fprintf(stderr,
                  "krause-train: %s on %s (%lld train / %lld test images), %lld parameters, %.3g "
-                 "GFLOPs/image executed (%.3g dense-equivalent), %d threads\n",
+                 "GFLOPs/image executed (%.3g dense-equivalent), %d threads (BLAS calls: %d)\n",
                  o.model.c_str(), o.data.c_str(), static_cast<long long>(train.size()),
                  static_cast<long long>(test.size()),
                  static_cast<long long>(m.params().NumParameters()), flops.executed_flops / 1e9,
-                 flops.dense_equivalent_flops / 1e9, at::get_num_threads());
+                 flops.dense_equivalent_flops / 1e9, threads.intra_op, threads.blas);
   }
 
   for (int64_t epoch = first_epoch; epoch < o.epochs; ++epoch) {
@@ -406,6 +407,7 @@ absl::Status Train(const TrainOptions& o) {
       {"train_seconds", trained_seconds},
       {"wall_seconds", Seconds(start)},
       {"threads", at::get_num_threads()},
+      {"blas_threads", BlasThreads()},
       {"history", history}};
   std::map<std::string, std::string> meta = {{"config", m.config_json()},
                                              {"summary", summary.dump()}};
