@@ -21,16 +21,20 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "bench/progress.h"
-#include "model/util/threads.h"
 #include "model/engine/decode_engine.h"
 #include "model/engine/kv_cache.h"
 #include "model/karm.h"
+#include "model/util/threads.h"
 
 namespace krause::bench {
 namespace {
@@ -41,6 +45,8 @@ struct Options {
   std::string json_path;
   bool quick = false;
   std::string only;  // "mnist" or "cifar"
+  std::string device = "cpu";
+  std::vector<int64_t> streams;  // empty: {1, 16, 64} ({1, 16} with --quick)
 };
 
 struct Record {
@@ -48,15 +54,16 @@ struct Record {
   int64_t streams = 0, position = -1;
   double images_per_second = 0, step_seconds = 0;
   int64_t kv_bytes_per_sequence = 0;
+  std::string device = "cpu";
 };
 
 std::string ToJson(const Record& r) {
   return absl::StrFormat(
       "{\"model\":\"%s\",\"attention\":\"%s\",\"image\":\"%s\",\"streams\":%d,\"method\":\"%s\","
       "\"images_per_second\":%.6g,\"step_seconds\":%.6g,\"position\":%d,\"kv_bytes_per_sequence\":%"
-      "d}",
+      "d,\"device\":\"%s\"}",
       r.model, r.attention, r.image, r.streams, r.method, r.images_per_second, r.step_seconds,
-      r.position, r.kv_bytes_per_sequence);
+      r.position, r.kv_bytes_per_sequence, r.device);
 }
 
 ArmConfig PaperConfig(const std::string& which, const std::string& attention) {
@@ -85,7 +92,7 @@ ArmConfig PaperConfig(const std::string& which, const std::string& attention) {
 
 // Median time of one decode step of S sequences at `position`, caches filled with random
 // history (what the step reads; its cost does not depend on the values).
-double StepSeconds(const Arm& m, const ArmPackedWeights& packed, ArmKvCache* cache, int64_t s,
+double StepSeconds(const Arm& m, const ArmPackedWeights* packed, ArmKvCache* cache, int64_t s,
                    int64_t position, int reps) {
   const at::Tensor u = at::randint(0, 256, {s}, at::kLong);
   const at::Tensor pos = at::full({s}, position, at::kLong);
@@ -93,7 +100,8 @@ double StepSeconds(const Arm& m, const ArmPackedWeights& packed, ArmKvCache* cac
   std::vector<double> t;
   for (int r = 0; r <= reps; ++r) {
     const auto t0 = Clock::now();
-    m.DecodeStep(u, pos, slots, cache, &packed);
+    // Logits back on the host, as the engine needs them (waits for a GPU).
+    (void)m.DecodeStep(u, pos, slots, cache, packed).cpu();
     if (r > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   std::sort(t.begin(), t.end());
@@ -142,11 +150,24 @@ int Main(int argc, char** argv) {
       o.quick = true;
     } else if (a == "--only" && i + 1 < argc) {
       o.only = argv[++i];
+    } else if (a == "--device" && i + 1 < argc) {
+      o.device = argv[++i];
+    } else if (a == "--streams" && i + 1 < argc) {
+      for (absl::string_view v : absl::StrSplit(argv[++i], ',')) {
+        int64_t s = 0;
+        if (!absl::SimpleAtoi(v, &s) || s < 1) {
+          std::fprintf(stderr, "--streams: comma-separated counts >= 1\n");
+          return 2;
+        }
+        o.streams.push_back(s);
+      }
     } else if (a == "--help") {
       std::printf(
           "krause-generate-bench: KARM vs ARM generation throughput (random weights).\n"
           "  --quick         streams {1, 16}, fewer positions, MNIST full runs only for S = 1\n"
           "  --only NAME     mnist or cifar\n"
+          "  --device D      cpu (default; batch-invariant packed decode weights) or cuda[:N]\n"
+          "  --streams LIST  concurrent sequences, e.g. 1,64,200 (default 1,16,64)\n"
           "  --json FILE     one JSON record per measurement\n");
       return 0;
     } else {
@@ -158,6 +179,18 @@ int Main(int argc, char** argv) {
   at::NoGradGuard no_grad;
   std::vector<int64_t> streams =
       o.quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64};
+  if (!o.streams.empty()) streams = o.streams;
+  at::Device device(at::kCPU);
+  try {
+    device = at::Device(o.device);
+  } catch (const std::exception&) {
+    std::fprintf(stderr, "--device: cpu, cuda or cuda:N\n");
+    return 2;
+  }
+  if (device.is_cuda() && !at::hasCUDA()) {
+    std::fprintf(stderr, "--device %s: no CUDA device\n", o.device.c_str());
+    return 1;
+  }
   std::vector<std::string> configs;
   for (const char* c : {"mnist", "cifar"})
     if (o.only.empty() || o.only == c) configs.push_back(c);
@@ -168,15 +201,20 @@ int Main(int argc, char** argv) {
   }
   std::vector<Record> records;
   std::vector<std::string> lines;
+  std::map<std::string, int64_t> param_bytes;  // per config + model
   for (const std::string& which : configs) {
     for (const std::string attention : {"krause", "softmax"}) {
       const ArmConfig c = PaperConfig(which, attention);
       auto model = Arm::Create(c, 1);
       if (!model.ok()) return 1;
-      const ArmPackedWeights packed = model->PackForDecode();
+      model->parameters().To(device);
+      // The engine's choice: packed batch-invariant weights on the CPU, plain ones on a GPU.
+      std::optional<ArmPackedWeights> packed;
+      if (device.is_cpu()) packed = model->PackForDecode();
       const int64_t n = c.seq_len();
       const std::string image = absl::StrFormat("%dx%dx%d", c.height, c.width_px, c.channels);
       const std::string name = attention == "krause" ? "KARM" : "ARM";
+      param_bytes[which + name] = model->parameters().NumParameters() * 4;
       std::vector<int64_t> positions;
       const int samples = o.quick ? 5 : 9;
       for (int i = 0; i < samples; ++i) positions.push_back(i * (n - 1) / (samples - 1));
@@ -186,12 +224,13 @@ int Main(int argc, char** argv) {
         std::sort(positions.begin(), positions.end());
       }
       for (int64_t s : streams) {
-        auto cache = ArmKvCache::Create(c, s);
+        auto cache = ArmKvCache::Create(c, s, device);
         if (!cache.ok()) return 1;
         FillRandom(c, &*cache);
         std::vector<double> times;
         for (int64_t p : positions) {
-          const double t = StepSeconds(*model, packed, &*cache, s, p, s >= 16 ? 3 : 7);
+          const double t =
+              StepSeconds(*model, packed ? &*packed : nullptr, &*cache, s, p, s >= 16 ? 3 : 7);
           times.push_back(t);
           Record r{which, name, image, "step", s, p, 0, t, ArmKvCache::BytesPerSequence(c)};
           records.push_back(r);
@@ -221,7 +260,8 @@ int Main(int argc, char** argv) {
     }
   }
 
-  std::printf("\n%-6s %-5s %-9s %4s %-11s %10s %12s %14s\n", "config", "model", "image", "S",
+  for (Record& r : records) r.device = device.str();
+  std::printf("\ndevice: %s\n%-6s %-5s %-9s %4s %-11s %10s %12s %14s\n", device.str().c_str(), "config", "model", "image", "S",
               "method", "images/s", "ms/step", "KV bytes/seq");
   for (const Record& r : records) {
     if (r.method == "step") continue;
@@ -279,6 +319,23 @@ int Main(int argc, char** argv) {
         std::printf("  %-6s %-4s images/s with S=%lld vs S=1: %.2fx\n", which.c_str(), att,
                     static_cast<long long>(streams.back()),
                     many->images_per_second / one->images_per_second);
+    }
+    // What one decode step must read at its last position: every sequence's whole cache (the
+    // ring for KARM, the full prefix for ARM) and the weights once; per second of step time.
+    for (const char* att : {"KARM", "ARM"}) {
+      for (int64_t s : streams) {
+        const Record* last = nullptr;
+        for (const Record& r : records)
+          if (r.model == which && r.attention == att && r.streams == s && r.method == "step")
+            last = &r;
+        if (last == nullptr) continue;
+        const double bytes =
+            static_cast<double>(s) * last->kv_bytes_per_sequence + param_bytes[which + att];
+        std::printf("  %-6s %-4s S=%-3lld step at position %lld reads %.1f MB: %.1f GB/s\n",
+                    which.c_str(), att, static_cast<long long>(s),
+                    static_cast<long long>(last->position), bytes / 1e6,
+                    bytes / last->step_seconds / 1e9);
+      }
     }
     if (which == "cifar") {
       for (int64_t s : streams) {

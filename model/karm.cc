@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -157,12 +158,14 @@ at::Tensor Arm::Forward(const at::Tensor& pixels, KrauseImpl impl) const {
 at::Tensor Arm::Prefill(const at::Tensor& u, int64_t slot, ArmKvCache* cache) const {
   at::NoGradGuard no_grad;
   std::vector<std::pair<at::Tensor, at::Tensor>> kv;
-  const at::Tensor logits = ForwardTokens(u.view({1, -1}), KrauseImpl::kAuto, &kv);
+  const at::Tensor logits = ForwardTokens(u.to(device()).view({1, -1}), KrauseImpl::kAuto, &kv);
   for (int64_t l = 0; l < config_.depth; ++l) {
     cache->WritePrefix(l, slot, kv[l].first[0], kv[l].second[0]);
   }
   return logits[0];
 }
+
+at::Device Arm::device() const { return params_.Get("head.weight").device(); }
 
 ArmPackedWeights Arm::PackForDecode() const {
   ArmPackedWeights w;
@@ -186,7 +189,11 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
   at::NoGradGuard no_grad;
   const int64_t s = u.size(0), h = config_.heads, dh = config_.width / h;
   const bool krause = config_.attention == "krause";
-  at::Tensor x = Embed(u) + params_.Get("pos_emb.weight").index_select(0, positions);  // [S, D]
+  // u, positions and slots live on the host (the loops below read them); the model's device
+  // gets copies (asynchronous from pinned buffers).
+  const at::Device dev = device();
+  at::Tensor x = Embed(u.to(dev, /*non_blocking=*/true)) +
+                 params_.Get("pos_emb.weight").index_select(0, positions.to(dev, true));  // [S, D]
   const auto pos = positions.accessor<int64_t, 1>();
   const auto slot = slots.accessor<int64_t, 1>();
   for (int64_t l = 0; l < config_.depth; ++l) {
@@ -209,9 +216,29 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
                                 positions, &cache->ring(l));
       TORCH_CHECK(r.ok(), r.status().ToString());
       out = *r;
+    } else if (!packed) {
+      // All sequences at once (the GPU path): write each new key and value at (slot, position),
+      // then attend over positions 0..max(p) of the sequences' caches with the positions beyond
+      // each one's own masked out. Not batch-invariant (the softmax length is the batch's).
+      const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+      const at::Tensor slots_d = slots.to(dev, true), pos_d = positions.to(dev, true);
+      using at::indexing::Slice;
+      cache->keys(l).index_put_({slots_d, Slice(), pos_d}, k);
+      cache->values(l).index_put_({slots_d, Slice(), pos_d}, v);
+      int64_t longest = 0;
+      for (int64_t i = 0; i < s; ++i) longest = std::max(longest, pos[i] + 1);
+      const at::Tensor kp = cache->keys(l).index_select(0, slots_d).narrow(2, 0, longest);
+      const at::Tensor vp = cache->values(l).index_select(0, slots_d).narrow(2, 0, longest);
+      const at::Tensor later = at::arange(longest, pos_d.options()).view({1, 1, 1, longest}) >
+                               pos_d.view({s, 1, 1, 1});
+      const at::Tensor w = at::softmax(
+          (at::matmul(q.unsqueeze(2), kp.transpose(2, 3)) * scale).masked_fill(later, -INFINITY),
+          -1);                                           // [S, H, 1, L]
+      out = at::matmul(w, vp).squeeze(2);                // [S, H, d]
     } else {
-      // Each sequence attends over its own prefix 0..p in its preallocated cache.
-      out = at::empty({s, h, dh});
+      // Each sequence attends over its own prefix 0..p in its preallocated cache, one by one
+      // (batch-invariant: nothing of a row depends on the other rows).
+      out = at::empty({s, h, dh}, q.options());
       const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
       for (int64_t i = 0; i < s; ++i) {
         at::Tensor keys = cache->keys(l)[slot[i]], values = cache->values(l)[slot[i]];  // [H, N, d]

@@ -70,9 +70,11 @@ class Arm {
   // and returns logits [T, 256].
   at::Tensor Prefill(const at::Tensor& u, int64_t slot, ArmKvCache* cache) const;
   // One step for S sequences: u [S] is each sequence's token at its position positions[s] (the
-  // cache holds its positions before). Appends to the cache; returns logits [S, 256]. With
+  // cache holds its positions before). u, positions and slots are host (CPU) tensors whatever the
+  // model's device. Appends to the cache; returns logits [S, 256] on the model's device. With
   // `packed` (CPU), every row's logits have the same bits whatever the other rows: batch
-  // invariance for the engine; without, plain (faster for large S on some BLAS) linear layers.
+  // invariance for the engine (the ARM attends sequence by sequence); without (the GPU path),
+  // plain linear layers and, for the ARM, one masked attention over the whole batch.
   at::Tensor DecodeStep(const at::Tensor& u, const at::Tensor& positions, const at::Tensor& slots,
                         ArmKvCache* cache, const ArmPackedWeights* packed = nullptr) const;
   // Packs the current weights for DecodeStep (call again after loading new weights).
@@ -86,6 +88,8 @@ class Arm {
   AttentionCost FlopsPerImage() const;
 
   const ArmConfig& config() const { return config_; }
+  // Where the parameters are (the CPU, or a GPU after LoadModel(..., "cuda")).
+  at::Device device() const;
   ParameterStore& parameters() { return params_; }
   const ParameterStore& parameters() const { return params_; }
 

@@ -38,6 +38,9 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string
     return absl::InvalidArgumentError(
         absl::StrCat("device must be cpu, cuda or cuda:N, got \"", device, "\""));
   }
+  if (!dev.is_cpu() && !dev.is_cuda())
+    return absl::InvalidArgumentError(
+        absl::StrCat("device must be cpu, cuda or cuda:N, got \"", device, "\""));
   if (dev.is_cuda() && !at::hasCUDA())
     return absl::FailedPreconditionError(
         absl::StrCat(path, ": device ", device, " requested but no CUDA device is available"));

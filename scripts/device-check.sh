@@ -28,16 +28,23 @@ fi
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" \
   -DKRAUSE_WITH_CUDA=ON -DKRAUSE_BUILD_SERVER=OFF \
   -DCMAKE_CUDA_ARCHITECTURES=90 > "$BUILD.configure.log" 2>&1 || { tail -30 "$BUILD.configure.log"; exit 1; }
-cmake --build "$BUILD" -j "$(nproc)" --target attention_cuda_test attention_parity_test \
-  attention_validation_test krause-attention-gpu-bench > "$BUILD.build.log" 2>&1 || { grep -E "error" -A5 "$BUILD.build.log" | head -60; exit 1; }
+cmake --build "$BUILD" -j "$(nproc)" --target attention_cuda_test engine_cuda_test attention_parity_test \
+  attention_validation_test incremental_decode_test decode_engine_test krause-attention-gpu-bench \
+  krause-generate-bench > "$BUILD.build.log" 2>&1 || { grep -E "error" -A5 "$BUILD.build.log" | head -60; exit 1; }
 t_build=$(date +%s)
 ctest --test-dir "$BUILD" -L gpu --output-on-failure > "$BUILD.gpu.log" 2>&1
 gpu_rc=$?
-ctest --test-dir "$BUILD" -R "AttentionValidation|AttentionParity" -j "$(nproc)" > "$BUILD.cpu.log" 2>&1
+ctest --test-dir "$BUILD" -R "AttentionValidation|AttentionParity|IncrementalDecode|DecodeEngine" \
+  -j "$(nproc)" > "$BUILD.cpu.log" 2>&1
 cpu_rc=$?
 mkdir -p bench/results
 timeout 120 "$BUILD/bin/krause-attention-gpu-bench" --json bench/results/attention-gpu.json > "$BUILD.bench.log" 2>&1
 bench_rc=$?
+# KARM vs ARM generation on the GPU at the paper's CIFAR-10 size (32x32x3, d 512, 16 layers,
+# W 256, k 192), 1, 200 and 256 sequences; the decode step's bytes read per second.
+timeout 180 "$BUILD/bin/krause-generate-bench" --device cuda --only cifar --streams 1,200,256 \
+  --json bench/results/generate-gpu.json > "$BUILD.generate.log" 2>&1
+gen_rc=$?
 t_end=$(date +%s)
 echo
 say "summary ($(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
@@ -46,5 +53,7 @@ say "  gpu tests: $(grep -E 'tests passed|tests failed' "$BUILD.gpu.log" | tail 
 say "  cpu parity tests against this LibTorch: $(grep -E 'tests passed|tests failed' "$BUILD.cpu.log" | tail -1) (rc $cpu_rc)"
 say "  gpu bench (rc $bench_rc; N 3072, W 256, k 192, H 8, d 64; ratio = dense causal / krause):"
 sed 's/^/device-check:    /' "$BUILD.bench.log"
+say "  generate bench (rc $gen_rc; cifar config, KARM vs ARM, engine on the GPU):"
+grep -v '^\[' "$BUILD.generate.log" | sed 's/^/device-check:    /'
 say "  total: $((t_end - t0)) s"
 [ $gpu_rc -eq 0 ] && [ $cpu_rc -eq 0 ]

@@ -1,10 +1,13 @@
 #include "server/classify_batcher.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "model/engine/device_context.h"
 
 namespace krause::server {
 
@@ -52,8 +55,12 @@ int64_t ClassifyBatcher::queued_images() const {
 }
 
 void ClassifyBatcher::Loop() {
-  at::NoGradGuard no_grad;
-  const at::Device dev(device_);
+  // The model's device: on a GPU the batcher's own CUDA stream, and a pinned staging buffer
+  // for the uploads (the images of a batch are gathered into it, then copied asynchronously).
+  const DeviceContext ctx{at::Device(device_)};
+  const std::shared_ptr<void> stream = ctx.Enter();
+  const c10::InferenceMode inference;
+  at::Tensor staging;
   for (;;) {
     std::vector<Entry> batch, dropped;
     std::vector<absl::Status> drop_status;
@@ -121,7 +128,19 @@ void ClassifyBatcher::Loop() {
     for (const Entry& e : batch) parts.push_back(e.job.images);
     absl::StatusOr<at::Tensor> probs;
     try {
-      const at::Tensor x = NormalizePixels(model_->config(), at::cat(parts, 0).to(dev));
+      at::Tensor pixels = at::cat(parts, 0);
+      if (ctx.cuda()) {
+        if (!staging.defined() || staging.size(0) < pixels.size(0) ||
+            staging.scalar_type() != pixels.scalar_type()) {
+          std::vector<int64_t> shape = pixels.sizes().vec();
+          shape[0] = std::max(pixels.size(0), options_.max_batch_size);
+          staging = ctx.HostBuffer(shape, pixels.scalar_type());
+        }
+        // Reused once this batch's results are back on the host (the copy below waits).
+        pixels = staging.narrow(0, 0, pixels.size(0)).copy_(pixels);
+      }
+      const at::Tensor x =
+          NormalizePixels(model_->config(), pixels.to(ctx.device(), /*non_blocking=*/true));
       probs = at::softmax(model_->Forward(x), -1).to(at::kCPU).contiguous();
     } catch (const std::exception& e) {
       probs = absl::InternalError(absl::StrCat("classifier forward failed: ", e.what()));

@@ -20,6 +20,9 @@ ABSL_FLAG(std::string, manifest, "",
           "model manifest (JSON, see server/options.h); empty: every model in --models_dir");
 ABSL_FLAG(std::string, models_dir, "models",
           "folder of the bundled models (used without --manifest)");
+ABSL_FLAG(std::string, device, "cpu",
+          "device of the bundled models: cpu, cuda or cuda:N (with --manifest each model sets its "
+          "own \"device\")");
 ABSL_FLAG(int32_t, threads, 0, "LibTorch intra-op threads (0: all cores)");
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20, "largest request or response message in bytes");
 ABSL_FLAG(
@@ -70,6 +73,7 @@ int main(int argc, char** argv) {
   o.listen = absl::GetFlag(FLAGS_listen);
   o.manifest = absl::GetFlag(FLAGS_manifest);
   o.models_dir = absl::GetFlag(FLAGS_models_dir);
+  o.device = absl::GetFlag(FLAGS_device);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);

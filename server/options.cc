@@ -106,7 +106,8 @@ absl::StatusOr<std::vector<ModelSpec>> ReadManifest(const std::string& path) {
   return specs;
 }
 
-absl::StatusOr<std::vector<ModelSpec>> BundledManifest(const std::string& dir) {
+absl::StatusOr<std::vector<ModelSpec>> BundledManifest(const std::string& dir,
+                                                       const std::string& device) {
   std::vector<std::string> files;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -122,6 +123,7 @@ absl::StatusOr<std::vector<ModelSpec>> BundledManifest(const std::string& dir) {
     s.name = fs::path(f).stem().string();
     std::replace(s.name.begin(), s.name.end(), '_', '-');
     s.checkpoint = f;
+    s.device = device;
     s.is_default = absl::StartsWith(s.name, "krause") || absl::StartsWith(s.name, "karm");
     specs.push_back(std::move(s));
   }

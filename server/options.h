@@ -42,6 +42,7 @@ struct ServerOptions {
   std::string listen = "0.0.0.0:50051";  // host:port; port 0 picks a free one
   std::string manifest;                  // empty: the bundled models in `models_dir`
   std::string models_dir = "models";
+  std::string device = "cpu";            // the bundled models' device (a manifest sets its own)
   int threads = 0;                       // LibTorch intra-op threads (0: all cores)
   int64_t max_message_bytes = 64 << 20;  // largest request and response message
   double drain_seconds = 20;             // SIGTERM: how long in-flight calls may finish
@@ -57,8 +58,9 @@ absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
                                                      const std::string& base_dir);
 absl::StatusOr<std::vector<ModelSpec>> ReadManifest(const std::string& path);
 // The bundled default models: every *.safetensors in `dir`, named after the file (underscores
-// become dashes), the Krause models the defaults.
-absl::StatusOr<std::vector<ModelSpec>> BundledManifest(const std::string& dir);
+// become dashes), the Krause models the defaults, all on `device`.
+absl::StatusOr<std::vector<ModelSpec>> BundledManifest(const std::string& dir,
+                                                       const std::string& device = "cpu");
 // Tokens from a file: one per line, blank lines and '#' comments ignored; at least one.
 absl::StatusOr<std::vector<std::string>> ReadTokens(const std::string& path);
 

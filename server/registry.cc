@@ -82,10 +82,6 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Load(const std::vector<Model
       m->shape = {c.height, c.width_px, c.channels};
       m->max_images_per_request =
           spec.max_images_per_request > 0 ? spec.max_images_per_request : 16;
-      if (spec.device != "cpu")
-        return absl::UnimplementedError(absl::StrCat(
-            "model ", spec.name, ": generators are served on the CPU only in this build (device ",
-            spec.device, ")"));
       GeneratorOptions g;
       g.engine.max_sequences = spec.max_sequences;
       g.max_waiting = spec.max_waiting;

@@ -62,7 +62,7 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   s->options_ = options;
   // The manifest and tokens are checked before anything listens.
   absl::StatusOr<std::vector<ModelSpec>> specs = options.manifest.empty()
-                                                     ? BundledManifest(options.models_dir)
+                                                     ? BundledManifest(options.models_dir, options.device)
                                                      : ReadManifest(options.manifest);
   if (!specs.ok()) return specs.status();
   if (!options.auth_tokens_file.empty()) {

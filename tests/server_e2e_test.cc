@@ -811,5 +811,35 @@ TEST_F(ServerTest, ShutdownLetsInFlightStreamsFinishWithinTheGrace) {
   stopper.join();
 }
 
+// A model on a device that is not there, or a device that does not exist, stops the start with
+// an error naming the model and the device; nothing listens.
+TEST(ServerStart, ModelDevicesAreCheckedAtLoad) {
+  const TinyModels models = WriteTinyModels("device");
+  auto start_with = [&](const std::string& model, const std::string& device) {
+    const std::string manifest = models.dir + "/device.json";
+    WriteText(manifest, R"({"models": [{"name": "m", "checkpoint": ")" + model +
+                            R"(.safetensors", "device": ")" + device + R"("}]})");
+    return server::KrauseServer::Start(LoopbackOptions(manifest)).status();
+  };
+  for (const std::string model : {"vit", "karm"}) {
+    const absl::Status bad = start_with(model, "tpu");
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(bad.message()), ::testing::HasSubstr("model m:"));
+    EXPECT_THAT(std::string(bad.message()), ::testing::HasSubstr("\"tpu\""));
+    if (!at::hasCUDA()) {
+      const absl::Status no_gpu = start_with(model, "cuda");
+      EXPECT_EQ(no_gpu.code(), absl::StatusCode::kFailedPrecondition) << no_gpu;
+      EXPECT_THAT(std::string(no_gpu.message()), ::testing::HasSubstr("model m:"));
+      EXPECT_THAT(std::string(no_gpu.message()), ::testing::HasSubstr("no CUDA device"));
+    }
+  }
+  // The bundled models take --device (ServerOptions::device) for all of them.
+  auto bundled = server::BundledManifest(models.dir, "cuda:1");
+  ASSERT_TRUE(bundled.ok()) << bundled.status();
+  ASSERT_FALSE(bundled->empty());
+  for (const server::ModelSpec& spec : *bundled) EXPECT_EQ(spec.device, "cuda:1") << spec.name;
+  std::filesystem::remove_all(models.dir);
+}
+
 }  // namespace
 }  // namespace krause::testing

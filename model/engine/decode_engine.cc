@@ -1,6 +1,7 @@
 #include "model/engine/decode_engine.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include <cmath>
 #include <exception>
@@ -24,12 +25,20 @@ absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(const Arm* mo
                      ", max_cache_bytes ", options.max_cache_bytes, ", one sequence needs ",
                      ArmKvCache::BytesPerSequence(model->config()), " bytes"));
   }
-  ASSIGN_OR_RETURN(ArmKvCache cache, ArmKvCache::Create(model->config(), slots));
+  ASSIGN_OR_RETURN(ArmKvCache cache, ArmKvCache::Create(model->config(), slots, model->device()));
   return std::unique_ptr<DecodeEngine>(new DecodeEngine(model, std::move(cache), slots));
 }
 
 DecodeEngine::DecodeEngine(const Arm* model, ArmKvCache cache, int64_t slots)
-    : model_(model), packed_(model->PackForDecode()), cache_(std::move(cache)), pool_(slots) {}
+    : model_(model),
+      device_(model->device()),
+      packed_(device_.cuda() ? std::nullopt : std::optional(model->PackForDecode())),
+      cache_(std::move(cache)),
+      host_u_(device_.HostBuffer({slots}, at::kLong)),
+      host_pos_(device_.HostBuffer({slots}, at::kLong)),
+      host_slots_(device_.HostBuffer({slots}, at::kLong)),
+      host_logits_(device_.HostBuffer({slots, 256}, at::kFloat)),
+      pool_(slots) {}
 
 absl::StatusOr<int64_t> DecodeEngine::Submit(GenerationRequest request) {
   RETURN_IF_ERROR(ValidateSampling(request.sampling));
@@ -106,7 +115,27 @@ void DecodeEngine::Finish(Sequence* s, absl::Status status, StepStats* stats) {
   s->request.on_done(std::move(status), ok ? std::move(s->pixels) : std::vector<uint8_t>());
 }
 
+at::Tensor DecodeEngine::RunDecodeStep() {
+  const int64_t batch = static_cast<int64_t>(active_.size());
+  int64_t* u = host_u_.data_ptr<int64_t>();
+  int64_t* pos = host_pos_.data_ptr<int64_t>();
+  int64_t* slots = host_slots_.data_ptr<int64_t>();
+  for (int64_t i = 0; i < batch; ++i) {
+    u[i] = active_[i]->input;
+    pos[i] = active_[i]->position;
+    slots[i] = active_[i]->slot;
+  }
+  const at::Tensor logits = model_->DecodeStep(
+      host_u_.narrow(0, 0, batch), host_pos_.narrow(0, 0, batch), host_slots_.narrow(0, 0, batch),
+      &cache_, packed_ ? &*packed_ : nullptr);
+  if (!device_.cuda()) return logits.contiguous();
+  // Waits for the step (the copy is ordered after it on the engine's stream).
+  return host_logits_.narrow(0, 0, batch).copy_(logits);
+}
+
 StepStats DecodeEngine::Step() {
+  const std::shared_ptr<void> stream = device_.Enter();
+  const c10::InferenceMode inference;
   StepStats stats;
   const int64_t n = model_->config().seq_len();
   std::set<int64_t> cancelled;
@@ -159,18 +188,9 @@ StepStats DecodeEngine::Step() {
 
   const int64_t batch = static_cast<int64_t>(active_.size());
   stats.batch = batch;
-  std::vector<int64_t> u(batch), pos(batch), slots(batch);
-  for (int64_t i = 0; i < batch; ++i) {
-    u[i] = active_[i]->input;
-    pos[i] = active_[i]->position;
-    slots[i] = active_[i]->slot;
-  }
   at::Tensor logits;
   try {
-    logits = model_
-                 ->DecodeStep(at::tensor(u, at::kLong), at::tensor(pos, at::kLong),
-                              at::tensor(slots, at::kLong), &cache_, &packed_)
-                 .contiguous();
+    logits = RunDecodeStep();
   } catch (const std::exception& e) {
     const absl::Status st = absl::InternalError(absl::StrCat("decode step failed: ", e.what()));
     for (auto& s : active_) Finish(s.get(), st, &stats);
@@ -209,8 +229,9 @@ absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const Arm& model, const at::
     return absl::InvalidArgumentError("images: subpixel values must be in [0, 255]");
   }
   try {
-    at::NoGradGuard no_grad;
-    const at::Tensor bpd = model.NllPerImage(x) / std::log(2.0);
+    const c10::InferenceMode inference;
+    const at::Tensor bpd =
+        (model.NllPerImage(x.to(model.device())) / std::log(2.0)).to(at::kCPU).contiguous();
     return std::vector<double>(bpd.data_ptr<float>(), bpd.data_ptr<float>() + bpd.numel());
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("scoring failed: ", e.what()));

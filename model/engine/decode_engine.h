@@ -11,6 +11,13 @@
 // kernel of the decode step works per sequence, so a request gives the same image alone or
 // batched with any others, joining at any step.
 //
+// Devices: the engine runs where the model's parameters are. On the CPU the decode step uses
+// batch-invariant packed linear layers (the guarantee above holds bit for bit). On a GPU
+// (CUDA builds) the cache lives on the GPU, the step runs on the engine's own CUDA stream under
+// InferenceMode with plain linear layers (cuBLAS picks its kernels by batch size, so there an
+// image is reproducible for the same seed and the same batch composition, not across batch
+// compositions), and tokens go up and logits come down through pinned host buffers.
+//
 // Ownership and threading: the engine borrows the model (which must outlive it) and owns its
 // cache. Submit() and Cancel() are thread-safe; Step() and the accessors belong to one engine
 // thread. Callbacks run on the engine thread, inside Step(); on_done runs exactly once per
@@ -24,10 +31,12 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/engine/device_context.h"
 #include "model/engine/kv_cache.h"
 #include "model/engine/sampling.h"
 #include "model/karm.h"
@@ -78,6 +87,7 @@ class DecodeEngine {
   int64_t waiting() const;
   const SlotPool& pool() const { return pool_; }
   int64_t bytes_per_sequence() const { return ArmKvCache::BytesPerSequence(model_->config()); }
+  const at::Device& device() const { return device_.device(); }
 
  private:
   struct Sequence {
@@ -90,12 +100,17 @@ class DecodeEngine {
   };
 
   DecodeEngine(const Arm* model, ArmKvCache cache, int64_t slots);
+  // The decode step over the active sequences: logits [S, 256] on the host.
+  at::Tensor RunDecodeStep();
   absl::Status Admit(Sequence* s);  // prefill into a committed slot
   void Finish(Sequence* s, absl::Status status, StepStats* stats);
 
   const Arm* model_;
-  const ArmPackedWeights packed_;  // batch-invariant decode weights (CPU)
+  const DeviceContext device_;
+  const std::optional<ArmPackedWeights> packed_;  // batch-invariant decode weights (CPU only)
   ArmKvCache cache_;
+  // Host staging for one decode step (pinned on a GPU): tokens, positions, slots; logits.
+  at::Tensor host_u_, host_pos_, host_slots_, host_logits_;
   SlotPool pool_;
   std::vector<std::unique_ptr<Sequence>> active_;
 

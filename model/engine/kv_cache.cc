@@ -29,7 +29,8 @@ void SlotPool::Release(int64_t slot) {
   --in_use_;
 }
 
-absl::StatusOr<ArmKvCache> ArmKvCache::Create(const ArmConfig& c, int64_t slots) {
+absl::StatusOr<ArmKvCache> ArmKvCache::Create(const ArmConfig& c, int64_t slots,
+                                              const at::Device& device) {
   if (slots < 1)
     return absl::InvalidArgumentError(absl::StrCat("cache slots must be >= 1, got ", slots));
   ArmKvCache cache;
@@ -38,12 +39,13 @@ absl::StatusOr<ArmKvCache> ArmKvCache::Create(const ArmConfig& c, int64_t slots)
   try {
     for (int64_t l = 0; l < c.depth; ++l) {
       if (c.attention == "krause") {
-        auto ring = KrauseRingCache::Create(slots, c.heads, dh, c.window);
+        auto ring = KrauseRingCache::Create(slots, c.heads, dh, c.window, device);
         if (!ring.ok()) return ring.status();
         cache.rings_.push_back(std::move(ring).value());
       } else {
-        cache.keys_.push_back(at::zeros({slots, c.heads, c.seq_len(), dh}));
-        cache.values_.push_back(at::zeros({slots, c.heads, c.seq_len(), dh}));
+        const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+        cache.keys_.push_back(at::zeros({slots, c.heads, c.seq_len(), dh}, opts));
+        cache.values_.push_back(at::zeros({slots, c.heads, c.seq_len(), dh}, opts));
       }
     }
   } catch (const std::exception& e) {
@@ -72,18 +74,20 @@ void ArmKvCache::WritePrefix(int64_t layer, int64_t slot, const at::Tensor& k,
   }
   KrauseRingCache& ring = rings_[layer];
   const int64_t w = ring.window(), d = ring.head_dim();
-  const at::Tensor kc = k.contiguous().to(at::kFloat), vc = v.contiguous().to(at::kFloat);
-  // Biases with the decode kernel's own function, so prefill and decode agree bit for bit.
+  // Biases with the CPU decode kernel's own function, so that prefill and CPU decode agree bit
+  // for bit (a GPU cache gets the same values, copied).
+  const at::Tensor kc = k.contiguous().to(at::kCPU, at::kFloat);
   at::Tensor bias = at::empty({k.size(0), t}, at::kFloat);
   for (int64_t h = 0; h < k.size(0); ++h) {
     cpu::CpuKernels().key_biases(kc[h].data_ptr<float>(), t, d, bias[h].data_ptr<float>());
   }
-  for (int64_t p = std::max<int64_t>(0, t - w); p < t; ++p) {
-    const int64_t col = p % w;
-    ring.keys_t()[slot].select(2, col).copy_(kc.select(1, p));
-    ring.values()[slot].select(1, col).copy_(vc.select(1, p));
-    ring.bias()[slot].select(1, col).copy_(bias.select(1, p));
-  }
+  // The last min(T, W) positions p go to ring column p % W: one index_copy_ per tensor.
+  const int64_t first = std::max<int64_t>(0, t - w), count = t - first;
+  const at::Device dev = ring.values().device();
+  const at::Tensor cols = (at::arange(first, t, at::kLong) % w).to(dev);
+  ring.keys_t()[slot].index_copy_(2, cols, kc.narrow(1, first, count).transpose(1, 2).to(dev));
+  ring.values()[slot].index_copy_(1, cols, v.narrow(1, first, count).to(dev, at::kFloat));
+  ring.bias()[slot].index_copy_(1, cols, bias.narrow(1, first, count).to(dev));
 }
 
 }  // namespace krause

@@ -42,7 +42,9 @@ class SlotPool {
 
 class ArmKvCache {
  public:
-  static absl::StatusOr<ArmKvCache> Create(const ArmConfig& config, int64_t slots);
+  // On `device`: the CPU, or in CUDA builds a GPU (ring caches for the CUDA decode kernel).
+  static absl::StatusOr<ArmKvCache> Create(const ArmConfig& config, int64_t slots,
+                                           const at::Device& device = at::Device(at::kCPU));
   // Bytes one sequence occupies over all layers (padding included).
   static int64_t BytesPerSequence(const ArmConfig& config);
   ArmKvCache() = default;
