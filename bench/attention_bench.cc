@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "bench/args.h"
 #include "bench/counting_allocator.h"
 #include "bench/progress.h"
 #include "model/util/threads.h"
@@ -63,28 +64,21 @@ void PrintHelp() {
 }
 
 bool ParseOptions(int argc, char** argv, Options* o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](const char* name) -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", name);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+  for (ArgWalker args(argc, argv); args.Next();) {
+    const std::string a = args.flag();
     if (a == "--help" || a == "-h") {
       PrintHelp();
       std::exit(0);
     } else if (a == "--quick") {
       o->quick = true;
     } else if (a == "--json") {
-      o->json_path = value("--json");
+      o->json_path = args.Value();
     } else if (a == "--reps") {
-      o->reps = std::max(1, std::atoi(value("--reps")));
+      o->reps = std::max(1, std::atoi(args.Value()));
     } else if (a == "--threads") {
-      o->threads = std::atoi(value("--threads"));
+      o->threads = std::atoi(args.Value());
     } else if (a == "--filter") {
-      o->filter = value("--filter");
+      o->filter = args.Value();
     } else {
       std::fprintf(stderr, "unknown argument %s (see --help)\n", a.c_str());
       return false;

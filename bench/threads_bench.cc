@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "bench/args.h"
 #include "bench/progress.h"
 #include "model/train/optimizer.h"
 #include "model/util/threads.h"
@@ -40,27 +41,14 @@ struct Options {
 };
 
 bool ParseOptions(int argc, char** argv, Options* o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](const char* name) -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", name);
-        return nullptr;
-      }
-      return argv[++i];
-    };
+  for (ArgWalker args(argc, argv); args.Next();) {
+    const std::string a = args.flag();
     if (a == "--rounds") {
-      const char* v = value("--rounds");
-      if (v == nullptr) return false;
-      o->rounds = std::max(1, std::atoi(v));
+      o->rounds = std::max(1, std::atoi(args.Value()));
     } else if (a == "--threads") {
-      const char* v = value("--threads");
-      if (v == nullptr) return false;
-      o->threads = std::atoi(v);
+      o->threads = std::atoi(args.Value());
     } else if (a == "--json") {
-      const char* v = value("--json");
-      if (v == nullptr) return false;
-      o->json_path = v;
+      o->json_path = args.Value();
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "krause-threads-bench [--rounds N (7)] [--threads T (0: one per core)] [--json PATH]\n"
