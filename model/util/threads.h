@@ -4,7 +4,7 @@
 // every matrix product. Debian's LibTorch uses OpenBLAS (pthreads), which by default starts its
 // own thread per core as well: both pools then spin for the same cores, and on the 2-core CI
 // machine a training step of the bundled ViT ran 1.8x slower than with single-threaded BLAS
-// calls (bench/threads_bench.cc measures this side by side).
+// calls (bench/train_bench.cc measures this side by side).
 // SetCpuThreads therefore sets the intra-op pool and makes BLAS calls single-threaded, unless the
 // user set OPENBLAS_NUM_THREADS, which is left alone.
 // Thread-safety: call once at start-up, before other threads run LibTorch code.
