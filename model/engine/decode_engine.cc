@@ -26,7 +26,11 @@ absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(const Arm* mo
                      ArmKvCache::BytesPerSequence(model->config()), " bytes"));
   }
   ASSIGN_OR_RETURN(ArmKvCache cache, ArmKvCache::Create(model->config(), slots, model->device()));
-  return std::unique_ptr<DecodeEngine>(new DecodeEngine(model, std::move(cache), slots));
+  try {  // packing the weights, pinned host buffers
+    return std::unique_ptr<DecodeEngine>(new DecodeEngine(model, std::move(cache), slots));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("cannot set up the decode engine: ", e.what()));
+  }
 }
 
 DecodeEngine::DecodeEngine(const Arm* model, ArmKvCache cache, int64_t slots)
