@@ -192,10 +192,20 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
   // u, positions and slots live on the host (the loops below read them); the model's device
   // gets copies (asynchronous from pinned buffers).
   const at::Device dev = device();
-  at::Tensor x = Embed(u.to(dev, /*non_blocking=*/true)) +
-                 params_.Get("pos_emb.weight").index_select(0, positions.to(dev, true));  // [S, D]
+  const at::Tensor pos_d = positions.to(dev, /*non_blocking=*/true);
+  at::Tensor x = Embed(u.to(dev, true)) + params_.Get("pos_emb.weight").index_select(0, pos_d);
   const auto pos = positions.accessor<int64_t, 1>();
   const auto slot = slots.accessor<int64_t, 1>();
+  // The batched ARM path (no packed weights): what every layer shares, made once per step.
+  const bool batched_softmax = !krause && !packed;
+  at::Tensor slots_d, later;  // later: [S, 1, 1, L], true beyond each sequence's own position
+  int64_t longest = 0;
+  if (batched_softmax) {
+    slots_d = slots.to(dev, true);
+    for (int64_t i = 0; i < s; ++i) longest = std::max(longest, pos[i] + 1);
+    later = at::arange(longest, pos_d.options()).view({1, 1, 1, longest}) >
+            pos_d.view({s, 1, 1, 1});
+  }
   for (int64_t l = 0; l < config_.depth; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
     const std::string a = p + "attn.";
@@ -216,21 +226,16 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
                                 positions, &cache->ring(l));
       TORCH_CHECK(r.ok(), r.status().ToString());
       out = *r;
-    } else if (!packed) {
+    } else if (batched_softmax) {
       // All sequences at once (the GPU path): write each new key and value at (slot, position),
       // then attend over positions 0..max(p) of the sequences' caches with the positions beyond
       // each one's own masked out. Not batch-invariant (the softmax length is the batch's).
       const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
-      const at::Tensor slots_d = slots.to(dev, true), pos_d = positions.to(dev, true);
       using at::indexing::Slice;
       cache->keys(l).index_put_({slots_d, Slice(), pos_d}, k);
       cache->values(l).index_put_({slots_d, Slice(), pos_d}, v);
-      int64_t longest = 0;
-      for (int64_t i = 0; i < s; ++i) longest = std::max(longest, pos[i] + 1);
       const at::Tensor kp = cache->keys(l).index_select(0, slots_d).narrow(2, 0, longest);
       const at::Tensor vp = cache->values(l).index_select(0, slots_d).narrow(2, 0, longest);
-      const at::Tensor later = at::arange(longest, pos_d.options()).view({1, 1, 1, longest}) >
-                               pos_d.view({s, 1, 1, 1});
       const at::Tensor w = at::softmax(
           (at::matmul(q.unsqueeze(2), kp.transpose(2, 3)) * scale).masked_fill(later, -INFINITY),
           -1);                                           // [S, H, 1, L]

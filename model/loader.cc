@@ -32,13 +32,13 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string
   if (!std::filesystem::exists(path))
     return absl::NotFoundError(absl::StrCat(path, ": no such file"));
   at::Device dev(at::kCPU);
+  bool parsed = true;
   try {
     dev = at::Device(device);
   } catch (const std::exception&) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device must be cpu, cuda or cuda:N, got \"", device, "\""));
+    parsed = false;  // not a device name LibTorch knows
   }
-  if (!dev.is_cpu() && !dev.is_cuda())
+  if (!parsed || (!dev.is_cpu() && !dev.is_cuda()))
     return absl::InvalidArgumentError(
         absl::StrCat("device must be cpu, cuda or cuda:N, got \"", device, "\""));
   if (dev.is_cuda() && !at::hasCUDA())
