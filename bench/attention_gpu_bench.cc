@@ -7,6 +7,7 @@
 // Dense causal attention is at::scaled_dot_product_attention (LibTorch 2.x) or, on 1.13, the
 // masked matmul-softmax-matmul. Times are medians of CUDA-event-timed runs after warm-up.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/version.h>
 

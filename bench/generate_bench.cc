@@ -15,6 +15,7 @@
 // Ratios come from one run. --json writes one record per measurement.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <chrono>
@@ -208,9 +209,9 @@ int Main(int argc, char** argv) {
       auto model = Arm::Create(c, 1);
       if (!model.ok()) return 1;
       model->parameters().To(device);
-      // The engine's choice: packed batch-invariant weights on the CPU, plain ones on a GPU.
-      std::optional<ArmPackedWeights> packed;
-      if (device.is_cpu()) packed = model->PackForDecode();
+      // The engine's choice: packed batch-invariant linear layers on the CPU, plain ones on a
+      // GPU; the Krause layers' scales validated once on either.
+      const ArmPackedWeights packed = model->PackForDecode();
       const int64_t n = c.seq_len();
       const std::string image = absl::StrFormat("%dx%dx%d", c.height, c.width_px, c.channels);
       const std::string name = attention == "krause" ? "KARM" : "ARM";
@@ -229,8 +230,7 @@ int Main(int argc, char** argv) {
         FillRandom(c, &*cache);
         std::vector<double> times;
         for (int64_t p : positions) {
-          const double t =
-              StepSeconds(*model, packed ? &*packed : nullptr, &*cache, s, p, s >= 16 ? 3 : 7);
+          const double t = StepSeconds(*model, &packed, &*cache, s, p, s >= 16 ? 3 : 7);
           times.push_back(t);
           Record r{which, name, image, "step", s, p, 0, t, ArmKvCache::BytesPerSequence(c)};
           records.push_back(r);
@@ -261,8 +261,8 @@ int Main(int argc, char** argv) {
   }
 
   for (Record& r : records) r.device = device.str();
-  std::printf("\ndevice: %s\n%-6s %-5s %-9s %4s %-11s %10s %12s %14s\n", device.str().c_str(), "config", "model", "image", "S",
-              "method", "images/s", "ms/step", "KV bytes/seq");
+  std::printf("\ndevice: %s\n%-6s %-5s %-9s %4s %-11s %10s %12s %14s\n", device.str().c_str(),
+              "config", "model", "image", "S", "method", "images/s", "ms/step", "KV bytes/seq");
   for (const Record& r : records) {
     if (r.method == "step") continue;
     std::printf("%-6s %-5s %-9s %4lld %-11s %10.3f %12.3f %14lld\n", r.model.c_str(),

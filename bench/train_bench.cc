@@ -16,6 +16,7 @@
 //   krause-train-bench [--rounds N] [--threads T] [--json PATH]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <chrono>
@@ -182,7 +183,8 @@ int Main(int argc, char** argv) {
           for (bool use_b : {false, true}) {
             c.apply(use_b);
             (use_b ? at_b : at_a).push_back(run());
-            progress.Step(absl::StrFormat("%s: %s %s %s", c.name, w.model, kind, use_b ? c.b : c.a));
+            progress.Step(
+                absl::StrFormat("%s: %s %s %s", c.name, w.model, kind, use_b ? c.b : c.a));
           }
         }
         results.push_back({c.name, w.model, kind, c.a, c.b, Median(at_a), Median(at_b)});

@@ -1,6 +1,7 @@
 #include "model/karm.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -170,8 +171,15 @@ at::Device Arm::device() const { return params_.Get("head.weight").device(); }
 ArmPackedWeights Arm::PackForDecode() const {
   ArmPackedWeights w;
   const bool krause = config_.attention == "krause";
+  const bool cpu = device().is_cpu();
   for (int64_t l = 0; l < config_.depth; ++l) {
     const std::string a = absl::StrCat("layers.", l, ".attn.");
+    if (krause) {
+      auto scale = DecodeScale::Create(params_.Get(a + "log_sigma"), config_.heads, device());
+      TORCH_CHECK(scale.ok(), "layer ", l, ": ", scale.status().ToString());
+      w.scales.push_back(std::move(scale).value());
+    }
+    if (!cpu) continue;
     w.q.emplace_back(params_, a + (krause ? "W_q" : "q_proj"));
     w.k.emplace_back(params_, a + (krause ? "W_k" : "k_proj"));
     w.v.emplace_back(params_, a + (krause ? "W_v" : "v_proj"));
@@ -179,7 +187,7 @@ ArmPackedWeights Arm::PackForDecode() const {
     w.mlp0.emplace_back(params_, absl::StrCat("layers.", l, ".mlp.0"));
     w.mlp2.emplace_back(params_, absl::StrCat("layers.", l, ".mlp.2"));
   }
-  w.head = nn::PackedLinear(params_, "head");
+  if (cpu) w.head = nn::PackedLinear(params_, "head");
   return w;
 }
 
@@ -192,19 +200,28 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
   // u, positions and slots live on the host (the loops below read them); the model's device
   // gets copies (asynchronous from pinned buffers).
   const at::Device dev = device();
-  const at::Tensor pos_d = positions.to(dev, /*non_blocking=*/true);
+  // The Krause layers share one validated index of slots and positions, uploaded once per step.
+  DecodeIndex index;
+  if (krause) {
+    auto made = DecodeIndex::Create(slots, positions, cache->ring(0).slots(), dev);
+    TORCH_CHECK(made.ok(), made.status().ToString());
+    index = std::move(made).value();
+  }
+  const at::Tensor pos_d =
+      krause ? index.device_positions() : positions.to(dev, /*non_blocking=*/true);
   at::Tensor x = Embed(u.to(dev, true)) + params_.Get("pos_emb.weight").index_select(0, pos_d);
   const auto pos = positions.accessor<int64_t, 1>();
   const auto slot = slots.accessor<int64_t, 1>();
-  // The batched ARM path (no packed weights): what every layer shares, made once per step.
-  const bool batched_softmax = !krause && !packed;
+  // The batched ARM path (no packed linear layers): what every layer shares, made once per step.
+  const bool packed_linears = packed != nullptr && packed->linears_packed();
+  const bool batched_softmax = !krause && !packed_linears;
   at::Tensor slots_d, later;  // later: [S, 1, 1, L], true beyond each sequence's own position
   int64_t longest = 0;
   if (batched_softmax) {
     slots_d = slots.to(dev, true);
     for (int64_t i = 0; i < s; ++i) longest = std::max(longest, pos[i] + 1);
-    later = at::arange(longest, pos_d.options()).view({1, 1, 1, longest}) >
-            pos_d.view({s, 1, 1, 1});
+    later =
+        at::arange(longest, pos_d.options()).view({1, 1, 1, longest}) > pos_d.view({s, 1, 1, 1});
   }
   for (int64_t l = 0; l < config_.depth; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
@@ -212,7 +229,7 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
     const at::Tensor hn = nn::LayerNorm(params_, p + "ln1", x);
     auto linear = [&](const std::vector<nn::PackedLinear>* pk, const std::string& name,
                       const at::Tensor& in) {
-      return packed ? (*pk)[l].Apply(in) : nn::Linear(params_, name, in);
+      return packed_linears ? (*pk)[l].Apply(in) : nn::Linear(params_, name, in);
     };
     const at::Tensor q =
         linear(packed ? &packed->q : nullptr, a + (krause ? "W_q" : "q_proj"), hn).view({s, h, dh});
@@ -222,8 +239,15 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
         linear(packed ? &packed->v : nullptr, a + (krause ? "W_v" : "v_proj"), hn).view({s, h, dh});
     at::Tensor out;
     if (krause) {
-      auto r = KrauseDecodeStep(q, k, v, params_.Get(a + "log_sigma"), config_.top_k, slots,
-                                positions, &cache->ring(l));
+      // The scale validated once by PackForDecode, or here for this step.
+      DecodeScale step_scale;
+      if (packed == nullptr || packed->scales.empty()) {
+        auto made = DecodeScale::Create(params_.Get(a + "log_sigma"), h, dev);
+        TORCH_CHECK(made.ok(), made.status().ToString());
+        step_scale = std::move(made).value();
+      }
+      const DecodeScale& scale = step_scale.inv_var().defined() ? step_scale : packed->scales[l];
+      auto r = KrauseDecodeStep(q, k, v, scale, config_.top_k, index, &cache->ring(l));
       TORCH_CHECK(r.ok(), r.status().ToString());
       out = *r;
     } else if (batched_softmax) {
@@ -238,8 +262,8 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
       const at::Tensor vp = cache->values(l).index_select(0, slots_d).narrow(2, 0, longest);
       const at::Tensor w = at::softmax(
           (at::matmul(q.unsqueeze(2), kp.transpose(2, 3)) * scale).masked_fill(later, -INFINITY),
-          -1);                                           // [S, H, 1, L]
-      out = at::matmul(w, vp).squeeze(2);                // [S, H, d]
+          -1);                             // [S, H, 1, L]
+      out = at::matmul(w, vp).squeeze(2);  // [S, H, d]
     } else {
       // Each sequence attends over its own prefix 0..p in its preallocated cache, one by one
       // (batch-invariant: nothing of a row depends on the other rows).
@@ -262,7 +286,7 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
     x = x + linear(packed ? &packed->mlp2 : nullptr, p + "mlp.2", mid);
   }
   const at::Tensor hf = nn::LayerNorm(params_, "ln_f", x);
-  return packed ? packed->head.Apply(hf) : nn::Linear(params_, "head", hf);
+  return packed_linears ? packed->head.Apply(hf) : nn::Linear(params_, "head", hf);
 }
 
 at::Tensor Arm::NllPerImage(const at::Tensor& images, KrauseImpl impl) const {

@@ -15,8 +15,10 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/attention/decode.h"
 #include "model/attention/flops.h"
 #include "model/attention/krause_attention.h"
 #include "model/nn/invariant_linear.h"
@@ -27,9 +29,15 @@ namespace krause {
 class ArmKvCache;
 
 // An Arm's linear layers packed for batch-invariant decoding (nn::PackedLinear), per layer.
+// What every decode step of a model reuses, made once by Arm::PackForDecode(): on the CPU the
+// batch-invariant packed linear layers; on any device each Krause layer's validated 1/sigma^2
+// (so that a step on a GPU reads nothing back to the host for it).
 struct ArmPackedWeights {
-  std::vector<nn::PackedLinear> q, k, v, out, mlp0, mlp2;
+  std::vector<nn::PackedLinear> q, k, v, out, mlp0, mlp2;  // empty off the CPU
   nn::PackedLinear head;
+  std::vector<DecodeScale> scales;  // per layer (KARM); empty for the ARM
+
+  bool linears_packed() const { return !q.empty(); }
 };
 
 struct ArmConfig {
@@ -72,12 +80,14 @@ class Arm {
   // One step for S sequences: u [S] is each sequence's token at its position positions[s] (the
   // cache holds its positions before). u, positions and slots are host (CPU) tensors whatever the
   // model's device. Appends to the cache; returns logits [S, 256] on the model's device. With
-  // `packed` (CPU), every row's logits have the same bits whatever the other rows: batch
-  // invariance for the engine (the ARM attends sequence by sequence); without (the GPU path),
-  // plain linear layers and, for the ARM, one masked attention over the whole batch.
+  // `packed` linear layers (CPU), every row's logits have the same bits whatever the other rows:
+  // batch invariance for the engine (the ARM attends sequence by sequence); without (the GPU
+  // path: `packed` made on the GPU holds only the Krause layers' scales, or no `packed`), plain
+  // linear layers and, for the ARM, one masked attention over the whole batch.
   at::Tensor DecodeStep(const at::Tensor& u, const at::Tensor& positions, const at::Tensor& slots,
                         ArmKvCache* cache, const ArmPackedWeights* packed = nullptr) const;
-  // Packs the current weights for DecodeStep (call again after loading new weights).
+  // Packs the current weights for DecodeStep (call again after loading new weights): linear
+  // layers on the CPU only, the Krause layers' scales on any device.
   ArmPackedWeights PackForDecode() const;
 
   // Teacher-forced mean negative log-likelihood in nats per scored subpixel, per image: [B].

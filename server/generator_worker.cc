@@ -1,6 +1,7 @@
 #include "server/generator_worker.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <chrono>
 

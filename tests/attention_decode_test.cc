@@ -151,6 +151,101 @@ TEST(DecodeStep, BadArgumentsNameTheArgumentAndLeaveTheCacheAlone) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("window")));
 }
 
+TEST(DecodeStep, OneIndexServesEveryLayerOfAStep) {
+  // Two layers' caches stepped with one shared DecodeIndex give the bits of the per-call form.
+  constexpr int64_t kSlots = 3, kHeads = 2, kDim = 8, kWindow = 4;
+  std::vector<KrauseRingCache> shared, per_call;
+  for (int layer = 0; layer < 2; ++layer) {
+    shared.push_back(KrauseRingCache::Create(kSlots, kHeads, kDim, kWindow).value());
+    per_call.push_back(KrauseRingCache::Create(kSlots, kHeads, kDim, kWindow).value());
+  }
+  at::manual_seed(5);
+  const at::Tensor ls = at::full({kHeads}, 0.3);
+  KRAUSE_ASSERT_OK_AND_ASSIGN(const DecodeScale scale,
+                              DecodeScale::Create(ls, kHeads, at::Device(at::kCPU)));
+  const at::Tensor slots = at::tensor({2, 0}, at::kLong);
+  for (int64_t step = 0; step < 6; ++step) {
+    const at::Tensor positions = at::tensor({step, step + 1}, at::kLong);
+    auto index = DecodeIndex::Create(slots, positions, kSlots, at::Device(at::kCPU));
+    ASSERT_TRUE(index.ok()) << index.status();
+    EXPECT_EQ(index->size(), 2);
+    for (int layer = 0; layer < 2; ++layer) {
+      const at::Tensor q = at::randn({2, kHeads, kDim}), k = at::randn({2, kHeads, kDim}),
+                       v = at::randn({2, kHeads, kDim});
+      auto a = KrauseDecodeStep(q, k, v, scale, 3, *index, &shared[layer]);
+      auto b = KrauseDecodeStep(q, k, v, ls, 3, slots, positions, &per_call[layer]);
+      ASSERT_TRUE(a.ok() && b.ok());
+      EXPECT_TRUE(at::equal(*a, *b)) << "step " << step << " layer " << layer;
+    }
+  }
+  for (int layer = 0; layer < 2; ++layer) {
+    EXPECT_TRUE(at::equal(shared[layer].keys_t(), per_call[layer].keys_t()));
+    EXPECT_TRUE(at::equal(shared[layer].values(), per_call[layer].values()));
+  }
+}
+
+TEST(DecodeStep, AnIndexMustFitTheStepAndTheCache) {
+  KrauseRingCache cache = KrauseRingCache::Create(2, 2, 8, 4).value();
+  const at::Tensor before = cache.keys_t().clone();
+  const at::Tensor x = at::ones({2, 2, 8});
+  using krause::testing::StatusOf;
+  const at::Device cpu(at::kCPU);
+  KRAUSE_ASSERT_OK_AND_ASSIGN(const DecodeScale ls, DecodeScale::Create(at::zeros({}), 2, cpu));
+  // S of the index differs from q's.
+  auto one = DecodeIndex::Create(at::tensor({0}, at::kLong), at::tensor({0}, at::kLong), 2, cpu);
+  ASSERT_TRUE(one.ok());
+  EXPECT_THAT(StatusOf(KrauseDecodeStep(x, x, x, ls, 2, *one, &cache)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[S] = [2]")));
+  // Made for a cache of another slot count.
+  auto other =
+      DecodeIndex::Create(at::tensor({0, 1}, at::kLong), at::tensor({0, 0}, at::kLong), 5, cpu);
+  ASSERT_TRUE(other.ok());
+  EXPECT_THAT(StatusOf(KrauseDecodeStep(x, x, x, ls, 2, *other, &cache)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("index was made for")));
+  EXPECT_TRUE(at::equal(cache.keys_t(), before));
+  // The index's own checks.
+  EXPECT_THAT(DecodeIndex::Create(at::tensor({0, 1}, at::kLong), at::tensor({0}, at::kLong), 2, cpu)
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("positions")));
+  EXPECT_THAT(
+      DecodeIndex::Create(at::tensor({0, 1}, at::kInt), at::tensor({0, 0}, at::kLong), 2, cpu)
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slots")));
+  EXPECT_THAT(
+      DecodeIndex::Create(at::tensor({1, 2}, at::kLong), at::tensor({0, 0}, at::kLong), 2, cpu)
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slots[1] = 2")));
+}
+
+TEST(DecodeStep, AScaleIsValidatedOnceAndMustFitTheLayer) {
+  KrauseRingCache cache = KrauseRingCache::Create(2, 2, 8, 4).value();
+  const at::Tensor before = cache.keys_t().clone();
+  const at::Tensor x = at::ones({2, 2, 8});
+  const at::Device cpu(at::kCPU);
+  using krause::testing::StatusOf;
+  auto index =
+      DecodeIndex::Create(at::tensor({0, 1}, at::kLong), at::tensor({0, 3}, at::kLong), 2, cpu);
+  ASSERT_TRUE(index.ok());
+  EXPECT_THAT(DecodeScale::Create(at::full({2}, NAN), 2, cpu).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("log_sigma")));
+  EXPECT_THAT(DecodeScale::Create(at::zeros({3}), 2, cpu).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("log_sigma")));
+  EXPECT_THAT(DecodeScale::Create(at::full({}, -100.0), 2, cpu).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("out of range")));
+  // Made for 4 heads, used on a 2-head cache; and a default (empty) scale.
+  auto four = DecodeScale::Create(at::zeros({}), 4, cpu);
+  ASSERT_TRUE(four.ok());
+  EXPECT_THAT(StatusOf(KrauseDecodeStep(x, x, x, *four, 2, *index, &cache)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("H = 2")));
+  EXPECT_THAT(StatusOf(KrauseDecodeStep(x, x, x, DecodeScale(), 2, *index, &cache)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("scale")));
+  EXPECT_TRUE(at::equal(cache.keys_t(), before));
+  // A shared log_sigma becomes one value per head: exp(-2 * 0.5) each.
+  auto shared = DecodeScale::Create(at::full({}, 0.5), 2, cpu);
+  ASSERT_TRUE(shared.ok());
+  EXPECT_TRUE(at::equal(shared->inv_var(), at::exp(at::full({2}, -1.0))));
+}
+
 TEST(DecodeStep, MemoryPerSequenceIsIndependentOfPosition) {
   auto cache = KrauseRingCache::Create(1, 8, 64, 256);
   ASSERT_TRUE(cache.ok());

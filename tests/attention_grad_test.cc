@@ -1,6 +1,7 @@
 // Gradients of the windowed (training) implementation, including d/d log_sigma, against central
 // finite differences in double precision, on small cases of every neighbourhood kind.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <vector>

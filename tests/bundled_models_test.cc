@@ -3,6 +3,7 @@
 // cards are made), on the Fashion-MNIST test split from its Debian package.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <cmath>

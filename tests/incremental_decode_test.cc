@@ -2,7 +2,10 @@
 // full teacher-forced forward's logits at every position, for KARM and ARM, with and without a
 // start token, across the ring wrap; sequences at different positions share each step.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
+
+#include <vector>
 
 #include "model/engine/kv_cache.h"
 #include "model/karm.h"
@@ -52,8 +55,17 @@ TEST_P(IncrementalDecodeTest, MatchesTeacherForcedLogitsAtEveryPosition) {
   const at::Tensor full = m.ForwardTokens(u, KrauseImpl::kReference);  // [S, N, 256]
 
   const ArmPackedWeights packed = m.PackForDecode();
-  for (const ArmPackedWeights* pk : {static_cast<const ArmPackedWeights*>(nullptr), &packed}) {
-    SCOPED_TRACE(pk ? "packed (batch-invariant) linears" : "at::linear");
+  EXPECT_TRUE(packed.linears_packed());
+  EXPECT_EQ(packed.scales.size(), c.attention == "krause" ? 2u : 0u);
+  // What PackForDecode makes on a GPU: plain linear layers, the Krause layers' scales made once.
+  ArmPackedWeights scales_only;
+  scales_only.scales = packed.scales;
+  std::vector<at::Tensor> results;
+  const std::vector<const ArmPackedWeights*> variants = {nullptr, &packed, &scales_only};
+  for (const ArmPackedWeights* pk : variants) {
+    SCOPED_TRACE(pk == nullptr          ? "at::linear"
+                 : pk->linears_packed() ? "packed (batch-invariant) linears"
+                                        : "at::linear, scales made once");
     KRAUSE_ASSERT_OK_AND_ASSIGN(ArmKvCache cache, ArmKvCache::Create(cfg, 5));
     at::Tensor got = at::zeros_like(full);
     // Sequence s: prefill of c.prompt + s positions, then steps; slot 4 - s.
@@ -82,7 +94,10 @@ TEST_P(IncrementalDecodeTest, MatchesTeacherForcedLogitsAtEveryPosition) {
     }
     const double err = (got - full).abs().max().item<double>();
     EXPECT_LE(err, 1e-4) << "max |incremental - teacher-forced| logit difference";
+    results.push_back(got);
   }
+  // Scales made once or per step: the same bits.
+  EXPECT_TRUE(at::equal(results[0], results[2]));
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -1,6 +1,7 @@
 // Krause ViT, KARM and their softmax baselines: layouts, configs, the training (windowed) vs
 // inference (fused) forward parity, causality, and checkpoint round trips.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include "model/checkpoint/safetensors.h"

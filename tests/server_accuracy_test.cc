@@ -3,6 +3,7 @@
 // model gets when run directly.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 
 #include <atomic>
 #include <thread>

@@ -1,6 +1,8 @@
 // The krause-server and krause-client binaries as users run them: the server as a child process
 // (manifest, --port_file), a client session (list, health, classify, generate, complete, score,
 // errors and exit codes), and SIGTERM ending the server with exit code 0.
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>

@@ -3,6 +3,7 @@
 // cancellation, queues, health, reflection, auth, TLS, shutdown and concurrency.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 #include <grpcpp/generic/generic_stub.h>
 
 #include <atomic>

@@ -8,6 +8,7 @@
 // an ARM (model inputs, see model/karm.h). OUTPUT: "logits". IMPL: auto (default), reference,
 // windowed or fused_cpu.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cstdio>
 #include <string>

@@ -2,7 +2,9 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <exception>
 #include <vector>
 
@@ -75,11 +77,90 @@ absl::Status CheckIndexVector(const at::Tensor& t, const char* name, int64_t s) 
 
 }  // namespace
 
+absl::StatusOr<DecodeIndex> DecodeIndex::Create(const at::Tensor& slots,
+                                                const at::Tensor& positions, int64_t cache_slots,
+                                                const at::Device& device) {
+  try {
+    RETURN_IF_ERROR(CheckDefined(slots, "slots"));
+    if (slots.dim() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "slots must be an int64 CPU tensor of shape [S], got ", ShapeString(slots.sizes())));
+    }
+    const int64_t s = slots.size(0);
+    RETURN_IF_ERROR(CheckIndexVector(slots, "slots", s));
+    RETURN_IF_ERROR(CheckIndexVector(positions, "positions", s));
+    DecodeIndex index;
+    index.size_ = s;
+    index.cache_slots_ = cache_slots;
+    index.device_ = device;
+    index.host_slots_ = slots.contiguous();
+    index.host_positions_ = positions.contiguous();
+    const int64_t* sp = index.host_slots_.data_ptr<int64_t>();
+    const int64_t* pp = index.host_positions_.data_ptr<int64_t>();
+    std::vector<bool> seen(static_cast<size_t>(std::max<int64_t>(cache_slots, 0)), false);
+    for (int64_t i = 0; i < s; ++i) {
+      if (sp[i] < 0 || sp[i] >= cache_slots) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("slots[", i, "] = ", sp[i], " is outside [0, ", cache_slots, ")"));
+      }
+      if (seen[sp[i]]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("slots[", i, "] = ", sp[i], " appears twice in one step"));
+      }
+      seen[sp[i]] = true;
+      if (pp[i] < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("positions[", i, "] = ", pp[i], " must be >= 0"));
+      }
+    }
+    if (device.is_cpu()) {
+      index.device_slots_ = index.host_slots_;
+      index.device_positions_ = index.host_positions_;
+    } else {
+      index.device_slots_ = index.host_slots_.to(device, /*non_blocking=*/true);
+      index.device_positions_ = index.host_positions_.to(device, /*non_blocking=*/true);
+    }
+    return index;
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("decode index: ", e.what()));
+  }
+}
+
+absl::StatusOr<DecodeScale> DecodeScale::Create(const at::Tensor& log_sigma, int64_t heads,
+                                                const at::Device& device) {
+  try {
+    RETURN_IF_ERROR(CheckDefined(log_sigma, "log_sigma"));
+    ASSIGN_OR_RETURN(
+        const at::Tensor log_sig,
+        NormalizeLogSigma(log_sigma, heads, at::TensorOptions().dtype(at::kFloat).device(device)));
+    at::NoGradGuard no_grad;
+    DecodeScale scale;
+    scale.inv_var_ = at::exp(-2.0 * log_sig).contiguous();
+    return scale;
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("decode scale: ", e.what()));
+  }
+}
+
 absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tensor& k,
                                             const at::Tensor& v, const at::Tensor& log_sigma,
                                             int64_t top_k, const at::Tensor& slots,
                                             const at::Tensor& positions, KrauseRingCache* cache,
                                             DecodeSelection* selection) {
+  if (cache == nullptr || !cache->keys_t().defined()) {
+    return absl::InvalidArgumentError("cache must be a created KrauseRingCache");
+  }
+  const at::Device device = cache->keys_t().device();
+  ASSIGN_OR_RETURN(const DecodeIndex index,
+                   DecodeIndex::Create(slots, positions, cache->slots(), device));
+  ASSIGN_OR_RETURN(const DecodeScale scale, DecodeScale::Create(log_sigma, cache->heads(), device));
+  return KrauseDecodeStep(q, k, v, scale, top_k, index, cache, selection);
+}
+
+absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& v, const DecodeScale& scale,
+                                            int64_t top_k, const DecodeIndex& index,
+                                            KrauseRingCache* cache, DecodeSelection* selection) {
   try {
     if (cache == nullptr || !cache->keys_t().defined()) {
       return absl::InvalidArgumentError("cache must be a created KrauseRingCache");
@@ -95,42 +176,34 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
     RETURN_IF_ERROR(CheckStepTensor(q, "q", s, h, d, dev));
     RETURN_IF_ERROR(CheckStepTensor(k, "k", s, h, d, dev));
     RETURN_IF_ERROR(CheckStepTensor(v, "v", s, h, d, dev));
-    RETURN_IF_ERROR(CheckIndexVector(slots, "slots", s));
-    RETURN_IF_ERROR(CheckIndexVector(positions, "positions", s));
+    if (index.size() != s) {
+      return absl::InvalidArgumentError(absl::StrCat("slots and positions must have shape [S] = [",
+                                                     s, "] (q's S), got [", index.size(), "]"));
+    }
+    if (index.cache_slots() != cache->slots() || index.device() != dev) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "index was made for a cache of ", index.cache_slots(), " slots on ", index.device().str(),
+          ", not this one (", cache->slots(), " slots on ", dev.str(), ")"));
+    }
     if (top_k < 1)
       return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 1, got ", top_k));
-    ASSIGN_OR_RETURN(at::Tensor log_sig, NormalizeLogSigma(log_sigma, h, q.options()));
-
-    const at::Tensor slot_c = slots.contiguous(), pos_c = positions.contiguous();
-    const int64_t* sp = slot_c.data_ptr<int64_t>();
-    const int64_t* pp = pos_c.data_ptr<int64_t>();
-    std::vector<bool> seen(static_cast<size_t>(cache->slots()), false);
-    for (int64_t i = 0; i < s; ++i) {
-      if (sp[i] < 0 || sp[i] >= cache->slots()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("slots[", i, "] = ", sp[i], " is outside [0, ", cache->slots(), ")"));
-      }
-      if (seen[sp[i]]) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("slots[", i, "] = ", sp[i], " appears twice in one step"));
-      }
-      seen[sp[i]] = true;
-      if (pp[i] < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("positions[", i, "] = ", pp[i], " must be >= 0"));
-      }
+    const at::Tensor& inv_var = scale.inv_var();
+    if (!inv_var.defined() || inv_var.numel() != h || inv_var.device() != dev) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("scale must be a DecodeScale made for H = ", h, " heads on ", dev.str()));
     }
+    const int64_t* sp = index.host_slots().data_ptr<int64_t>();
+    const int64_t* pp = index.host_positions().data_ptr<int64_t>();
 
     at::NoGradGuard no_grad;
     if (dev.is_cuda()) {
 #ifdef KRAUSE_WITH_CUDA
-      return internal::CudaDecodeStep(q, k, v, log_sig, top_k, slot_c, pos_c, cache, selection);
+      return internal::CudaDecodeStep(q, k, v, inv_var, top_k, index, cache, selection);
 #else
       return absl::InvalidArgumentError("the cache is on CUDA but this build has no CUDA kernels");
 #endif
     }
     const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
-    const at::Tensor inv_var = at::exp(-2.0 * log_sig).contiguous();
     at::Tensor out = at::empty({s, h, d}, q.options());
     const int64_t kept = std::min(top_k, win);
     if (selection != nullptr) {

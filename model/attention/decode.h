@@ -53,14 +53,64 @@ struct DecodeSelection {
   at::Tensor weights;  // [S, H, min(top_k, W)]
 };
 
+// The slots and positions of one decode step, validated once against the caches' slot count and
+// copied once to the caches' device: every layer's KrauseDecodeStep of a step shares one (on a
+// GPU, one upload per step instead of one per layer).
+class DecodeIndex {
+ public:
+  //   slots:      [S] int64 CPU tensor, distinct, in [0, cache_slots).
+  //   positions:  [S] int64 CPU tensor >= 0: each new token's absolute position in its sequence.
+  // Pinned host tensors make the upload to a GPU asynchronous (the caller keeps them unchanged
+  // until the step's results are read back).
+  static absl::StatusOr<DecodeIndex> Create(const at::Tensor& slots, const at::Tensor& positions,
+                                            int64_t cache_slots, const at::Device& device);
+  DecodeIndex() = default;
+
+  int64_t size() const { return size_; }
+  int64_t cache_slots() const { return cache_slots_; }
+  const at::Device& device() const { return device_; }
+  const at::Tensor& host_slots() const { return host_slots_; }  // contiguous, CPU
+  const at::Tensor& host_positions() const { return host_positions_; }
+  const at::Tensor& device_slots() const { return device_slots_; }  // on device()
+  const at::Tensor& device_positions() const { return device_positions_; }
+
+ private:
+  int64_t size_ = 0, cache_slots_ = 0;
+  at::Device device_ = at::Device(at::kCPU);
+  at::Tensor host_slots_, host_positions_, device_slots_, device_positions_;
+};
+
+// One Krause layer's 1/sigma^2 per head on a cache's device, validated once (as KrauseDecodeStep
+// validates a log_sigma) for every step of that layer: a step given it reads no value back to
+// the host (on a GPU, the log_sigma checks would synchronise the stream once per layer and step).
+class DecodeScale {
+ public:
+  //   log_sigma: numel 1 or H, finite, with a finite non-zero exp(-2 log_sigma) in fp32.
+  static absl::StatusOr<DecodeScale> Create(const at::Tensor& log_sigma, int64_t heads,
+                                            const at::Device& device);
+  DecodeScale() = default;
+
+  const at::Tensor& inv_var() const { return inv_var_; }  // [H] fp32, contiguous, on the device
+
+ private:
+  at::Tensor inv_var_;
+};
+
 // One decode step for S sequences.
 //   q, k, v:    [S, H, d] fp32 on the cache's device: the new tokens' projections.
-//   log_sigma:  numel 1 or H, finite.
-//   slots:      [S] int64, distinct, in [0, cache.slots()).
-//   positions:  [S] int64 >= 0: the new token's absolute position in its sequence. The caller
-//               guarantees the slot holds that sequence's positions max(0, p - W + 1) .. p - 1.
+//   scale:      the layer's DecodeScale, made for H heads on the cache's device.
+//   index:      the step's slots and positions (DecodeIndex), made for this cache's slot count
+//               and device. The caller guarantees each slot holds its sequence's positions
+//               max(0, p - W + 1) .. p - 1.
 // Returns out [S, H, d]. Errors name the argument (InvalidArgument); the cache is unchanged on
 // error.
+absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& v, const DecodeScale& scale,
+                                            int64_t top_k, const DecodeIndex& index,
+                                            KrauseRingCache* cache,
+                                            DecodeSelection* selection = nullptr);
+// The same with log_sigma (numel 1 or H, finite) and with slots and positions given as [S] int64
+// CPU tensors (a DecodeScale and a DecodeIndex made for this one call).
 absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tensor& k,
                                             const at::Tensor& v, const at::Tensor& log_sigma,
                                             int64_t top_k, const at::Tensor& slots,
@@ -70,11 +120,10 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
 #ifdef KRAUSE_WITH_CUDA
 namespace internal {
 // The CUDA branch of KrauseDecodeStep (cuda/dispatch_cuda.cc); arguments already validated,
-// slots and positions on the CPU.
+// the index's device copies on the cache's GPU.
 at::Tensor CudaDecodeStep(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& log_sigma, int64_t top_k, const at::Tensor& slots,
-                          const at::Tensor& positions, KrauseRingCache* cache,
-                          DecodeSelection* selection);
+                          const at::Tensor& inv_var, int64_t top_k, const DecodeIndex& index,
+                          KrauseRingCache* cache, DecodeSelection* selection);
 }  // namespace internal
 #endif
 

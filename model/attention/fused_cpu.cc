@@ -2,6 +2,7 @@
 // (batch, head, query block) work items on ATen's intra-op thread pool.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 
 #include <vector>
 

@@ -1,6 +1,7 @@
 #include "model/attention/krause_attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #include <exception>

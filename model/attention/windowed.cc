@@ -8,6 +8,7 @@
 // Every path ends in the same selection: candidates in ascending key order along the last axis,
 // ranked by score with the larger key winning ties (krause_attention.h).
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <atomic>
 #include <limits>
@@ -162,16 +163,14 @@ KrauseResult GridWindowed(const AttentionArgs& a, const KrauseOptions& o) {
     sel = SelectAndNormalise(scores, kept);
     // scatter_add: a row with fewer candidates than K also "keeps" padding entries (weight 0,
     // table index 0), which must not overwrite a real weight of key 0.
-    const at::Tensor attn = at::zeros_like(dense).scatter_add(
-        -1, full_index.gather(-1, sel.position), sel.weight);
+    const at::Tensor attn =
+        at::zeros_like(dense).scatter_add(-1, full_index.gather(-1, sel.position), sel.weight);
     patch_out = at::matmul(attn, a.v);  // [B, H, r, d]
   } else {
     // Gathered candidates: [B, H, r, width, d].
     const at::Tensor flat = index.reshape({-1});
-    const at::Tensor kg =
-        a.k.index_select(2, flat).view({a.batch, a.heads, r, width, a.head_dim});
-    const at::Tensor vg =
-        a.v.index_select(2, flat).view({a.batch, a.heads, r, width, a.head_dim});
+    const at::Tensor kg = a.k.index_select(2, flat).view({a.batch, a.heads, r, width, a.head_dim});
+    const at::Tensor vg = a.v.index_select(2, flat).view({a.batch, a.heads, r, width, a.head_dim});
     const at::Tensor bg = KeyBias(a.k).index_select(2, flat).view({a.batch, a.heads, r, width});
     const at::Tensor scores =
         ((at::matmul(kg, q.unsqueeze(-1)).squeeze(-1) + bg) * InverseVariance(a))

@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(const Arm* mo
 DecodeEngine::DecodeEngine(const Arm* model, ArmKvCache cache, int64_t slots)
     : model_(model),
       device_(model->device()),
-      packed_(device_.cuda() ? std::nullopt : std::optional(model->PackForDecode())),
+      packed_(model->PackForDecode()),
       cache_(std::move(cache)),
       host_u_(device_.HostBuffer({slots}, at::kLong)),
       host_pos_(device_.HostBuffer({slots}, at::kLong)),
@@ -129,9 +129,9 @@ at::Tensor DecodeEngine::RunDecodeStep() {
     pos[i] = active_[i]->position;
     slots[i] = active_[i]->slot;
   }
-  const at::Tensor logits = model_->DecodeStep(
-      host_u_.narrow(0, 0, batch), host_pos_.narrow(0, 0, batch), host_slots_.narrow(0, 0, batch),
-      &cache_, packed_ ? &*packed_ : nullptr);
+  const at::Tensor logits =
+      model_->DecodeStep(host_u_.narrow(0, 0, batch), host_pos_.narrow(0, 0, batch),
+                         host_slots_.narrow(0, 0, batch), &cache_, &packed_);
   if (!device_.cuda()) return logits.contiguous();
   // Waits for the step (the copy is ordered after it on the engine's stream).
   return host_logits_.narrow(0, 0, batch).copy_(logits);

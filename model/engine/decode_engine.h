@@ -107,7 +107,8 @@ class DecodeEngine {
 
   const Arm* model_;
   const DeviceContext device_;
-  const std::optional<ArmPackedWeights> packed_;  // batch-invariant decode weights (CPU only)
+  // Batch-invariant linear layers (CPU only) and the Krause layers' scales (any device).
+  const ArmPackedWeights packed_;
   ArmKvCache cache_;
   // Host staging for one decode step (pinned on a GPU): tokens, positions, slots; logits.
   at::Tensor host_u_, host_pos_, host_slots_, host_logits_;

@@ -1,6 +1,7 @@
 #include "model/engine/kv_cache.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "absl/strings/str_cat.h"
 #include "model/attention/cpu_kernels.h"

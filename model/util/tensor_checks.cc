@@ -1,6 +1,7 @@
 #include "model/util/tensor_checks.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

@@ -64,14 +64,13 @@ KrauseResult CudaAttention(const AttentionArgs& a, const KrauseOptions& o) {
 }
 
 at::Tensor CudaDecodeStep(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& log_sigma, int64_t top_k, const at::Tensor& slots,
-                          const at::Tensor& positions, KrauseRingCache* cache,
-                          DecodeSelection* selection) {
+                          const at::Tensor& inv_var, int64_t top_k, const DecodeIndex& index,
+                          KrauseRingCache* cache, DecodeSelection* selection) {
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
   const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
-  const at::Tensor slots_d = slots.to(q.device()), pos_d = positions.to(q.device());
-  const at::Tensor inv_sigma2 = at::exp(-2.0 * log_sigma.to(q.options())).contiguous();
+  const at::Tensor& slots_d = index.device_slots();
+  const at::Tensor& pos_d = index.device_positions();
   const int64_t s = q.size(0), h = q.size(1), d = q.size(2);
   const int64_t kept = std::min(top_k, cache->window());
   at::Tensor out = at::empty({s, h, d}, q.options());
@@ -79,7 +78,7 @@ at::Tensor CudaDecodeStep(const at::Tensor& q, const at::Tensor& k, const at::Te
   a.q = qc.data_ptr<float>();
   a.k = kc.data_ptr<float>();
   a.v = vc.data_ptr<float>();
-  a.inv_sigma2 = inv_sigma2.data_ptr<float>();
+  a.inv_sigma2 = inv_var.data_ptr<float>();
   a.slots = slots_d.data_ptr<int64_t>();
   a.positions = pos_d.data_ptr<int64_t>();
   a.seqs = s;
