@@ -33,6 +33,8 @@
 #include "absl/strings/str_split.h"
 #include "bench/progress.h"
 #include "model/engine/decode_engine.h"
+#include "model/engine/decode_graphs.h"
+#include "model/engine/device_context.h"
 #include "model/engine/kv_cache.h"
 #include "model/karm.h"
 #include "model/util/threads.h"
@@ -91,22 +93,36 @@ ArmConfig PaperConfig(const std::string& which, const std::string& attention) {
   return c;
 }
 
+using StepFn = std::function<at::Tensor(const at::Tensor& u, const at::Tensor& positions,
+                                        const at::Tensor& slots)>;
+
 // Median time of one decode step of S sequences at `position`, caches filled with random
-// history (what the step reads; its cost does not depend on the values).
-double StepSeconds(const Arm& m, const ArmPackedWeights* packed, ArmKvCache* cache, int64_t s,
-                   int64_t position, int reps) {
+// history (what the step reads; its cost does not depend on the values). The first `warmup`
+// steps are not timed (a graphed step captures at its second).
+double StepSeconds(const StepFn& step, int64_t s, int64_t position, int reps, int warmup = 1) {
   const at::Tensor u = at::randint(0, 256, {s}, at::kLong);
   const at::Tensor pos = at::full({s}, position, at::kLong);
   const at::Tensor slots = at::arange(s, at::kLong);
   std::vector<double> t;
-  for (int r = 0; r <= reps; ++r) {
+  for (int r = 0; r < reps + warmup; ++r) {
     const auto t0 = Clock::now();
     // Logits back on the host, as the engine needs them (waits for a GPU).
-    (void)m.DecodeStep(u, pos, slots, cache, packed).cpu();
-    if (r > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    (void)step(u, pos, slots).cpu();
+    if (r >= warmup) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// Seconds to generate a whole image of n subpixels: the step times at the sampled positions,
+// interpolated linearly over every position 0..n-1.
+double IntegratedSeconds(const std::vector<int64_t>& positions, const std::vector<double>& times) {
+  double total = 0;
+  for (size_t i = 0; i + 1 < positions.size(); ++i) {
+    const int64_t span = positions[i + 1] - positions[i];
+    total += span * (times[i] + times[i + 1]) / 2;
+  }
+  return total + times.back();
 }
 
 void FillRandom(const ArmConfig& c, ArmKvCache* cache) {
@@ -228,25 +244,48 @@ int Main(int argc, char** argv) {
         auto cache = ArmKvCache::Create(c, s, device);
         if (!cache.ok()) return 1;
         FillRandom(c, &*cache);
+        const int reps = s >= 16 ? 3 : 7;
         std::vector<double> times;
         for (int64_t p : positions) {
-          const double t = StepSeconds(*model, &packed, &*cache, s, p, s >= 16 ? 3 : 7);
+          const double t = StepSeconds(
+              [&](const at::Tensor& u, const at::Tensor& pos, const at::Tensor& sl) {
+                return model->DecodeStep(u, pos, sl, &*cache, &packed);
+              },
+              s, p, reps);
           times.push_back(t);
           Record r{which, name, image, "step", s, p, 0, t, ArmKvCache::BytesPerSequence(c)};
           records.push_back(r);
         }
-        // Integrate the interpolated step time over every position 0..N-1.
-        double total = 0;
-        for (size_t i = 0; i + 1 < positions.size(); ++i) {
-          const double a = times[i], b = times[i + 1];
-          const int64_t span = positions[i + 1] - positions[i];
-          total += span * (a + b) / 2;
-        }
-        total += times.back();
+        const double total = IntegratedSeconds(positions, times);
         Record integ{which,        name,      image,
                      "integrated", s,         -1,
                      s / total,    total / n, ArmKvCache::BytesPerSequence(c)};
         records.push_back(integ);
+        // The KARM on a GPU once more with its decode step replayed as a CUDA graph, on a stream
+        // of its own as in the engine.
+        if (DecodeGraphs::Supported(*model)) {
+          const DeviceContext ctx(device);
+          ctx.WaitForDefaultStream();
+          const std::shared_ptr<void> scope = ctx.Enter();
+          DecodeGraphs graphs(&*model, &*cache, &packed, s);
+          std::vector<double> graph_times;
+          for (int64_t p : positions) {
+            const double t =
+                StepSeconds([&](const at::Tensor& u, const at::Tensor& pos,
+                                const at::Tensor& sl) { return graphs.Step(u, pos, sl); },
+                            s, p, reps, /*warmup=*/2);
+            graph_times.push_back(t);
+            records.push_back(
+                {which, name, image, "step_graph", s, p, 0, t, ArmKvCache::BytesPerSequence(c)});
+          }
+          if (!graphs.enabled()) {
+            std::fprintf(stderr, "\nCUDA graphs off: %s\n", graphs.reason().c_str());
+          } else {
+            const double gt = IntegratedSeconds(positions, graph_times);
+            records.push_back({which, name, image, "integ_graph", s, -1, s / gt, gt / n,
+                               ArmKvCache::BytesPerSequence(c)});
+          }
+        }
         progress.Step(absl::StrFormat("%s %s S=%d steps", which, name, s));
         if (which == "mnist" && !(o.quick && s > 1)) {
           const double ips = FullRun(*model, s);
@@ -264,7 +303,7 @@ int Main(int argc, char** argv) {
   std::printf("\ndevice: %s\n%-6s %-5s %-9s %4s %-11s %10s %12s %14s\n", device.str().c_str(),
               "config", "model", "image", "S", "method", "images/s", "ms/step", "KV bytes/seq");
   for (const Record& r : records) {
-    if (r.method == "step") continue;
+    if (r.method == "step" || r.method == "step_graph") continue;
     std::printf("%-6s %-5s %-9s %4lld %-11s %10.3f %12.3f %14lld\n", r.model.c_str(),
                 r.attention.c_str(), r.image.c_str(), static_cast<long long>(r.streams),
                 r.method.c_str(), r.images_per_second, r.step_seconds * 1e3,
@@ -282,11 +321,17 @@ int Main(int argc, char** argv) {
   for (const std::string& which : configs) {
     for (const char* att : {"KARM", "ARM"}) {
       for (int64_t s : streams) {
-        std::string line = absl::StrFormat("  %-6s %-5s S=%-3d", which, att, s);
-        for (const Record& r : records)
-          if (r.model == which && r.attention == att && r.streams == s && r.method == "step")
-            line += absl::StrFormat(" %d:%.2f", r.position, r.step_seconds * 1e3);
-        std::printf("%s\n", line.c_str());
+        for (const char* method : {"step", "step_graph"}) {
+          std::string line = absl::StrFormat("  %-6s %-5s S=%-3d%s", which, att, s,
+                                             method == std::string("step") ? "" : " graph");
+          bool any = false;
+          for (const Record& r : records)
+            if (r.model == which && r.attention == att && r.streams == s && r.method == method) {
+              line += absl::StrFormat(" %d:%.2f", r.position, r.step_seconds * 1e3);
+              any = true;
+            }
+          if (any) std::printf("%s\n", line.c_str());
+        }
       }
     }
   }
@@ -298,6 +343,15 @@ int Main(int argc, char** argv) {
       if (k && a)
         std::printf("  %-6s S=%-3lld KARM / ARM images/s (integrated): %.2fx\n", which.c_str(),
                     static_cast<long long>(s), k->images_per_second / a->images_per_second);
+      const Record* kg = find(which, "KARM", s, "integ_graph");
+      if (kg && k)
+        std::printf("  %-6s S=%-3lld KARM CUDA graph / eager images/s (integrated): %.2fx\n",
+                    which.c_str(), static_cast<long long>(s),
+                    kg->images_per_second / k->images_per_second);
+      if (kg && a)
+        std::printf("  %-6s S=%-3lld KARM (CUDA graph) / ARM images/s (integrated): %.2fx\n",
+                    which.c_str(), static_cast<long long>(s),
+                    kg->images_per_second / a->images_per_second);
       const Record* kf = find(which, "KARM", s, "full");
       const Record* af = find(which, "ARM", s, "full");
       if (kf && af)
@@ -324,17 +378,20 @@ int Main(int argc, char** argv) {
     // ring for KARM, the full prefix for ARM) and the weights once; per second of step time.
     for (const char* att : {"KARM", "ARM"}) {
       for (int64_t s : streams) {
-        const Record* last = nullptr;
-        for (const Record& r : records)
-          if (r.model == which && r.attention == att && r.streams == s && r.method == "step")
-            last = &r;
-        if (last == nullptr) continue;
-        const double bytes =
-            static_cast<double>(s) * last->kv_bytes_per_sequence + param_bytes[which + att];
-        std::printf("  %-6s %-4s S=%-3lld step at position %lld reads %.1f MB: %.1f GB/s\n",
-                    which.c_str(), att, static_cast<long long>(s),
-                    static_cast<long long>(last->position), bytes / 1e6,
-                    bytes / last->step_seconds / 1e9);
+        for (const char* method : {"step", "step_graph"}) {
+          const Record* last = nullptr;
+          for (const Record& r : records)
+            if (r.model == which && r.attention == att && r.streams == s && r.method == method)
+              last = &r;
+          if (last == nullptr) continue;
+          const double bytes =
+              static_cast<double>(s) * last->kv_bytes_per_sequence + param_bytes[which + att];
+          std::printf("  %-6s %-4s S=%-3lld %sstep at position %lld reads %.1f MB: %.1f GB/s\n",
+                      which.c_str(), att, static_cast<long long>(s),
+                      method == std::string("step") ? "" : "graphed ",
+                      static_cast<long long>(last->position), bytes / 1e6,
+                      bytes / last->step_seconds / 1e9);
+        }
       }
     }
     if (which == "cifar") {

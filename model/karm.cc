@@ -194,31 +194,32 @@ ArmPackedWeights Arm::PackForDecode() const {
 at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
                            const at::Tensor& slots, ArmKvCache* cache,
                            const ArmPackedWeights* packed) const {
+  // u, positions and slots live on the host; the model's device gets copies (asynchronous
+  // from pinned buffers), made once for every layer.
+  auto index = DecodeIndex::Create(slots, positions, cache->slots(), device());
+  TORCH_CHECK(index.ok(), index.status().ToString());
+  return DecodeStep(u.to(device(), /*non_blocking=*/true), *index, cache, packed);
+}
+
+at::Tensor Arm::DecodeStep(const at::Tensor& u_device, const DecodeIndex& index, ArmKvCache* cache,
+                           const ArmPackedWeights* packed) const {
   at::NoGradGuard no_grad;
-  const int64_t s = u.size(0), h = config_.heads, dh = config_.width / h;
+  const int64_t s = index.size(), h = config_.heads, dh = config_.width / h;
   const bool krause = config_.attention == "krause";
-  // u, positions and slots live on the host (the loops below read them); the model's device
-  // gets copies (asynchronous from pinned buffers).
   const at::Device dev = device();
-  // The Krause layers share one validated index of slots and positions, uploaded once per step.
-  DecodeIndex index;
-  if (krause) {
-    auto made = DecodeIndex::Create(slots, positions, cache->ring(0).slots(), dev);
-    TORCH_CHECK(made.ok(), made.status().ToString());
-    index = std::move(made).value();
-  }
-  const at::Tensor pos_d =
-      krause ? index.device_positions() : positions.to(dev, /*non_blocking=*/true);
-  at::Tensor x = Embed(u.to(dev, true)) + params_.Get("pos_emb.weight").index_select(0, pos_d);
-  const auto pos = positions.accessor<int64_t, 1>();
-  const auto slot = slots.accessor<int64_t, 1>();
+  TORCH_CHECK(u_device.dim() == 1 && u_device.size(0) == s && u_device.device() == dev,
+              "u must have shape [S] = [", s, "] on ", dev.str());
+  const at::Tensor& pos_d = index.device_positions();
+  at::Tensor x = Embed(u_device) + params_.Get("pos_emb.weight").index_select(0, pos_d);
+  const auto pos = index.host_positions().accessor<int64_t, 1>();
+  const auto slot = index.host_slots().accessor<int64_t, 1>();
   // The batched ARM path (no packed linear layers): what every layer shares, made once per step.
   const bool packed_linears = packed != nullptr && packed->linears_packed();
   const bool batched_softmax = !krause && !packed_linears;
   at::Tensor slots_d, later;  // later: [S, 1, 1, L], true beyond each sequence's own position
   int64_t longest = 0;
   if (batched_softmax) {
-    slots_d = slots.to(dev, true);
+    slots_d = index.device_slots();
     for (int64_t i = 0; i < s; ++i) longest = std::max(longest, pos[i] + 1);
     later =
         at::arange(longest, pos_d.options()).view({1, 1, 1, longest}) > pos_d.view({s, 1, 1, 1});
@@ -258,8 +259,9 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
       using at::indexing::Slice;
       cache->keys(l).index_put_({slots_d, Slice(), pos_d}, k);
       cache->values(l).index_put_({slots_d, Slice(), pos_d}, v);
-      const at::Tensor kp = cache->keys(l).index_select(0, slots_d).narrow(2, 0, longest);
-      const at::Tensor vp = cache->values(l).index_select(0, slots_d).narrow(2, 0, longest);
+      // Only positions 0..longest-1 of the batch's slots are gathered (not the whole length).
+      const at::Tensor kp = cache->keys(l).narrow(2, 0, longest).index_select(0, slots_d);
+      const at::Tensor vp = cache->values(l).narrow(2, 0, longest).index_select(0, slots_d);
       const at::Tensor w = at::softmax(
           (at::matmul(q.unsqueeze(2), kp.transpose(2, 3)) * scale).masked_fill(later, -INFINITY),
           -1);                             // [S, H, 1, L]

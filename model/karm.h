@@ -86,6 +86,11 @@ class Arm {
   // linear layers and, for the ARM, one masked attention over the whole batch.
   at::Tensor DecodeStep(const at::Tensor& u, const at::Tensor& positions, const at::Tensor& slots,
                         ArmKvCache* cache, const ArmPackedWeights* packed = nullptr) const;
+  // The same with the tokens already on the model's device (u_device [S] int64) and the slots
+  // and positions as a DecodeIndex made for `cache` on that device. With `packed` scales, a KARM
+  // step on a GPU reads nothing back to the host: what a CUDA graph captures (decode_graphs.h).
+  at::Tensor DecodeStep(const at::Tensor& u_device, const DecodeIndex& index, ArmKvCache* cache,
+                        const ArmPackedWeights* packed = nullptr) const;
   // Packs the current weights for DecodeStep (call again after loading new weights): linear
   // layers on the CPU only, the Krause layers' scales on any device.
   ArmPackedWeights PackForDecode() const;

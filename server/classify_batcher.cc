@@ -58,6 +58,7 @@ void ClassifyBatcher::Loop() {
   // The model's device: on a GPU the batcher's own CUDA stream, and a pinned staging buffer
   // for the uploads (the images of a batch are gathered into it, then copied asynchronously).
   const DeviceContext ctx{at::Device(device_)};
+  ctx.WaitForDefaultStream();  // the model's upload and conversion ran there
   const std::shared_ptr<void> stream = ctx.Enter();
   const c10::InferenceMode inference;
   at::Tensor staging;

@@ -23,6 +23,9 @@ ABSL_FLAG(std::string, models_dir, "models",
 ABSL_FLAG(std::string, device, "cpu",
           "device of the bundled models: cpu, cuda or cuda:N (with --manifest each model sets its "
           "own \"device\")");
+ABSL_FLAG(bool, cuda_graphs, false,
+          "bundled generators on a GPU: replay the KARM decode step as CUDA graphs (with "
+          "--manifest each model sets its own \"cuda_graphs\")");
 ABSL_FLAG(int32_t, threads, 0, "LibTorch intra-op threads (0: all cores)");
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20, "largest request or response message in bytes");
 ABSL_FLAG(
@@ -74,6 +77,7 @@ int main(int argc, char** argv) {
   o.manifest = absl::GetFlag(FLAGS_manifest);
   o.models_dir = absl::GetFlag(FLAGS_models_dir);
   o.device = absl::GetFlag(FLAGS_device);
+  o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);

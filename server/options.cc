@@ -38,16 +38,10 @@ absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
   const nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("models") || !j["models"].is_array())
     return absl::InvalidArgumentError("manifest: expected a JSON object {\"models\": [...]}");
-  static const std::set<std::string> kKeys = {"name",
-                                              "checkpoint",
-                                              "device",
-                                              "default",
-                                              "max_batch_size",
-                                              "max_queue_delay_ms",
-                                              "max_queued_images",
-                                              "max_sequences",
-                                              "max_waiting",
-                                              "max_images_per_request"};
+  static const std::set<std::string> kKeys = {
+      "name",          "checkpoint",     "cuda_graphs",           "device",
+      "default",       "max_batch_size", "max_queue_delay_ms",    "max_queued_images",
+      "max_sequences", "max_waiting",    "max_images_per_request"};
   std::vector<ModelSpec> specs;
   std::set<std::string> names;
   for (size_t i = 0; i < j["models"].size(); ++i) {
@@ -70,6 +64,7 @@ absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
       s.max_queued_images = m.value("max_queued_images", s.max_queued_images);
       s.max_sequences = m.value("max_sequences", s.max_sequences);
       s.max_waiting = m.value("max_waiting", s.max_waiting);
+      s.cuda_graphs = m.value("cuda_graphs", s.cuda_graphs);
       s.max_images_per_request = m.value("max_images_per_request", s.max_images_per_request);
     } catch (const std::exception& e) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": ", e.what()));

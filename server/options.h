@@ -8,7 +8,8 @@
 //      "max_batch_size": 64, "max_queue_delay_ms": 5, "max_queued_images": 1024,
 //      "max_images_per_request": 64},
 //     {"name": "fmnist-karm", "checkpoint": "models/karm_fmnist.safetensors",
-//      "max_sequences": 64, "max_waiting": 256, "max_images_per_request": 16}]}
+//      "max_sequences": 64, "max_waiting": 256, "max_images_per_request": 16,
+//      "cuda_graphs": false}]}
 // Relative checkpoint paths are resolved against the manifest's folder. Unknown keys are an
 // error (a typo must not silently change a limit).
 #pragma once
@@ -33,6 +34,7 @@ struct ModelSpec {
   // Generators: the decode engine.
   int64_t max_sequences = 64;  // cache slots (concurrent sequences in one decode step)
   int64_t max_waiting = 256;   // images waiting for a slot; beyond, UNAVAILABLE
+  bool cuda_graphs = false;    // a KARM on a GPU: replay its decode step as CUDA graphs
   // Images per Classify / Generate / Score request (0: max_batch_size for classifiers, 16 for
   // generators).
   int64_t max_images_per_request = 0;
@@ -43,6 +45,7 @@ struct ServerOptions {
   std::string manifest;                  // empty: the bundled models in `models_dir`
   std::string models_dir = "models";
   std::string device = "cpu";            // the bundled models' device (a manifest sets its own)
+  bool cuda_graphs = false;              // the bundled generators' "cuda_graphs"
   int threads = 0;                       // LibTorch intra-op threads (0: all cores)
   int64_t max_message_bytes = 64 << 20;  // largest request and response message
   double drain_seconds = 20;             // SIGTERM: how long in-flight calls may finish

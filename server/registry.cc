@@ -85,6 +85,7 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Load(const std::vector<Model
       GeneratorOptions g;
       g.engine.max_sequences = spec.max_sequences;
       g.max_waiting = spec.max_waiting;
+      g.engine.cuda_graphs = spec.cuda_graphs;
       std::function<void(const DecodeEvent&)> on_step;
       if (hooks.on_decode_step)
         on_step = [f = hooks.on_decode_step, name](const DecodeEvent& s) { f(name, s); };

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <tuple>
+#include <vector>
 
 #include "model/attention/decode.h"
 #include "model/attention/krause_attention.h"
@@ -35,14 +36,14 @@ std::vector<Case> Cases() {
 class CudaParity : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(CudaParity, MatchesReference) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  KRAUSE_SKIP_WITHOUT_CUDA();
   const auto [index, exact] = GetParam();
   const Case c = Cases()[index];
   at::Generator gen = at::detail::createCPUGenerator(1234 + index);
   // exact: quantised inputs (scores exact in fp32, so kept sets and ranks must match exactly,
   // ties included); else Gaussian inputs within the tolerance.
   auto make = [&](at::IntArrayRef shape) {
-    return exact ? QuantizedTensor(shape, 3, gen) : GaussianTensor(shape, 1.0, gen);
+    return exact ? QuantizedTensor(shape, 3, gen) : GaussianTensor(shape, 0.3, gen);
   };
   const at::Tensor q = make({2, 3, c.n, c.d}), k = make({2, 3, c.n, c.d}),
                    v = make({2, 3, c.n, c.d});
@@ -72,13 +73,26 @@ TEST_P(CudaParity, MatchesReference) {
   EXPECT_TRUE(at::equal(a.out, got.out)) << c.name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, CudaParity,
-                         ::testing::Combine(::testing::Range(0, 8), ::testing::Bool()));
+// Every case with exact inputs; the Gaussian family only where k < 64: with ~200 candidates a
+// row's k-th and (k+1)-th Gaussian scores are close enough that the reference's and the
+// kernel's roundings (~1e-6 apart) may keep different sets, which moves the output far beyond
+// the tolerance without either being wrong (the CPU parity test draws the same line).
+std::vector<std::tuple<int, bool>> ParityParams() {
+  std::vector<std::tuple<int, bool>> params;
+  const std::vector<Case> cases = Cases();
+  for (int i = 0; i < static_cast<int>(cases.size()); ++i) {
+    params.emplace_back(i, true);
+    if (cases[i].top_k < 64) params.emplace_back(i, false);
+  }
+  return params;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaParity, ::testing::ValuesIn(ParityParams()));
 
 // The CUDA decode step against the CPU decode step (itself bit-equal to the fused prefill): three
 // sequences joining at different steps, across several ring wraps, k > W included.
 TEST(CudaDecode, MatchesTheCpuDecodeStepAcrossTheRingWrap) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  KRAUSE_SKIP_WITHOUT_CUDA();
   const int64_t slots = 3, h = 2, d = 16;
   const at::Device dev(at::kCUDA);
   for (const auto& [window, top_k] :

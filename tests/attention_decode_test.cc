@@ -203,6 +203,19 @@ TEST(DecodeStep, AnIndexMustFitTheStepAndTheCache) {
   EXPECT_THAT(StatusOf(KrauseDecodeStep(x, x, x, ls, 2, *other, &cache)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("index was made for")));
   EXPECT_TRUE(at::equal(cache.keys_t(), before));
+  // Adopting device copies: they must match the host values' shape and be int64.
+  const at::Tensor sl = at::tensor({0, 1}, at::kLong), po = at::tensor({0, 0}, at::kLong);
+  KRAUSE_ASSERT_OK_AND_ASSIGN(const DecodeIndex adopted,
+                              DecodeIndex::Adopt(sl, po, 2, sl.clone(), po.clone()));
+  EXPECT_EQ(adopted.size(), 2);
+  KRAUSE_ASSERT_OK_AND_ASSIGN(at::Tensor out, KrauseDecodeStep(x, x, x, ls, 2, adopted, &cache));
+  EXPECT_EQ(out.sizes(), x.sizes());
+  EXPECT_THAT(DecodeIndex::Adopt(sl, po, 2, at::tensor({0}, at::kLong), po).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("device_slots")));
+  EXPECT_THAT(DecodeIndex::Adopt(sl, po, 2, sl, po.to(at::kInt)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("device_positions")));
+  EXPECT_THAT(DecodeIndex::Adopt(at::tensor({0, 5}, at::kLong), po, 2, sl, po).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slots[1] = 5")));
   // The index's own checks.
   EXPECT_THAT(DecodeIndex::Create(at::tensor({0, 1}, at::kLong), at::tensor({0}, at::kLong), 2, cpu)
                   .status(),

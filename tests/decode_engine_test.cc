@@ -221,6 +221,31 @@ TEST(DecodeEngine, BadRequestsAreRejectedByField) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("holds no sequence")));
 }
 
+// CUDA graphs apply to a KARM on a GPU only: on the CPU the engine ignores the option (and keeps
+// its batch-invariant images), and DecodeGraphs says why and steps eagerly.
+TEST(DecodeEngine, CudaGraphsStayOffOnTheCpu) {
+  const Arm m = Arm::Create(TinyConfig("krause", true), 3).value();
+  EXPECT_FALSE(DecodeGraphs::Supported(m));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(auto engine, DecodeEngine::Create(&m, EngineOptions{2, 0, true}));
+  EXPECT_EQ(engine->graphs(), nullptr);
+
+  auto eager_cache = ArmKvCache::Create(m.config(), 2).value();
+  auto graph_cache = ArmKvCache::Create(m.config(), 2).value();
+  const ArmPackedWeights packed = m.PackForDecode();
+  DecodeGraphs graphs(&m, &graph_cache, &packed, 2);
+  EXPECT_FALSE(graphs.enabled());
+  EXPECT_THAT(graphs.reason(), HasSubstr("GPU"));
+  const at::Tensor u = at::tensor({7, 9}, at::kLong), pos = at::tensor({0, 0}, at::kLong),
+                   slots = at::tensor({1, 0}, at::kLong);
+  at::NoGradGuard no_grad;
+  for (int step = 0; step < 3; ++step) {
+    EXPECT_TRUE(at::equal(graphs.Step(u, pos + step, slots),
+                          m.DecodeStep(u, pos + step, slots, &eager_cache, &packed)));
+  }
+  EXPECT_EQ(graphs.eager_steps(), 3);
+  EXPECT_EQ(graphs.replays(), 0);
+}
+
 TEST(Scoring, BitsPerDimMatchesTheModelAndRejectsBadImages) {
   KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(TinyConfig("krause", true), 10));
   const at::Tensor imgs = at::randint(0, 256, {3, 20}, at::kLong);

@@ -4,12 +4,17 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "model/engine/decode_engine.h"
+#include "model/engine/decode_graphs.h"
+#include "model/engine/device_context.h"
 #include "model/engine/kv_cache.h"
 #include "model/karm.h"
+#include "test_util.h"
 
 namespace krause::testing {
 namespace {
@@ -45,7 +50,7 @@ class EngineCuda : public ::testing::TestWithParam<std::string> {};
 // Teacher-forced incremental decoding: prefill prompts of different lengths into different slots,
 // then decode steps over all sequences at once; the GPU logits follow the CPU's.
 TEST_P(EngineCuda, PrefillAndDecodeStepsMatchTheCpu) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  KRAUSE_SKIP_WITHOUT_CUDA();
   Pair m = MakePair(GetParam());
   const ArmConfig& c = m.cpu.config();
   const int64_t n = c.seq_len(), seqs = 3;
@@ -80,7 +85,7 @@ TEST_P(EngineCuda, PrefillAndDecodeStepsMatchTheCpu) {
 // The engine on the GPU: images come out whole, prompts are kept, the same requests give the
 // same images again, and every slot is free at the end.
 TEST_P(EngineCuda, EngineGeneratesReproduciblyAndFreesSlots) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  KRAUSE_SKIP_WITHOUT_CUDA();
   Pair m = MakePair(GetParam());
   const int64_t n = m.gpu.config().seq_len();
   auto run = [&](int64_t requests) {
@@ -112,8 +117,93 @@ TEST_P(EngineCuda, EngineGeneratesReproduciblyAndFreesSlots) {
   }
 }
 
+// CUDA graphs of the KARM decode step replay the eager step's bits (same kernels, same shapes),
+// through captures for several batch sizes; the ARM gets none.
+TEST_P(EngineCuda, GraphedDecodeStepsGiveTheEagerBits) {
+  KRAUSE_SKIP_WITHOUT_CUDA();
+  Pair m = MakePair(GetParam());
+  const bool krause = GetParam() == "krause";
+  EXPECT_EQ(DecodeGraphs::Supported(m.gpu), krause);
+  EXPECT_FALSE(DecodeGraphs::Supported(m.cpu));
+  if (!krause) return;
+  const ArmConfig& c = m.gpu.config();
+  const at::Device dev(at::kCUDA);
+  auto eager_cache = ArmKvCache::Create(c, 4, dev).value();
+  auto graph_cache = ArmKvCache::Create(c, 4, dev).value();
+  const ArmPackedWeights packed = m.gpu.PackForDecode();
+  DecodeGraphs graphs(&m.gpu, &graph_cache, &packed, 4);
+  ASSERT_TRUE(graphs.enabled()) << graphs.reason();
+  // As in the engine: the steps run on a stream of their own (captures need one).
+  const DeviceContext ctx(dev);
+  ctx.WaitForDefaultStream();
+  const std::shared_ptr<void> scope = ctx.Enter();
+  at::manual_seed(3);
+  const int64_t n = c.seq_len();
+  const at::Tensor tokens = at::randint(0, 256, {3, n}, at::kLong);
+  const std::vector<int64_t> slot = {2, 0, 3};
+  // Sequence i joins at step i, so the batch sizes run 1, 2, 3, ..., 3, 2, 1: each is captured
+  // at its second step; 3 is replayed many times.
+  int64_t unequal_steps = 0;
+  double worst = 0;
+  for (int64_t step = 0; step < n + 2; ++step) {
+    std::vector<int64_t> u, pos, sl;
+    for (int64_t i = 0; i < 3; ++i) {
+      const int64_t p = step - i;
+      if (p < 0 || p >= n) continue;
+      u.push_back(tokens[i][p].item<int64_t>());
+      pos.push_back(p);
+      sl.push_back(slot[i]);
+    }
+    const at::Tensor ut = at::tensor(u, at::kLong), pt = at::tensor(pos, at::kLong),
+                     st = at::tensor(sl, at::kLong);
+    const at::Tensor eager = m.gpu.DecodeStep(ut, pt, st, &eager_cache, &packed).cpu();
+    const at::Tensor graphed = graphs.Step(ut, pt, st).cpu();
+    ASSERT_EQ(graphed.sizes(), eager.sizes()) << "step " << step;
+    if (!at::equal(eager, graphed)) ++unequal_steps;
+    worst = std::max(worst, (eager - graphed).abs().max().item<double>());
+  }
+  EXPECT_EQ(unequal_steps, 0) << "steps whose graphed logits differ from the eager ones";
+  EXPECT_LT(worst, 1e-4) << "largest logit difference";
+  EXPECT_TRUE(graphs.enabled()) << graphs.reason();
+  EXPECT_EQ(graphs.graphs(), 3);
+  EXPECT_GT(graphs.replays(), n - 10);
+  for (int64_t l = 0; l < c.depth; ++l) {
+    EXPECT_TRUE(at::equal(eager_cache.ring(l).keys_t(), graph_cache.ring(l).keys_t())) << l;
+    EXPECT_TRUE(at::equal(eager_cache.ring(l).values(), graph_cache.ring(l).values())) << l;
+  }
+}
+
+// The engine with graphs gives the images of the engine without (same requests, same order).
+TEST_P(EngineCuda, EngineWithGraphsGivesTheSameImages) {
+  KRAUSE_SKIP_WITHOUT_CUDA();
+  Pair m = MakePair(GetParam());
+  auto run = [&](bool graphs) {
+    auto engine = DecodeEngine::Create(&m.gpu, EngineOptions{4, 0, graphs}).value();
+    EXPECT_EQ(engine->graphs() != nullptr, graphs && GetParam() == "krause");
+    std::vector<std::vector<uint8_t>> images(6);
+    for (int64_t i = 0; i < 6; ++i) {
+      GenerationRequest r;
+      r.sampling.seed = 300 + i;
+      r.on_done = [&images, i](absl::Status st, std::vector<uint8_t> px) {
+        EXPECT_TRUE(st.ok()) << st;
+        images[i] = std::move(px);
+      };
+      EXPECT_TRUE(engine->Submit(std::move(r)).ok());
+    }
+    while (engine->Busy()) engine->Step();
+    if (engine->graphs() != nullptr) {
+      EXPECT_TRUE(engine->graphs()->enabled()) << engine->graphs()->reason();
+      EXPECT_GT(engine->graphs()->replays(), 0);
+    }
+    EXPECT_EQ(engine->pool().in_use(), 0);
+    return images;
+  };
+  const auto eager = run(false), graphed = run(true);
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(eager[i], graphed[i]) << "request " << i;
+}
+
 TEST_P(EngineCuda, ScoringMatchesTheCpu) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  KRAUSE_SKIP_WITHOUT_CUDA();
   Pair m = MakePair(GetParam());
   at::manual_seed(5);
   const at::Tensor images = at::randint(0, 256, {3, m.cpu.config().seq_len()}, at::kLong);

@@ -839,6 +839,22 @@ TEST(ServerStart, ModelDevicesAreCheckedAtLoad) {
   ASSERT_TRUE(bundled.ok()) << bundled.status();
   ASSERT_FALSE(bundled->empty());
   for (const server::ModelSpec& spec : *bundled) EXPECT_EQ(spec.device, "cuda:1") << spec.name;
+  // "cuda_graphs" is a generator's option (a bool); on the CPU it changes nothing.
+  auto graphs = server::ParseManifest(
+      R"({"models": [{"name": "g", "checkpoint": "karm.safetensors", "cuda_graphs": true}]})",
+      models.dir);
+  ASSERT_TRUE(graphs.ok()) << graphs.status();
+  EXPECT_TRUE((*graphs)[0].cuda_graphs);
+  auto not_bool = server::ParseManifest(
+      R"({"models": [{"name": "g", "checkpoint": "karm.safetensors", "cuda_graphs": "yes"}]})",
+      models.dir);
+  EXPECT_EQ(not_bool.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(not_bool.status().message()), ::testing::HasSubstr("models[0]"));
+  WriteText(
+      models.dir + "/graphs.json",
+      R"({"models": [{"name": "g", "checkpoint": "karm.safetensors", "cuda_graphs": true}]})");
+  auto started = server::KrauseServer::Start(LoopbackOptions(models.dir + "/graphs.json"));
+  EXPECT_TRUE(started.ok()) << started.status();
   std::filesystem::remove_all(models.dir);
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "absl/status/status.h"
@@ -36,6 +37,18 @@ inline const absl::Status& StatusOf(const absl::Status& s) { return s; }
   lhs = std::move(KRAUSE_CONCAT_T_(sor_, __LINE__)).value()
 #define KRAUSE_CONCAT_T_(a, b) KRAUSE_CONCAT_T2_(a, b)
 #define KRAUSE_CONCAT_T2_(a, b) a##b
+
+// GPU tests skip without a CUDA device, unless KRAUSE_REQUIRE_CUDA is set (the device check sets
+// it, so that a machine whose GPU LibTorch cannot see fails instead of passing on skips).
+#define KRAUSE_SKIP_WITHOUT_CUDA()                                               \
+  do {                                                                           \
+    if (!at::hasCUDA()) {                                                        \
+      if (std::getenv("KRAUSE_REQUIRE_CUDA") != nullptr) {                       \
+        FAIL() << "KRAUSE_REQUIRE_CUDA is set but LibTorch sees no CUDA device"; \
+      }                                                                          \
+      GTEST_SKIP() << "no CUDA device";                                          \
+    }                                                                            \
+  } while (0)
 
 // Values that are multiples of 1/4 in [-0.5, 0.5], times 2^scale_log2. Dot products and squared
 // norms of such vectors are exact in fp32 (d <= 64), so every implementation ranks candidates

@@ -126,6 +126,31 @@ absl::StatusOr<DecodeIndex> DecodeIndex::Create(const at::Tensor& slots,
   }
 }
 
+absl::StatusOr<DecodeIndex> DecodeIndex::Adopt(const at::Tensor& slots, const at::Tensor& positions,
+                                               int64_t cache_slots, const at::Tensor& device_slots,
+                                               const at::Tensor& device_positions) {
+  RETURN_IF_ERROR(CheckDefined(device_slots, "device_slots"));
+  RETURN_IF_ERROR(CheckDefined(device_positions, "device_positions"));
+  const at::Device device = device_slots.device();
+  // Validates the host values (on a CPU device this also sets the device copies to them).
+  ASSIGN_OR_RETURN(DecodeIndex index, Create(slots, positions, cache_slots, at::Device(at::kCPU)));
+  for (const auto& [t, name] :
+       {std::pair<const at::Tensor&, const char*>{device_slots, "device_slots"},
+        {device_positions, "device_positions"}}) {
+    if (t.dim() != 1 || t.size(0) != index.size() || t.scalar_type() != at::kLong ||
+        t.device() != device || !t.is_contiguous()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " must be a contiguous int64 tensor of shape [S] = [", index.size(),
+                       "] on ", device.str(), ", got ", c10::toString(t.scalar_type()), " ",
+                       ShapeString(t.sizes()), " on ", t.device().str()));
+    }
+  }
+  index.device_ = device;
+  index.device_slots_ = device_slots;
+  index.device_positions_ = device_positions;
+  return index;
+}
+
 absl::StatusOr<DecodeScale> DecodeScale::Create(const at::Tensor& log_sigma, int64_t heads,
                                                 const at::Device& device) {
   try {

@@ -64,6 +64,11 @@ class DecodeIndex {
   // until the step's results are read back).
   static absl::StatusOr<DecodeIndex> Create(const at::Tensor& slots, const at::Tensor& positions,
                                             int64_t cache_slots, const at::Device& device);
+  // The same over device tensors the caller has already filled with these values (a CUDA
+  // graph's fixed inputs: decode_graphs.h): validates the host values, uploads nothing.
+  static absl::StatusOr<DecodeIndex> Adopt(const at::Tensor& slots, const at::Tensor& positions,
+                                           int64_t cache_slots, const at::Tensor& device_slots,
+                                           const at::Tensor& device_positions);
   DecodeIndex() = default;
 
   int64_t size() const { return size_; }

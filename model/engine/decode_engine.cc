@@ -27,13 +27,14 @@ absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(const Arm* mo
   }
   ASSIGN_OR_RETURN(ArmKvCache cache, ArmKvCache::Create(model->config(), slots, model->device()));
   try {  // packing the weights, pinned host buffers
-    return std::unique_ptr<DecodeEngine>(new DecodeEngine(model, std::move(cache), slots));
+    return std::unique_ptr<DecodeEngine>(new DecodeEngine(model, std::move(cache), slots, options));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("cannot set up the decode engine: ", e.what()));
   }
 }
 
-DecodeEngine::DecodeEngine(const Arm* model, ArmKvCache cache, int64_t slots)
+DecodeEngine::DecodeEngine(const Arm* model, ArmKvCache cache, int64_t slots,
+                           const EngineOptions& options)
     : model_(model),
       device_(model->device()),
       packed_(model->PackForDecode()),
@@ -42,7 +43,14 @@ DecodeEngine::DecodeEngine(const Arm* model, ArmKvCache cache, int64_t slots)
       host_pos_(device_.HostBuffer({slots}, at::kLong)),
       host_slots_(device_.HostBuffer({slots}, at::kLong)),
       host_logits_(device_.HostBuffer({slots, 256}, at::kFloat)),
-      pool_(slots) {}
+      pool_(slots) {
+  if (options.cuda_graphs && DecodeGraphs::Supported(*model)) {
+    graphs_ = std::make_unique<DecodeGraphs>(model, &cache_, &packed_, slots);
+  }
+  // The cache's zero fill, the scales and the graphs' buffers were made on the default stream;
+  // the engine's steps run on its own.
+  device_.WaitForDefaultStream();
+}
 
 absl::StatusOr<int64_t> DecodeEngine::Submit(GenerationRequest request) {
   RETURN_IF_ERROR(ValidateSampling(request.sampling));
@@ -129,9 +137,10 @@ at::Tensor DecodeEngine::RunDecodeStep() {
     pos[i] = active_[i]->position;
     slots[i] = active_[i]->slot;
   }
-  const at::Tensor logits =
-      model_->DecodeStep(host_u_.narrow(0, 0, batch), host_pos_.narrow(0, 0, batch),
-                         host_slots_.narrow(0, 0, batch), &cache_, &packed_);
+  const at::Tensor hu = host_u_.narrow(0, 0, batch), hp = host_pos_.narrow(0, 0, batch),
+                   hs = host_slots_.narrow(0, 0, batch);
+  const at::Tensor logits = graphs_ != nullptr ? graphs_->Step(hu, hp, hs)
+                                               : model_->DecodeStep(hu, hp, hs, &cache_, &packed_);
   if (!device_.cuda()) return logits.contiguous();
   // Waits for the step (the copy is ordered after it on the engine's stream).
   return host_logits_.narrow(0, 0, batch).copy_(logits);

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/engine/decode_graphs.h"
 #include "model/engine/device_context.h"
 #include "model/engine/kv_cache.h"
 #include "model/engine/sampling.h"
@@ -58,6 +59,9 @@ struct GenerationRequest {
 struct EngineOptions {
   int64_t max_sequences = 64;   // cache slots
   int64_t max_cache_bytes = 0;  // if > 0, also limits the slots to what fits in these bytes
+  // A KARM on a GPU: replay each step as a CUDA graph per batch size (decode_graphs.h). Ignored
+  // where graphs do not apply (the CPU, the ARM, LibTorch 1.13).
+  bool cuda_graphs = false;
 };
 
 struct StepStats {
@@ -88,6 +92,8 @@ class DecodeEngine {
   const SlotPool& pool() const { return pool_; }
   int64_t bytes_per_sequence() const { return ArmKvCache::BytesPerSequence(model_->config()); }
   const at::Device& device() const { return device_.device(); }
+  // The CUDA graphs of the decode step (null unless EngineOptions::cuda_graphs applied).
+  const DecodeGraphs* graphs() const { return graphs_.get(); }
 
  private:
   struct Sequence {
@@ -99,7 +105,7 @@ class DecodeEngine {
     std::vector<uint8_t> pixels;
   };
 
-  DecodeEngine(const Arm* model, ArmKvCache cache, int64_t slots);
+  DecodeEngine(const Arm* model, ArmKvCache cache, int64_t slots, const EngineOptions& options);
   // The decode step over the active sequences: logits [S, 256] on the host.
   at::Tensor RunDecodeStep();
   absl::Status Admit(Sequence* s);  // prefill into a committed slot
@@ -110,6 +116,7 @@ class DecodeEngine {
   // Batch-invariant linear layers (CPU only) and the Krause layers' scales (any device).
   const ArmPackedWeights packed_;
   ArmKvCache cache_;
+  std::unique_ptr<DecodeGraphs> graphs_;
   // Host staging for one decode step (pinned on a GPU): tokens, positions, slots; logits.
   at::Tensor host_u_, host_pos_, host_slots_, host_logits_;
   SlotPool pool_;

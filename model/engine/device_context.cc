@@ -28,6 +28,12 @@ std::shared_ptr<void> DeviceContext::Enter() const {
   return nullptr;
 }
 
+void DeviceContext::WaitForDefaultStream() const {
+#ifdef KRAUSE_WITH_CUDA
+  if (stream_ != nullptr) c10::cuda::getDefaultCUDAStream(device_.index()).synchronize();
+#endif
+}
+
 at::Tensor DeviceContext::HostBuffer(at::IntArrayRef shape, at::ScalarType type) const {
   return at::empty(shape, at::TensorOptions().dtype(type).pinned_memory(device_.is_cuda()));
 }

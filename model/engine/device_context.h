@@ -25,6 +25,12 @@ class DeviceContext {
   // context's own (CUDA); nothing on the CPU.
   std::shared_ptr<void> Enter() const;
 
+  // Waits (blocking the caller) until the work queued so far on the device's default stream is
+  // done: loading, allocating and filling tensors outside Enter() runs there, and the context's
+  // own stream is not ordered after it. Call once after setting up, before the first Enter()
+  // work. Nothing on the CPU.
+  void WaitForDefaultStream() const;
+
   // A host tensor to stage uploads and downloads in: pinned memory for a CUDA context, ordinary
   // memory otherwise.
   at::Tensor HostBuffer(at::IntArrayRef shape, at::ScalarType type) const;

@@ -2,9 +2,12 @@
 // when KRAUSE_WITH_CUDA (a CUDA-enabled LibTorch); scripts/check-cuda-compile.sh syntax-checks it
 // everywhere else.
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
+#include <map>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -14,23 +17,53 @@
 #include "model/attention/neighbourhood.h"
 
 namespace krause::internal {
+namespace {
+
+struct DeviceCandidates {
+  at::Tensor cand, count;  // int32 [n * width], [n] on the GPU
+  int64_t width = 0;
+};
+
+// The candidate table of (neighbourhood, N) on a GPU, built on the host and uploaded once and
+// kept for the process: a server has one per model and input size, so its prefills do no host
+// work or host-to-device copy for it. Up to kMaxKept tables are kept; beyond, they are built per
+// call. Thread-safe.
+DeviceCandidates CandidatesOn(const Neighbourhood& nb, int64_t n, const at::Device& device) {
+  constexpr size_t kMaxKept = 64;
+  static std::mutex mu;
+  // Never destroyed: GPU tensors must not be freed after the CUDA runtime is torn down at exit.
+  static auto* kept = new std::map<std::string, DeviceCandidates>();
+  const std::string key = absl::StrCat(nb.ToString(), "/", n, "/", device.index());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = kept->find(key); it != kept->end()) return it->second;
+  }
+  const CandidateTable table = BuildCandidateTable(nb, n);
+  TORCH_CHECK(table.width <= cuda::kMaxCandidates, "cuda: at most ", cuda::kMaxCandidates,
+              " candidates per row, got ", table.width);
+  const std::vector<int32_t> cand(table.index.begin(), table.index.end());
+  const std::vector<int32_t> count(table.count.begin(), table.count.end());
+  DeviceCandidates d;
+  d.width = table.width;
+  // Synchronous uploads: complete before any stream uses the tensors.
+  d.cand = at::tensor(cand, at::TensorOptions().dtype(at::kInt)).to(device, false);
+  d.count = at::tensor(count, at::TensorOptions().dtype(at::kInt)).to(device, false);
+  std::lock_guard<std::mutex> lock(mu);
+  if (kept->size() < kMaxKept) kept->emplace(key, d);
+  return d;
+}
+
+}  // namespace
 
 KrauseResult CudaAttention(const AttentionArgs& a, const KrauseOptions& o) {
   const c10::cuda::CUDAGuard guard(a.q.device());
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   const at::Tensor q = a.q.contiguous(), k = a.k.contiguous(), v = a.v.contiguous();
   const auto f32 = q.options();
-  // The candidate table, built on the host once per call (small: N x MaxCandidates).
-  const CandidateTable table = BuildCandidateTable(o.neighbourhood, a.n);
-  TORCH_CHECK(table.width <= cuda::kMaxCandidates, "cuda: at most ", cuda::kMaxCandidates,
-              " candidates per row, got ", table.width);
   TORCH_CHECK(a.head_dim <= 256, "cuda: head dimension at most 256, got ", a.head_dim);
-  std::vector<int32_t> cand(table.index.begin(), table.index.end());
-  std::vector<int32_t> count(table.count.begin(), table.count.end());
-  const at::Tensor cand_d =
-      at::tensor(cand, at::TensorOptions().dtype(at::kInt)).to(q.device(), /*non_blocking=*/false);
-  const at::Tensor count_d =
-      at::tensor(count, at::TensorOptions().dtype(at::kInt)).to(q.device(), /*non_blocking=*/false);
+  const DeviceCandidates table = CandidatesOn(o.neighbourhood, a.n, q.device());
+  const at::Tensor& cand_d = table.cand;
+  const at::Tensor& count_d = table.count;
   at::Tensor bias = at::empty({a.batch, a.heads, a.n}, f32);
   C10_CUDA_CHECK(cuda::KeyBias(k.data_ptr<float>(), a.batch * a.heads * a.n, a.head_dim,
                                bias.data_ptr<float>(), stream));
@@ -67,7 +100,7 @@ at::Tensor CudaDecodeStep(const at::Tensor& q, const at::Tensor& k, const at::Te
                           const at::Tensor& inv_var, int64_t top_k, const DecodeIndex& index,
                           KrauseRingCache* cache, DecodeSelection* selection) {
   const c10::cuda::CUDAGuard guard(q.device());
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   const at::Tensor& slots_d = index.device_slots();
   const at::Tensor& pos_d = index.device_positions();

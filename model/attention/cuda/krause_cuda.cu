@@ -164,7 +164,8 @@ __global__ void KeyBiasKernel(const float* k, int64_t rows, int64_t d, float* bi
 __global__ void PrefillKernel(PrefillArgs a) {
   extern __shared__ unsigned char smem[];
   Row& row = *reinterpret_cast<Row*>(smem);
-  const int64_t i = blockIdx.x, bh = blockIdx.y;  // query row, batch * heads + head
+  // One block per (batch * heads + head, query row), flattened on x (y would cap B * H at 65535).
+  const int64_t i = blockIdx.x % a.n, bh = blockIdx.x / a.n;
   const int64_t h = bh % a.heads;
   const int64_t base = bh * a.n;  // row offset of this (b, h)
   const int c = a.count[i];
@@ -245,8 +246,9 @@ cudaError_t Prefill(const PrefillArgs& a, cudaStream_t stream) {
   cudaError_t e = cudaFuncSetAttribute(PrefillKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem));
   if (e != cudaSuccess) return e;
-  const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(a.batch * a.heads));
-  PrefillKernel<<<grid, kThreads, smem, stream>>>(a);
+  const int64_t blocks = a.n * a.batch * a.heads;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;  // x dimension limit
+  PrefillKernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
