@@ -3,12 +3,14 @@
 //
 //   krause-attention-gpu-bench [--json FILE]
 //
-// Shape of the GPU target: N = 3072, W = 256, k = 192, H = 8, d = 64, B = 1 and 8, fp32.
+// Shape of the GPU target: N = 3072, W = 256, k = 192, H = 8, d = 64, B = 1 and 8, fp32; each
+// CUDA kernel variant (a thread block per row, a warp per row; kAuto takes the warp one here).
 // Dense causal attention is at::scaled_dot_product_attention (LibTorch 2.x) or, on 1.13, the
 // masked matmul-softmax-matmul. Times are medians of CUDA-event-timed runs after warm-up.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -32,7 +34,7 @@ double MedianMs(const std::function<void()>& f, int runs = 20) {
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
-  const cudaStream_t s = at::cuda::getCurrentCUDAStream().stream();
+  const cudaStream_t s = c10::cuda::getCurrentCUDAStream().stream();
   for (int i = 0; i < runs; ++i) {
     cudaEventRecord(a, s);
     f();
@@ -81,7 +83,7 @@ int main(int argc, char** argv) {
   const at::Device dev(at::kCUDA);
   const int64_t n = 3072, w = 256, top_k = 192, h = 8, d = 64;
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("%-4s %12s %12s %8s\n", "B", "krause ms", "dense ms", "ratio");
+  std::printf("%-4s %-6s %12s %12s %8s\n", "B", "kernel", "krause ms", "dense ms", "ratio");
   for (int64_t b : {1, 8}) {
     at::manual_seed(1);
     const auto opts = at::TensorOptions().dtype(at::kFloat).device(dev);
@@ -92,23 +94,31 @@ int main(int argc, char** argv) {
     o.neighbourhood = krause::Neighbourhood::Causal(w);
     o.top_k = top_k;
     o.impl = krause::KrauseImpl::kCuda;
-    bool ok = true;
-    const double kms = MedianMs([&] { ok = ok && krause::KrauseAttention(q, k, v, ls, o).ok(); });
     const double dms = MedianMs([&] { DenseCausal(q, k, v); });
-    if (!ok) {
-      std::fprintf(stderr, "krause-attention-gpu-bench: kCuda failed\n");
-      return 1;
+    for (const auto kernel :
+         {krause::internal::CudaKernel::kBlock, krause::internal::CudaKernel::kWarp}) {
+      const char* name = kernel == krause::internal::CudaKernel::kWarp ? "warp" : "block";
+      krause::internal::SetCudaKernelForTesting(kernel);
+      bool ok = true;
+      const double kms = MedianMs([&] { ok = ok && krause::KrauseAttention(q, k, v, ls, o).ok(); });
+      krause::internal::SetCudaKernelForTesting(krause::internal::CudaKernel::kAuto);
+      if (!ok) {
+        std::fprintf(stderr, "krause-attention-gpu-bench: kCuda (%s) failed\n", name);
+        continue;
+      }
+      std::printf("%-4lld %-6s %12.3f %12.3f %8.2f\n", static_cast<long long>(b), name, kms, dms,
+                  dms / kms);
+      rows.push_back({{"batch", b},
+                      {"kernel", name},
+                      {"n", n},
+                      {"window", w},
+                      {"top_k", top_k},
+                      {"heads", h},
+                      {"head_dim", d},
+                      {"krause_ms", kms},
+                      {"dense_causal_ms", dms},
+                      {"dense_over_krause", dms / kms}});
     }
-    std::printf("%-4lld %12.3f %12.3f %8.2f\n", static_cast<long long>(b), kms, dms, dms / kms);
-    rows.push_back({{"batch", b},
-                    {"n", n},
-                    {"window", w},
-                    {"top_k", top_k},
-                    {"heads", h},
-                    {"head_dim", d},
-                    {"krause_ms", kms},
-                    {"dense_causal_ms", dms},
-                    {"dense_over_krause", dms / kms}});
   }
   if (!json_path.empty()) {
     cudaDeviceProp p{};

@@ -20,10 +20,11 @@ LOGS=${OUT:-$BUILD-logs}
 mkdir -p "$LOGS"
 say() { echo "device-check [$(($(date +%s) - t0)) s]: $*"; }
 left() { echo $((DEADLINE - ($(date +%s) - t0))); }
-# Runs a phase under `timeout` with at most $1 seconds (and no more than what is left).
+# phase CAP NAME LOG COMMAND...: runs COMMAND under `timeout` with at most CAP seconds (and no
+# more than what is left), its output into $LOGS/LOG.
 phase() {
-  local cap=$1 name=$2
-  shift 2
+  local cap=$1 name=$2 log=$LOGS/$3
+  shift 3
   local budget
   budget=$(left)
   # (a CPU rehearsal on a small machine builds far slower: only the deadline applies)
@@ -33,7 +34,7 @@ phase() {
     return 124
   fi
   say "$name: up to $budget s"
-  timeout "$budget" "$@"
+  timeout "$budget" "$@" > "$log" 2>&1
 }
 
 # CPU_REHEARSAL=1 (with TORCH_PREFIX set, e.g. to Debian's LibTorch): the same flow on a machine
@@ -87,37 +88,47 @@ if [ -n "$missing" ]; then
   exit 1
 fi
 
-phase 120 configure cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+phase 120 configure configure.log cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$TORCH_PREFIX${DEPS_PREFIX:+;$DEPS_PREFIX}" \
   -DCMAKE_CXX_FLAGS="$extra_flags" -DKRAUSE_WITH_CUDA=$WITH_CUDA -DKRAUSE_BUILD_SERVER=OFF \
-  -DCMAKE_CUDA_ARCHITECTURES=90 > "$LOGS/configure.log" 2>&1 || { tail -40 "$LOGS/configure.log"; exit 1; }
+  -DCMAKE_CUDA_ARCHITECTURES=90 || { tail -40 "$LOGS/configure.log"; exit 1; }
 # -k 0: one target that fails to build does not stop the others' tests and benchmarks.
 targets=(attention_parity_test attention_validation_test attention_decode_test
   incremental_decode_test decode_engine_test krause-generate-bench)
 [ "$WITH_CUDA" = ON ] && targets=(attention_cuda_test engine_cuda_test krause-attention-gpu-bench
   "${targets[@]}")
-phase 330 build cmake --build "$BUILD" -j "$(nproc)" -- -k 0 "${targets[@]}" > "$LOGS/build.log" 2>&1
+phase 330 build build.log cmake --build "$BUILD" -j "$(nproc)" -- -k 0 "${targets[@]}"
 build_rc=$?
 [ $build_rc -eq 0 ] || grep -E "error|FAILED" -A5 "$LOGS/build.log" | head -60
 t_build=$(date +%s)
 
 # The GPU tests fail (instead of skipping) if LibTorch cannot see the GPU.
 export KRAUSE_REQUIRE_CUDA=1
-phase 150 "gpu tests" ctest --test-dir "$BUILD" -L gpu --timeout 140 \
-  --output-on-failure > "$LOGS/gpu-tests.log" 2>&1
+phase 150 "gpu tests" gpu-tests.log ctest --test-dir "$BUILD" -L gpu --timeout 140 \
+  --output-on-failure
 gpu_rc=$?
 # Prefill: fused Krause vs dense causal attention (SDPA), N 3072, W 256, k 192.
-phase 60 "attention bench" "$BUILD/bin/krause-attention-gpu-bench" --json "$LOGS/attention-gpu.json" \
-  > "$LOGS/attention-bench.log" 2>&1
+phase 60 "attention bench" attention-bench.log "$BUILD/bin/krause-attention-gpu-bench" \
+  --json "$LOGS/attention-gpu.json"
 bench_rc=$?
 # KARM vs ARM generation at the paper's CIFAR-10 size (32x32x3, d 512, 16 layers, W 256, k 192),
 # 1, 200 and 256 sequences, eager and (KARM) CUDA-graphed; the decode step's bytes read per second.
-phase 200 "generate bench" "$BUILD/bin/krause-generate-bench" --device cuda --only cifar \
-  --streams 1,200,256 --json "$LOGS/generate-gpu.json" > "$LOGS/generate-bench.log" 2>&1
+phase 200 "generate bench" generate-bench.log "$BUILD/bin/krause-generate-bench" --device cuda \
+  --only cifar --streams 1,200,256 --json "$LOGS/generate-gpu.json"
 gen_rc=$?
-phase 90 "cpu parity tests" ctest --test-dir "$BUILD" \
+# If the GPU tests failed: once more with the block kernels forced, to tell a fault of the warp
+# kernels (the default where a row fits) from the rest.
+gpu_block_rc=-
+if [ $gpu_rc -ne 0 ]; then
+  export KRAUSE_CUDA_KERNEL=block
+  phase 120 "gpu tests, block kernels forced" gpu-tests-block.log ctest --test-dir "$BUILD" -L gpu \
+    --timeout 110 --output-on-failure
+  gpu_block_rc=$?
+  unset KRAUSE_CUDA_KERNEL
+fi
+phase 90 "cpu parity tests" cpu-tests.log ctest --test-dir "$BUILD" \
   -R "AttentionValidation|AttentionParity|DecodeStep|IncrementalDecode|DecodeEngine" -j "$(nproc)" \
-  --timeout 80 > "$LOGS/cpu-tests.log" 2>&1
+  --timeout 80
 cpu_rc=$?
 
 echo
@@ -126,10 +137,13 @@ say "  build: $((t_build - t0)) s (rc $build_rc)"
 say "  gpu tests: $(grep -E 'tests passed|tests failed' "$LOGS/gpu-tests.log" | tail -1) (rc $gpu_rc)"
 grep -E '\((Failed|Timeout|Not Run|SEGFAULT|Exception|Skipped)\)' "$LOGS/gpu-tests.log" |
   sed 's/^/device-check:    /'
+if [ "$gpu_block_rc" != - ]; then
+  say "  gpu tests with KRAUSE_CUDA_KERNEL=block: $(grep -E 'tests passed|tests failed' "$LOGS/gpu-tests-block.log" | tail -1) (rc $gpu_block_rc)"
+fi
 say "  cpu parity tests against this LibTorch: $(grep -E 'tests passed|tests failed' "$LOGS/cpu-tests.log" | tail -1) (rc $cpu_rc)"
 grep -E '\((Failed|Timeout|Not Run|SEGFAULT|Exception)\)' "$LOGS/cpu-tests.log" |
   sed 's/^/device-check:    /'
-say "  gpu attention bench (rc $bench_rc; N 3072, W 256, k 192, H 8, d 64; ratio = dense causal / krause):"
+say "  gpu attention bench (rc $bench_rc; N 3072, W 256, k 192, H 8, d 64; ratio = dense causal / krause, per kernel):"
 sed 's/^/device-check:    /' "$LOGS/attention-bench.log"
 say "  generate bench (rc $gen_rc; cifar config, KARM vs ARM, engine's step on the GPU):"
 tr '\r' '\n' < "$LOGS/generate-bench.log" | grep -v -E '^\[|^$' | sed 's/^/device-check:    /'

@@ -3,11 +3,13 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "model/attention/decode.h"
 #include "model/attention/krause_attention.h"
+#include "model/attention/neighbourhood.h"
 #include "test_util.h"
 
 namespace krause::testing {
@@ -30,15 +32,29 @@ std::vector<Case> Cases() {
       {"grid_chebyshev_r2", Neighbourhood::Grid(14, 14, 2, GridMetric::kChebyshev, false), 196, 8,
        32},
       {"global", Neighbourhood::Global(), 50, 7, 16},
+      // 300 candidates per row: more than a warp kernel row takes, so kAuto runs the block one.
+      {"global_wide", Neighbourhood::Global(), 300, 40, 16},
   };
 }
 
-class CudaParity : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+// Forces one CUDA kernel variant for a scope.
+class ForceKernel {
+ public:
+  explicit ForceKernel(internal::CudaKernel k) { internal::SetCudaKernelForTesting(k); }
+  ~ForceKernel() { internal::SetCudaKernelForTesting(internal::CudaKernel::kAuto); }
+};
+
+const char* KernelName(internal::CudaKernel k) {
+  return k == internal::CudaKernel::kWarp ? "warp" : "block";
+}
+
+class CudaParity : public ::testing::TestWithParam<std::tuple<int, bool, internal::CudaKernel>> {};
 
 TEST_P(CudaParity, MatchesReference) {
   KRAUSE_SKIP_WITHOUT_CUDA();
-  const auto [index, exact] = GetParam();
+  const auto [index, exact, kernel] = GetParam();
   const Case c = Cases()[index];
+  SCOPED_TRACE(KernelName(kernel));
   at::Generator gen = at::detail::createCPUGenerator(1234 + index);
   // exact: quantised inputs (scores exact in fp32, so kept sets and ranks must match exactly,
   // ties included); else Gaussian inputs within the tolerance.
@@ -57,32 +73,51 @@ TEST_P(CudaParity, MatchesReference) {
   KrauseOptions gpu = ref;
   gpu.impl = KrauseImpl::kCuda;
   const at::Device dev(at::kCUDA);
-  KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseResult got,
-                              KrauseAttention(q.to(dev), k.to(dev), v.to(dev), ls.to(dev), gpu));
+  KrauseResult got;
+  {
+    const ForceKernel force(kernel);
+    KRAUSE_ASSERT_OK_AND_ASSIGN(got,
+                                KrauseAttention(q.to(dev), k.to(dev), v.to(dev), ls.to(dev), gpu));
+  }
   EXPECT_LE(RelativeMaxError(got.out.cpu(), want.out), 1e-5) << c.name;
   if (exact) {
     EXPECT_TRUE(at::equal(got.indices.cpu(), want.indices)) << c.name;
   }
   EXPECT_LE(RelativeMaxError(got.weights.cpu(), want.weights), 1e-5) << c.name;
-  // kAuto picks the CUDA kernels for CUDA fp32 tensors without gradients.
-  KrauseOptions autod = ref;
-  autod.impl = KrauseImpl::kAuto;
-  autod.return_selection = false;
-  KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseResult a,
-                              KrauseAttention(q.to(dev), k.to(dev), v.to(dev), ls.to(dev), autod));
-  EXPECT_TRUE(at::equal(a.out, got.out)) << c.name;
+  // kAuto picks the CUDA kernels for CUDA fp32 tensors without gradients, and of those the
+  // warp kernel where a row fits it.
+  const int64_t width = MaxCandidates(c.nb, c.n);
+  const internal::CudaKernel automatic =
+      width <= 256 ? internal::CudaKernel::kWarp : internal::CudaKernel::kBlock;
+  if (kernel == automatic) {
+    KrauseOptions autod = ref;
+    autod.impl = KrauseImpl::kAuto;
+    autod.return_selection = false;
+    KRAUSE_ASSERT_OK_AND_ASSIGN(
+        KrauseResult a, KrauseAttention(q.to(dev), k.to(dev), v.to(dev), ls.to(dev), autod));
+    EXPECT_TRUE(at::equal(a.out, got.out)) << c.name;
+  }
 }
 
-// Every case with exact inputs; the Gaussian family only where k < 64: with ~200 candidates a
-// row's k-th and (k+1)-th Gaussian scores are close enough that the reference's and the
-// kernel's roundings (~1e-6 apart) may keep different sets, which moves the output far beyond
-// the tolerance without either being wrong (the CPU parity test draws the same line).
-std::vector<std::tuple<int, bool>> ParityParams() {
-  std::vector<std::tuple<int, bool>> params;
+// Every case with exact inputs, for both kernels (the warp one where a row fits); the Gaussian
+// family only where k < 64 and rows have at most 128 candidates: with ~200 candidates a row's
+// k-th and (k+1)-th Gaussian scores are close enough that the reference's and the kernel's
+// roundings (~1e-6 apart) may keep different sets, which moves the output far beyond the
+// tolerance without either being wrong (the CPU parity test draws the same line).
+std::vector<std::tuple<int, bool, internal::CudaKernel>> ParityParams() {
+  std::vector<std::tuple<int, bool, internal::CudaKernel>> params;
   const std::vector<Case> cases = Cases();
   for (int i = 0; i < static_cast<int>(cases.size()); ++i) {
-    params.emplace_back(i, true);
-    if (cases[i].top_k < 64) params.emplace_back(i, false);
+    for (const internal::CudaKernel k :
+         {internal::CudaKernel::kBlock, internal::CudaKernel::kWarp}) {
+      // The warp kernel takes rows of up to 256 candidates.
+      if (k == internal::CudaKernel::kWarp && MaxCandidates(cases[i].nb, cases[i].n) > 256)
+        continue;
+      params.emplace_back(i, true, k);
+      if (cases[i].top_k < 64 && MaxCandidates(cases[i].nb, cases[i].n) <= 128) {
+        params.emplace_back(i, false, k);
+      }
+    }
   }
   return params;
 }
@@ -91,12 +126,15 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaParity, ::testing::ValuesIn(ParityParams()))
 
 // The CUDA decode step against the CPU decode step (itself bit-equal to the fused prefill): three
 // sequences joining at different steps, across several ring wraps, k > W included.
-TEST(CudaDecode, MatchesTheCpuDecodeStepAcrossTheRingWrap) {
+class CudaDecode : public ::testing::TestWithParam<internal::CudaKernel> {};
+
+TEST_P(CudaDecode, MatchesTheCpuDecodeStepAcrossTheRingWrap) {
   KRAUSE_SKIP_WITHOUT_CUDA();
+  const ForceKernel force(GetParam());
   const int64_t slots = 3, h = 2, d = 16;
   const at::Device dev(at::kCUDA);
   for (const auto& [window, top_k] :
-       std::vector<std::pair<int64_t, int64_t>>{{8, 5}, {4, 9}, {128, 96}}) {
+       std::vector<std::pair<int64_t, int64_t>>{{8, 5}, {4, 9}, {128, 96}, {256, 192}}) {
     KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseRingCache cpu, KrauseRingCache::Create(slots, h, d, window));
     KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseRingCache gpu,
                                 KrauseRingCache::Create(slots, h, d, window, dev));
@@ -129,6 +167,13 @@ TEST(CudaDecode, MatchesTheCpuDecodeStepAcrossTheRingWrap) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, CudaDecode,
+                         ::testing::Values(internal::CudaKernel::kBlock,
+                                           internal::CudaKernel::kWarp),
+                         [](const ::testing::TestParamInfo<internal::CudaKernel>& info) {
+                           return std::string(KernelName(info.param));
+                         });
 
 }  // namespace
 }  // namespace krause::testing

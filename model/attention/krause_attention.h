@@ -100,6 +100,11 @@ void SetGridRouteForTesting(GridRoute route);
 KrauseResult FusedCpuAttention(const AttentionArgs& a, const KrauseOptions& o);
 #ifdef KRAUSE_WITH_CUDA
 KrauseResult CudaAttention(const AttentionArgs& a, const KrauseOptions& o);
+// The CUDA kernels' variant (cuda/krause_cuda.h): a thread block or a warp per row. kAuto takes
+// the warp kernel where a row fits it (up to 256 candidates), unless the environment variable
+// KRAUSE_CUDA_KERNEL=block (or warp) says otherwise; tests force each. Prefill and decode alike.
+enum class CudaKernel { kAuto, kBlock, kWarp };
+void SetCudaKernelForTesting(CudaKernel kernel);
 #endif
 
 }  // namespace internal

@@ -5,6 +5,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -18,6 +21,28 @@
 
 namespace krause::internal {
 namespace {
+
+std::atomic<CudaKernel> forced_kernel{CudaKernel::kAuto};
+
+// The variant for this call: forced by a test, else KRAUSE_CUDA_KERNEL (read once), else auto.
+cuda::Variant KernelVariant() {
+  static const CudaKernel from_env = [] {
+    const char* e = std::getenv("KRAUSE_CUDA_KERNEL");
+    if (e != nullptr && std::strcmp(e, "block") == 0) return CudaKernel::kBlock;
+    if (e != nullptr && std::strcmp(e, "warp") == 0) return CudaKernel::kWarp;
+    return CudaKernel::kAuto;
+  }();
+  CudaKernel k = forced_kernel.load();
+  if (k == CudaKernel::kAuto) k = from_env;
+  switch (k) {
+    case CudaKernel::kBlock:
+      return cuda::Variant::kBlock;
+    case CudaKernel::kWarp:
+      return cuda::Variant::kWarp;
+    default:
+      return cuda::Variant::kAuto;
+  }
+}
 
 struct DeviceCandidates {
   at::Tensor cand, count;  // int32 [n * width], [n] on the GPU
@@ -54,6 +79,8 @@ DeviceCandidates CandidatesOn(const Neighbourhood& nb, int64_t n, const at::Devi
 }
 
 }  // namespace
+
+void SetCudaKernelForTesting(CudaKernel kernel) { forced_kernel.store(kernel); }
 
 KrauseResult CudaAttention(const AttentionArgs& a, const KrauseOptions& o) {
   const c10::cuda::CUDAGuard guard(a.q.device());
@@ -92,7 +119,7 @@ KrauseResult CudaAttention(const AttentionArgs& a, const KrauseOptions& o) {
     p.sel_index = r.indices.data_ptr<int64_t>();
     p.sel_weight = r.weights.data_ptr<float>();
   }
-  C10_CUDA_CHECK(cuda::Prefill(p, stream));
+  C10_CUDA_CHECK(cuda::Prefill(p, stream, KernelVariant()));
   return r;
 }
 
@@ -130,7 +157,7 @@ at::Tensor CudaDecodeStep(const at::Tensor& q, const at::Tensor& k, const at::Te
     a.sel_index = selection->indices.data_ptr<int64_t>();
     a.sel_weight = selection->weights.data_ptr<float>();
   }
-  C10_CUDA_CHECK(cuda::DecodeStep(a, stream));
+  C10_CUDA_CHECK(cuda::DecodeStep(a, stream, KernelVariant()));
   return out;
 }
 

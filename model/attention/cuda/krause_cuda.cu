@@ -1,11 +1,17 @@
 // CUDA kernels of Krause attention: see krause_cuda.h for the contract.
 //
-// One thread block per (batch, head, query row) in the prefill and per (sequence, head) in the
-// decode step. The block scores the row's candidates into shared memory, finds the exact k-th
-// largest score by a radix search over the scores' order-preserving bit patterns (32 block-wide
-// counting rounds; the same selection as the CPU kernels), keeps every candidate above it and, of
-// those equal to it, the ones with the largest key index (the tie rule), then runs the softmax
-// over the kept set with the row max subtracted and aggregates V.
+// Two variants of each kernel, the same arithmetic per row:
+// - block: one thread block per (batch, head, query row) in the prefill and per (sequence, head)
+//   in the decode step. The block scores the row's candidates into shared memory, finds the exact
+//   k-th largest score by a radix search over the scores' order-preserving bit patterns (32
+//   block-wide counting rounds; the same selection as the CPU kernels), keeps every candidate
+//   above it and, of those equal to it, the ones with the largest key index (the tie rule), then
+//   runs the softmax over the kept set with the row max subtracted and aggregates V. Rows of up
+//   to kMaxRow candidates.
+// - warp: one warp per row, four rows per block. Each lane scores up to 8 candidates into
+//   registers; the radix search counts with one warp reduction per round and the ties with
+//   ballots, with no block-wide barrier; weights and positions go through the warp's own shared
+//   scratch for the aggregation. Rows of up to kWarpRow candidates (e.g. causal W <= 256).
 #include "model/attention/cuda/krause_cuda.h"
 
 #include <cuda_runtime.h>
@@ -18,6 +24,9 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kMaxHeadDim = 256;
 constexpr int kMaxRow = 2048;  // candidates per row held in shared memory
+constexpr int kPerLane = static_cast<int>(kWarpRow / 32);  // warp kernels: candidates per lane
+constexpr int kWarpsPerBlock = 4;
+constexpr unsigned kFullMask = 0xffffffffu;
 
 // Float -> uint32 with the same order (negative values flipped, positives get the top bit).
 __device__ __forceinline__ uint32_t OrderedBits(float x) {
@@ -230,6 +239,229 @@ __global__ void DecodeKernel(DecodeArgs a) {
   Aggregate(row, c, a.d, vals, a.d, a.window, a.out + in);
 }
 
+// ---- warp-per-row variant ----
+
+// One warp's shared scratch for its row.
+struct WarpRow {
+  alignas(16) float q[kMaxHeadDim];
+  float w[kWarpRow];      // softmax weight per candidate (0: dropped or underflowed)
+  float score[kWarpRow];  // the kept candidates' scores, for their ranks
+  int64_t pos[kWarpRow];  // key position of a kept candidate, -1 for a dropped one
+};
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+// This lane's candidates are ci = lane + 32 u < c (ascending key position in ci), with their
+// scores, ordered bit patterns and positions. Keeps K = min(kept, c) of them with the tie rule
+// and leaves each candidate's softmax weight in row.w (and row.pos / row.score) for the
+// aggregation; optionally writes the selection in rank order.
+__device__ void WarpSelectAndSoftmax(const float (&score)[kPerLane], const uint32_t (&key)[kPerLane],
+                                     const int64_t (&pos)[kPerLane], int c, int kept, WarpRow& row,
+                                     int64_t* sel_index, float* sel_weight, int sel_width) {
+  const int lane = threadIdx.x & 31;
+  const int K = min(kept, c);
+  uint32_t prefix = 0, mask = 0;
+  int need = K;
+  for (int bit = 31; bit >= 0; --bit) {
+    const uint32_t m = mask | (1u << bit), want = prefix | (1u << bit);
+    int local = 0;
+#pragma unroll
+    for (int u = 0; u < kPerLane; ++u) local += (lane + 32 * u < c) && ((key[u] & m) == want);
+    const int cnt = static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(local)));
+    if (cnt >= need) {
+      prefix = want;
+    } else {
+      need -= cnt;
+    }
+    mask = m;
+  }
+  // Keep: above the K-th, or equal to it and among the `need` largest positions of the ties
+  // (ties at a larger ci: later lanes of the same u, and every lane of a larger u).
+  bool keep[kPerLane];
+  int later_ties = 0;
+#pragma unroll
+  for (int u = kPerLane - 1; u >= 0; --u) {
+    const bool valid = lane + 32 * u < c;
+    const bool tie = valid && key[u] == prefix;
+    const unsigned ties = __ballot_sync(kFullMask, tie);
+    const int above = __popc(ties & (0xfffffffeu << lane));
+    keep[u] = valid && (key[u] > prefix || (tie && later_ties + above < need));
+    later_ties += __popc(ties);
+  }
+  float local_max = -INFINITY;
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u)
+    if (keep[u]) local_max = fmaxf(local_max, score[u]);
+  const float mx = WarpMax(local_max);
+  float e[kPerLane];
+  float local_sum = 0;
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u) {
+    e[u] = keep[u] ? __expf(score[u] - mx) : 0.f;
+    local_sum += e[u];
+  }
+  const float sum = WarpSum(local_sum);
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u) {
+    const int ci = lane + 32 * u;
+    if (ci < c) {
+      row.w[ci] = keep[u] ? e[u] / sum : 0.f;
+      row.score[ci] = score[u];
+      row.pos[ci] = keep[u] ? pos[u] : -1;
+    }
+  }
+  __syncwarp();
+  if (sel_index != nullptr) {
+    for (int r = lane; r < sel_width; r += 32) {
+      sel_index[r] = -1;
+      sel_weight[r] = 0.f;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int u = 0; u < kPerLane; ++u) {
+      if (!keep[u]) continue;
+      const int i = lane + 32 * u;
+      int rank = 0;
+      for (int j = 0; j < c; ++j) {
+        if (row.pos[j] < 0 || j == i) continue;
+        rank += row.score[j] > score[u] || (row.score[j] == score[u] && j > i);
+      }
+      sel_index[rank] = pos[u];
+      sel_weight[rank] = e[u] / sum;
+    }
+  }
+}
+
+// out[t] = sum over the candidates of weight * V[row][t] (row = pos % modulo for a ring,
+// pos when modulo is 0), in candidate order: the block variant's sums, term for term.
+__device__ void WarpAggregate(const WarpRow& row, int c, int64_t d, const float* v, int64_t stride,
+                              int64_t modulo, float* out) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t t = lane; t < d; t += 32) {
+    float acc = 0;
+    for (int ci = 0; ci < c; ++ci) {
+      const float w = row.w[ci];
+      if (w == 0.f) continue;
+      const int64_t r = modulo > 0 ? row.pos[ci] % modulo : row.pos[ci];
+      acc = fmaf(w, v[r * stride + t], acc);
+    }
+    out[t] = acc;
+  }
+}
+
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) PrefillWarpKernel(PrefillArgs a) {
+  __shared__ WarpRow rows[kWarpsPerBlock];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // One warp per (batch * heads + head, query row), flattened.
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  if (g >= a.n * a.batch * a.heads) return;  // the whole warp: no block-wide barrier follows
+  const int64_t i = g % a.n, bh = g / a.n;
+  const int64_t h = bh % a.heads;
+  const int64_t base = bh * a.n;
+  WarpRow& row = rows[warp];
+  for (int64_t t = lane; t < a.d; t += 32) row.q[t] = a.q[(base + i) * a.d + t];
+  __syncwarp();
+  const int c = a.count[i];
+  const float s2 = a.inv_sigma2[h];
+  float score[kPerLane];
+  uint32_t key[kPerLane];
+  int64_t pos[kPerLane];
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u) {
+    const int ci = lane + 32 * u;
+    score[u] = 0.f;
+    key[u] = 0;
+    pos[u] = -1;
+    if (ci < c) {
+      const int64_t j = a.cand[i * a.width + ci];
+      const float* kr = a.k + (base + j) * a.d;
+      float dot = 0;
+      if (a.d % 4 == 0) {  // 16-byte loads of the key row; the same fmaf order as below
+        const float4* k4 = reinterpret_cast<const float4*>(kr);
+        const float4* q4 = reinterpret_cast<const float4*>(row.q);
+        for (int64_t t = 0; t < a.d / 4; ++t) {
+          const float4 kv = k4[t], qv = q4[t];
+          dot = fmaf(qv.x, kv.x, dot);
+          dot = fmaf(qv.y, kv.y, dot);
+          dot = fmaf(qv.z, kv.z, dot);
+          dot = fmaf(qv.w, kv.w, dot);
+        }
+      } else {
+        for (int64_t t = 0; t < a.d; ++t) dot = fmaf(row.q[t], kr[t], dot);
+      }
+      score[u] = (dot + a.bias[base + j]) * s2;
+      key[u] = OrderedBits(score[u]);
+      pos[u] = j;
+    }
+  }
+  const int64_t sel = (base + i) * a.kept;
+  WarpSelectAndSoftmax(score, key, pos, c, static_cast<int>(a.kept), row,
+                       a.sel_index ? a.sel_index + sel : nullptr,
+                       a.sel_weight ? a.sel_weight + sel : nullptr, static_cast<int>(a.kept));
+  WarpAggregate(row, c, a.d, a.v + base * a.d, a.d, 0, a.out + (base + i) * a.d);
+}
+
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) DecodeWarpKernel(DecodeArgs a) {
+  __shared__ WarpRow rows[kWarpsPerBlock];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  if (g >= a.seqs * a.heads) return;  // the whole warp
+  const int64_t s = g / a.heads, h = g % a.heads;
+  const int64_t slot = a.slots[s], p = a.positions[s];
+  const int64_t col = p % a.window;
+  const int64_t in = (s * a.heads + h) * a.d;
+  float* keys = a.keys_t + (slot * a.heads + h) * a.d * a.ring_stride;  // [d, ring_stride]
+  float* vals = a.values + (slot * a.heads + h) * a.window * a.d;        // [W, d]
+  float* bias = a.ring_bias + (slot * a.heads + h) * a.ring_stride;
+  WarpRow& row = rows[warp];
+  // Append the new key (transposed), value and bias at column p % W.
+  float local = 0;
+  for (int64_t t = lane; t < a.d; t += 32) {
+    const float kt = a.k[in + t];
+    keys[t * a.ring_stride + col] = kt;
+    vals[col * a.d + t] = a.v[in + t];
+    row.q[t] = a.q[in + t];
+    local = fmaf(kt, kt, local);
+  }
+  const float norm2 = WarpSum(local);
+  if (lane == 0) bias[col] = -0.5f * norm2;
+  __syncwarp();  // the new column is read back by other lanes below
+  const int c = static_cast<int>(a.window < p + 1 ? a.window : p + 1);
+  const int64_t first = p - c + 1;
+  const float s2 = a.inv_sigma2[h];
+  float score[kPerLane];
+  uint32_t key[kPerLane];
+  int64_t pos[kPerLane];
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u) {
+    const int ci = lane + 32 * u;
+    score[u] = 0.f;
+    key[u] = 0;
+    pos[u] = -1;
+    if (ci < c) {
+      const int64_t kpos = first + ci, cc = kpos % a.window;
+      float dot = 0;
+      for (int64_t t = 0; t < a.d; ++t) dot = fmaf(row.q[t], keys[t * a.ring_stride + cc], dot);
+      score[u] = (dot + bias[cc]) * s2;
+      key[u] = OrderedBits(score[u]);
+      pos[u] = kpos;
+    }
+  }
+  const int64_t sel = (s * a.heads + h) * a.kept;
+  WarpSelectAndSoftmax(score, key, pos, c, static_cast<int>(a.kept), row,
+                       a.sel_index ? a.sel_index + sel : nullptr,
+                       a.sel_weight ? a.sel_weight + sel : nullptr, static_cast<int>(a.kept));
+  WarpAggregate(row, c, a.d, vals, a.d, a.window, a.out + in);
+}
+
 }  // namespace
 
 cudaError_t KeyBias(const float* k, int64_t rows, int64_t d, float* bias, cudaStream_t stream) {
@@ -239,9 +471,17 @@ cudaError_t KeyBias(const float* k, int64_t rows, int64_t d, float* bias, cudaSt
   return cudaGetLastError();
 }
 
-cudaError_t Prefill(const PrefillArgs& a, cudaStream_t stream) {
+cudaError_t Prefill(const PrefillArgs& a, cudaStream_t stream, Variant variant) {
   if (a.width > kMaxRow || a.width > kMaxCandidates || a.d > kMaxHeadDim) return cudaErrorInvalidValue;
+  if (variant == Variant::kWarp && a.width > kWarpRow) return cudaErrorInvalidValue;
   if (a.n == 0 || a.batch * a.heads == 0) return cudaSuccess;
+  if (variant == Variant::kWarp || (variant == Variant::kAuto && a.width <= kWarpRow)) {
+    const int64_t warps = a.n * a.batch * a.heads;
+    const int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+    PrefillWarpKernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(a);
+    return cudaGetLastError();
+  }
   const size_t smem = sizeof(Row);
   cudaError_t e = cudaFuncSetAttribute(PrefillKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem));
@@ -252,9 +492,16 @@ cudaError_t Prefill(const PrefillArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t DecodeStep(const DecodeArgs& a, cudaStream_t stream) {
+cudaError_t DecodeStep(const DecodeArgs& a, cudaStream_t stream, Variant variant) {
   if (a.window > kMaxRow || a.d > kMaxHeadDim) return cudaErrorInvalidValue;
+  if (variant == Variant::kWarp && a.window > kWarpRow) return cudaErrorInvalidValue;
   if (a.seqs == 0 || a.heads == 0) return cudaSuccess;
+  if (variant == Variant::kWarp || (variant == Variant::kAuto && a.window <= kWarpRow)) {
+    const int64_t blocks = (a.seqs * a.heads + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+    DecodeWarpKernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(a);
+    return cudaGetLastError();
+  }
   const size_t smem = sizeof(Row);
   cudaError_t e = cudaFuncSetAttribute(DecodeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem));
