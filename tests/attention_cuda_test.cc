@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -123,6 +124,32 @@ std::vector<std::tuple<int, bool, internal::CudaKernel>> ParityParams() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaParity, ::testing::ValuesIn(ParityParams()));
+
+// A key tensor whose data starts 4 bytes past a 16-byte boundary (a contiguous view with a
+// storage offset) must not take the warp kernel's vector loads: same result as an aligned copy.
+TEST(CudaKernels, KeysAtAnOddOffsetGiveTheAlignedResult) {
+  KRAUSE_SKIP_WITHOUT_CUDA();
+  const ForceKernel force(internal::CudaKernel::kWarp);
+  const at::Device dev(at::kCUDA);
+  const int64_t n = 40, d = 16;
+  at::Generator gen = at::detail::createCPUGenerator(9);
+  const at::Tensor q = QuantizedTensor({1, 2, n, d}, 3, gen).to(dev);
+  const at::Tensor v = QuantizedTensor({1, 2, n, d}, 3, gen).to(dev);
+  const at::Tensor k = QuantizedTensor({1, 2, n, d}, 3, gen).to(dev);
+  const at::Tensor storage = at::zeros({2 * n * d + 1}, k.options());
+  storage.narrow(0, 1, 2 * n * d).copy_(k.reshape({-1}));
+  const at::Tensor k_odd = storage.narrow(0, 1, 2 * n * d).view({1, 2, n, d});
+  ASSERT_TRUE(k_odd.is_contiguous());
+  ASSERT_NE(reinterpret_cast<uintptr_t>(k_odd.data_ptr()) % 16, 0u);
+  KrauseOptions o;
+  o.neighbourhood = Neighbourhood::Causal(8);
+  o.top_k = 5;
+  o.impl = KrauseImpl::kCuda;
+  const at::Tensor ls = at::full({2}, std::log(2.5f), k.options());
+  KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseResult aligned, KrauseAttention(q, k, v, ls, o));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseResult odd, KrauseAttention(q, k_odd, v, ls, o));
+  EXPECT_TRUE(at::equal(aligned.out, odd.out));
+}
 
 // The CUDA decode step against the CPU decode step (itself bit-equal to the fused prefill): three
 // sequences joining at different steps, across several ring wraps, k > W included.

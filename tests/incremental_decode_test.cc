@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "model/engine/kv_cache.h"
@@ -56,7 +57,7 @@ TEST_P(IncrementalDecodeTest, MatchesTeacherForcedLogitsAtEveryPosition) {
 
   const ArmPackedWeights packed = m.PackForDecode();
   EXPECT_TRUE(packed.linears_packed());
-  EXPECT_EQ(packed.scales.size(), c.attention == "krause" ? 2u : 0u);
+  EXPECT_EQ(packed.scales.size(), std::string(c.attention) == "krause" ? 2u : 0u);
   // What PackForDecode makes on a GPU: plain linear layers, the Krause layers' scales made once.
   ArmPackedWeights scales_only;
   scales_only.scales = packed.scales;

@@ -371,6 +371,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) PrefillWarpKernel(Prefill
   __syncwarp();
   const int c = a.count[i];
   const float s2 = a.inv_sigma2[h];
+  // Rows of K start 16-byte aligned when K does and d is a multiple of 4 (a view with an odd
+  // storage offset must not take the vector loads: a misaligned load is a sticky CUDA error).
+  const bool vector_loads = a.d % 4 == 0 && (reinterpret_cast<uintptr_t>(a.k) & 15u) == 0;
   float score[kPerLane];
   uint32_t key[kPerLane];
   int64_t pos[kPerLane];
@@ -384,7 +387,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) PrefillWarpKernel(Prefill
       const int64_t j = a.cand[i * a.width + ci];
       const float* kr = a.k + (base + j) * a.d;
       float dot = 0;
-      if (a.d % 4 == 0) {  // 16-byte loads of the key row; the same fmaf order as below
+      if (vector_loads) {  // 16-byte loads of the key row; the same fmaf order as below
         const float4* k4 = reinterpret_cast<const float4*>(kr);
         const float4* q4 = reinterpret_cast<const float4*>(row.q);
         for (int64_t t = 0; t < a.d / 4; ++t) {
