@@ -12,11 +12,11 @@
 //   registers; the radix search counts with one warp reduction per round and the ties with
 //   ballots, with no block-wide barrier; weights and positions go through the warp's own shared
 //   scratch for the aggregation. Rows of up to kWarpRow candidates (e.g. causal W <= 256).
-#include "model/attention/cuda/krause_cuda.h"
-
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "model/attention/cuda/krause_cuda.h"
 
 namespace krause::cuda {
 namespace {
@@ -75,28 +75,43 @@ struct Row {
   int counter;
 };
 
+// Radix search for the K-th largest of a row's ordered keys, one bit a round from the top:
+// count_matching(mask, want) counts the row's keys with (key & mask) == want (every thread of
+// the block or warp gets the same count). Returns that key; *need is how many keys equal to it
+// are among the K largest.
+template <typename CountMatching>
+__device__ __forceinline__ uint32_t KthLargestKey(int K, const CountMatching& count_matching,
+                                                  int* need) {
+  uint32_t prefix = 0, mask = 0;
+  *need = K;
+  for (int bit = 31; bit >= 0; --bit) {
+    const uint32_t m = mask | (1u << bit), want = prefix | (1u << bit);
+    const int cnt = count_matching(m, want);
+    if (cnt >= *need) {
+      prefix = want;
+    } else {
+      *need -= cnt;
+    }
+    mask = m;
+  }
+  return prefix;
+}
+
 // Given row.score / key / pos for c candidates, keeps K = min(kept, c) of them: on return
 // row.score[c] holds the softmax weight of candidate c (0 when not kept). Optionally writes the
 // kept positions and weights in rank order.
 __device__ void SelectAndSoftmax(Row& row, int c, int kept, int64_t* sel_index, float* sel_weight,
                                  int sel_width) {
   const int K = min(kept, c);
-  // Radix search for the K-th largest ordered key: after it, `prefix` is that key and `need`
-  // is how many candidates equal to it must be kept.
-  uint32_t prefix = 0, mask = 0;
-  int need = K;
-  for (int bit = 31; bit >= 0; --bit) {
-    const uint32_t m = mask | (1u << bit), want = prefix | (1u << bit);
-    int local = 0;
-    for (int i = threadIdx.x; i < c; i += kThreads) local += (row.key[i] & m) == want;
-    const int cnt = BlockCount(local, &row.counter);
-    if (cnt >= need) {
-      prefix = want;
-    } else {
-      need -= cnt;
-    }
-    mask = m;
-  }
+  int need = 0;
+  const uint32_t prefix = KthLargestKey(
+      K,
+      [&](uint32_t m, uint32_t want) {
+        int local = 0;
+        for (int i = threadIdx.x; i < c; i += kThreads) local += (row.key[i] & m) == want;
+        return BlockCount(local, &row.counter);
+      },
+      &need);
   // Keep: above the K-th, or equal to it and among the `need` largest positions of the ties.
   __syncthreads();
   for (int i = threadIdx.x; i < c; i += kThreads) {
@@ -106,8 +121,10 @@ __device__ void SelectAndSoftmax(Row& row, int c, int kept, int64_t* sel_index, 
       for (int j = i + 1; j < c; ++j) larger_ties += row.key[j] == prefix;
       keep = larger_ties < need;
     }
-    if (!keep) row.key[i] = 0;  // 0 is below every real score's pattern: marks "dropped"
-    else row.key[i] = max(row.key[i], 1u);
+    if (!keep)
+      row.key[i] = 0;  // 0 is below every real score's pattern: marks "dropped"
+    else
+      row.key[i] = max(row.key[i], 1u);
   }
   __syncthreads();
   float local_max = -INFINITY;
@@ -145,20 +162,43 @@ __device__ void SelectAndSoftmax(Row& row, int c, int kept, int64_t* sel_index, 
   __syncthreads();
 }
 
-// out[t] = sum over the candidates of weight * V[row][t], V rows `stride` floats apart, where
-// row = pos % modulo for a ring (decode) and row = pos when modulo is 0 (prefill).
-__device__ void Aggregate(const Row& row, int c, int64_t d, const float* v, int64_t stride,
-                          int64_t modulo, float* out) {
-  for (int t = threadIdx.x; t < d; t += kThreads) {
+// out[t] = sum over the c candidates of weight[ci] * V[row][t], in candidate order, V rows
+// `stride` floats apart, where row = pos % modulo for a ring (decode) and row = pos when modulo
+// is 0 (prefill); zero weights are skipped. Output elements t = first, first + step, ... are this
+// thread's (the block variant: every thread of the block; the warp variant: the lanes).
+__device__ void Aggregate(const float* weight, const int64_t* pos, int c, int64_t d, const float* v,
+                          int64_t stride, int64_t modulo, float* out, int first, int step) {
+  for (int64_t t = first; t < d; t += step) {
     float acc = 0;
     for (int ci = 0; ci < c; ++ci) {
-      const float w = row.score[ci];
+      const float w = weight[ci];
       if (w == 0.f) continue;
-      const int64_t r = modulo > 0 ? row.pos[ci] % modulo : row.pos[ci];
+      const int64_t r = modulo > 0 ? pos[ci] % modulo : pos[ci];
       acc = fmaf(w, v[r * stride + t], acc);
     }
     out[t] = acc;
   }
+}
+
+// Where sequence s, head h of a decode step reads and writes: its position p, the ring column
+// p % W, the offset of its q/k/v/out rows and its slot's ring (one layer).
+struct Ring {
+  int64_t p, col, in;
+  float* keys;  // [d, ring_stride], column p % W holds position p
+  float* vals;  // [W, d]
+  float* bias;  // [ring_stride]
+};
+
+__device__ __forceinline__ Ring RingOf(const DecodeArgs& a, int64_t s, int64_t h) {
+  const int64_t slot = a.slots[s], ring = slot * a.heads + h;
+  Ring r;
+  r.p = a.positions[s];
+  r.col = r.p % a.window;
+  r.in = (s * a.heads + h) * a.d;
+  r.keys = a.keys_t + ring * a.d * a.ring_stride;
+  r.vals = a.values + ring * a.window * a.d;
+  r.bias = a.ring_bias + ring * a.ring_stride;
+  return r;
 }
 
 __global__ void KeyBiasKernel(const float* k, int64_t rows, int64_t d, float* bias) {
@@ -195,19 +235,17 @@ __global__ void PrefillKernel(PrefillArgs a) {
   const int64_t sel = (base + i) * a.kept;
   SelectAndSoftmax(row, c, static_cast<int>(a.kept), a.sel_index ? a.sel_index + sel : nullptr,
                    a.sel_weight ? a.sel_weight + sel : nullptr, static_cast<int>(a.kept));
-  Aggregate(row, c, a.d, a.v + base * a.d, a.d, 0, a.out + (base + i) * a.d);
+  Aggregate(row.score, row.pos, c, a.d, a.v + base * a.d, a.d, 0, a.out + (base + i) * a.d,
+            threadIdx.x, kThreads);
 }
 
 __global__ void DecodeKernel(DecodeArgs a) {
   extern __shared__ unsigned char smem[];
   Row& row = *reinterpret_cast<Row*>(smem);
   const int64_t s = blockIdx.x, h = blockIdx.y;
-  const int64_t slot = a.slots[s], p = a.positions[s];
-  const int64_t col = p % a.window;
-  const int64_t in = (s * a.heads + h) * a.d;
-  float* keys = a.keys_t + (slot * a.heads + h) * a.d * a.ring_stride;  // [d, ring_stride]
-  float* vals = a.values + (slot * a.heads + h) * a.window * a.d;        // [W, d]
-  float* bias = a.ring_bias + (slot * a.heads + h) * a.ring_stride;
+  const Ring r = RingOf(a, s, h);
+  const int64_t p = r.p, col = r.col, in = r.in;
+  float *keys = r.keys, *vals = r.vals, *bias = r.bias;
   // Append the new key (transposed), value and bias at column p % W.
   float local = 0;
   for (int t = threadIdx.x; t < a.d; t += kThreads) {
@@ -236,7 +274,7 @@ __global__ void DecodeKernel(DecodeArgs a) {
   const int64_t sel = (s * a.heads + h) * a.kept;
   SelectAndSoftmax(row, c, static_cast<int>(a.kept), a.sel_index ? a.sel_index + sel : nullptr,
                    a.sel_weight ? a.sel_weight + sel : nullptr, static_cast<int>(a.kept));
-  Aggregate(row, c, a.d, vals, a.d, a.window, a.out + in);
+  Aggregate(row.score, row.pos, c, a.d, vals, a.d, a.window, a.out + in, threadIdx.x, kThreads);
 }
 
 // ---- warp-per-row variant ----
@@ -263,26 +301,22 @@ __device__ __forceinline__ float WarpMax(float v) {
 // scores, ordered bit patterns and positions. Keeps K = min(kept, c) of them with the tie rule
 // and leaves each candidate's softmax weight in row.w (and row.pos / row.score) for the
 // aggregation; optionally writes the selection in rank order.
-__device__ void WarpSelectAndSoftmax(const float (&score)[kPerLane], const uint32_t (&key)[kPerLane],
+__device__ void WarpSelectAndSoftmax(const float (&score)[kPerLane],
+                                     const uint32_t (&key)[kPerLane],
                                      const int64_t (&pos)[kPerLane], int c, int kept, WarpRow& row,
                                      int64_t* sel_index, float* sel_weight, int sel_width) {
   const int lane = threadIdx.x & 31;
   const int K = min(kept, c);
-  uint32_t prefix = 0, mask = 0;
-  int need = K;
-  for (int bit = 31; bit >= 0; --bit) {
-    const uint32_t m = mask | (1u << bit), want = prefix | (1u << bit);
-    int local = 0;
+  int need = 0;
+  const uint32_t prefix = KthLargestKey(
+      K,
+      [&](uint32_t m, uint32_t want) {
+        int local = 0;
 #pragma unroll
-    for (int u = 0; u < kPerLane; ++u) local += (lane + 32 * u < c) && ((key[u] & m) == want);
-    const int cnt = static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(local)));
-    if (cnt >= need) {
-      prefix = want;
-    } else {
-      need -= cnt;
-    }
-    mask = m;
-  }
+        for (int u = 0; u < kPerLane; ++u) local += (lane + 32 * u < c) && ((key[u] & m) == want);
+        return static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(local)));
+      },
+      &need);
   // Keep: above the K-th, or equal to it and among the `need` largest positions of the ties
   // (ties at a larger ci: later lanes of the same u, and every lane of a larger u).
   bool keep[kPerLane];
@@ -340,21 +374,39 @@ __device__ void WarpSelectAndSoftmax(const float (&score)[kPerLane], const uint3
   }
 }
 
-// out[t] = sum over the candidates of weight * V[row][t] (row = pos % modulo for a ring,
-// pos when modulo is 0), in candidate order: the block variant's sums, term for term.
-__device__ void WarpAggregate(const WarpRow& row, int c, int64_t d, const float* v, int64_t stride,
-                              int64_t modulo, float* out) {
+// Scores this lane's candidates ci = lane + 32 u < c: score_of(ci, &position) gives one's score
+// and key position.
+template <typename ScoreOf>
+__device__ __forceinline__ void ScoreLaneCandidates(int c, const ScoreOf& score_of,
+                                                    float (&score)[kPerLane],
+                                                    uint32_t (&key)[kPerLane],
+                                                    int64_t (&pos)[kPerLane]) {
   const int lane = threadIdx.x & 31;
-  for (int64_t t = lane; t < d; t += 32) {
-    float acc = 0;
-    for (int ci = 0; ci < c; ++ci) {
-      const float w = row.w[ci];
-      if (w == 0.f) continue;
-      const int64_t r = modulo > 0 ? row.pos[ci] % modulo : row.pos[ci];
-      acc = fmaf(w, v[r * stride + t], acc);
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u) {
+    const int ci = lane + 32 * u;
+    score[u] = 0.f;
+    key[u] = 0;
+    pos[u] = -1;
+    if (ci < c) {
+      score[u] = score_of(ci, &pos[u]);
+      key[u] = OrderedBits(score[u]);
     }
-    out[t] = acc;
   }
+}
+
+// Selection, softmax and aggregation of a scored row; `sel` offsets the optional selection
+// outputs, V rows are `d` floats apart (row = pos % modulo for a ring, pos when modulo is 0).
+__device__ __forceinline__ void WarpFinishRow(const float (&score)[kPerLane],
+                                              const uint32_t (&key)[kPerLane],
+                                              const int64_t (&pos)[kPerLane], int c, int64_t kept,
+                                              WarpRow& row, int64_t* sel_index, float* sel_weight,
+                                              int64_t sel, int64_t d, const float* v,
+                                              int64_t modulo, float* out) {
+  WarpSelectAndSoftmax(score, key, pos, c, static_cast<int>(kept), row,
+                       sel_index ? sel_index + sel : nullptr,
+                       sel_weight ? sel_weight + sel : nullptr, static_cast<int>(kept));
+  Aggregate(row.w, row.pos, c, d, v, d, modulo, out, threadIdx.x & 31, 32);
 }
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) PrefillWarpKernel(PrefillArgs a) {
@@ -377,39 +429,31 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) PrefillWarpKernel(Prefill
   float score[kPerLane];
   uint32_t key[kPerLane];
   int64_t pos[kPerLane];
-#pragma unroll
-  for (int u = 0; u < kPerLane; ++u) {
-    const int ci = lane + 32 * u;
-    score[u] = 0.f;
-    key[u] = 0;
-    pos[u] = -1;
-    if (ci < c) {
-      const int64_t j = a.cand[i * a.width + ci];
-      const float* kr = a.k + (base + j) * a.d;
-      float dot = 0;
-      if (vector_loads) {  // 16-byte loads of the key row; the same fmaf order as below
-        const float4* k4 = reinterpret_cast<const float4*>(kr);
-        const float4* q4 = reinterpret_cast<const float4*>(row.q);
-        for (int64_t t = 0; t < a.d / 4; ++t) {
-          const float4 kv = k4[t], qv = q4[t];
-          dot = fmaf(qv.x, kv.x, dot);
-          dot = fmaf(qv.y, kv.y, dot);
-          dot = fmaf(qv.z, kv.z, dot);
-          dot = fmaf(qv.w, kv.w, dot);
+  ScoreLaneCandidates(
+      c,
+      [&](int ci, int64_t* position) {
+        const int64_t j = a.cand[i * a.width + ci];
+        const float* kr = a.k + (base + j) * a.d;
+        float dot = 0;
+        if (vector_loads) {  // 16-byte loads of the key row; the same fmaf order as below
+          const float4* k4 = reinterpret_cast<const float4*>(kr);
+          const float4* q4 = reinterpret_cast<const float4*>(row.q);
+          for (int64_t t = 0; t < a.d / 4; ++t) {
+            const float4 kv = k4[t], qv = q4[t];
+            dot = fmaf(qv.x, kv.x, dot);
+            dot = fmaf(qv.y, kv.y, dot);
+            dot = fmaf(qv.z, kv.z, dot);
+            dot = fmaf(qv.w, kv.w, dot);
+          }
+        } else {
+          for (int64_t t = 0; t < a.d; ++t) dot = fmaf(row.q[t], kr[t], dot);
         }
-      } else {
-        for (int64_t t = 0; t < a.d; ++t) dot = fmaf(row.q[t], kr[t], dot);
-      }
-      score[u] = (dot + a.bias[base + j]) * s2;
-      key[u] = OrderedBits(score[u]);
-      pos[u] = j;
-    }
-  }
-  const int64_t sel = (base + i) * a.kept;
-  WarpSelectAndSoftmax(score, key, pos, c, static_cast<int>(a.kept), row,
-                       a.sel_index ? a.sel_index + sel : nullptr,
-                       a.sel_weight ? a.sel_weight + sel : nullptr, static_cast<int>(a.kept));
-  WarpAggregate(row, c, a.d, a.v + base * a.d, a.d, 0, a.out + (base + i) * a.d);
+        *position = j;
+        return (dot + a.bias[base + j]) * s2;
+      },
+      score, key, pos);
+  WarpFinishRow(score, key, pos, c, a.kept, row, a.sel_index, a.sel_weight, (base + i) * a.kept,
+                a.d, a.v + base * a.d, 0, a.out + (base + i) * a.d);
 }
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) DecodeWarpKernel(DecodeArgs a) {
@@ -418,12 +462,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) DecodeWarpKernel(DecodeAr
   const int64_t g = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   if (g >= a.seqs * a.heads) return;  // the whole warp
   const int64_t s = g / a.heads, h = g % a.heads;
-  const int64_t slot = a.slots[s], p = a.positions[s];
-  const int64_t col = p % a.window;
-  const int64_t in = (s * a.heads + h) * a.d;
-  float* keys = a.keys_t + (slot * a.heads + h) * a.d * a.ring_stride;  // [d, ring_stride]
-  float* vals = a.values + (slot * a.heads + h) * a.window * a.d;        // [W, d]
-  float* bias = a.ring_bias + (slot * a.heads + h) * a.ring_stride;
+  const Ring r = RingOf(a, s, h);
+  const int64_t p = r.p, col = r.col, in = r.in;
+  float *keys = r.keys, *vals = r.vals, *bias = r.bias;
   WarpRow& row = rows[warp];
   // Append the new key (transposed), value and bias at column p % W.
   float local = 0;
@@ -443,26 +484,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) DecodeWarpKernel(DecodeAr
   float score[kPerLane];
   uint32_t key[kPerLane];
   int64_t pos[kPerLane];
-#pragma unroll
-  for (int u = 0; u < kPerLane; ++u) {
-    const int ci = lane + 32 * u;
-    score[u] = 0.f;
-    key[u] = 0;
-    pos[u] = -1;
-    if (ci < c) {
-      const int64_t kpos = first + ci, cc = kpos % a.window;
-      float dot = 0;
-      for (int64_t t = 0; t < a.d; ++t) dot = fmaf(row.q[t], keys[t * a.ring_stride + cc], dot);
-      score[u] = (dot + bias[cc]) * s2;
-      key[u] = OrderedBits(score[u]);
-      pos[u] = kpos;
-    }
-  }
-  const int64_t sel = (s * a.heads + h) * a.kept;
-  WarpSelectAndSoftmax(score, key, pos, c, static_cast<int>(a.kept), row,
-                       a.sel_index ? a.sel_index + sel : nullptr,
-                       a.sel_weight ? a.sel_weight + sel : nullptr, static_cast<int>(a.kept));
-  WarpAggregate(row, c, a.d, vals, a.d, a.window, a.out + in);
+  ScoreLaneCandidates(
+      c,
+      [&](int ci, int64_t* position) {
+        const int64_t kpos = first + ci, cc = kpos % a.window;
+        float dot = 0;
+        for (int64_t t = 0; t < a.d; ++t) dot = fmaf(row.q[t], keys[t * a.ring_stride + cc], dot);
+        *position = kpos;
+        return (dot + bias[cc]) * s2;
+      },
+      score, key, pos);
+  WarpFinishRow(score, key, pos, c, a.kept, row, a.sel_index, a.sel_weight,
+                (s * a.heads + h) * a.kept, a.d, vals, a.window, a.out + in);
 }
 
 }  // namespace
@@ -475,7 +508,8 @@ cudaError_t KeyBias(const float* k, int64_t rows, int64_t d, float* bias, cudaSt
 }
 
 cudaError_t Prefill(const PrefillArgs& a, cudaStream_t stream, Variant variant) {
-  if (a.width > kMaxRow || a.width > kMaxCandidates || a.d > kMaxHeadDim) return cudaErrorInvalidValue;
+  if (a.width > kMaxRow || a.width > kMaxCandidates || a.d > kMaxHeadDim)
+    return cudaErrorInvalidValue;
   if (variant == Variant::kWarp && a.width > kWarpRow) return cudaErrorInvalidValue;
   if (a.n == 0 || a.batch * a.heads == 0) return cudaSuccess;
   if (variant == Variant::kWarp || (variant == Variant::kAuto && a.width <= kWarpRow)) {
