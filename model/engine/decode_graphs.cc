@@ -117,9 +117,15 @@ at::Tensor DecodeGraphs::Step(const at::Tensor& u, const at::Tensor& positions,
     graph->logits = model_->DecodeStep(u_d, *index, cache_, packed_);
     graph->graph.capture_end();
   } catch (const std::exception& e) {
-    // Nothing of the step ran (a capture records work without running it): run it eagerly and
-    // leave graphs off.
+    // Nothing of the step ran (a capture records work without running it): end the capture
+    // through LibTorch (which also unwinds its allocator's capture state), else directly, then
+    // run the step eagerly and leave graphs off.
+    try {
+      graph->graph.capture_end();
+    } catch (const std::exception&) {
+    }
     AbandonCapture();
+    graph.reset();
     enabled_ = false;
     reason_ = absl::StrCat("capturing the decode step of ", s, " sequences failed: ", e.what());
     graphs_.clear();

@@ -1,6 +1,8 @@
 // CUDA kernels of Krause attention: see krause_cuda.h for the contract.
 //
-// Two variants of each kernel, the same arithmetic per row:
+// Two variants of each kernel, with the same scores, selection rule and aggregation order; their
+// reductions (the softmax sum, in the decode step also ||k||^2) add in different orders, so the
+// two agree to a few ulp, not bit for bit, on rows of more than 32 candidates:
 // - block: one thread block per (batch, head, query row) in the prefill and per (sequence, head)
 //   in the decode step. The block scores the row's candidates into shared memory, finds the exact
 //   k-th largest score by a radix search over the scores' order-preserving bit patterns (32
@@ -301,10 +303,11 @@ __device__ __forceinline__ float WarpMax(float v) {
 // scores, ordered bit patterns and positions. Keeps K = min(kept, c) of them with the tie rule
 // and leaves each candidate's softmax weight in row.w (and row.pos / row.score) for the
 // aggregation; optionally writes the selection in rank order.
-__device__ void WarpSelectAndSoftmax(const float (&score)[kPerLane],
-                                     const uint32_t (&key)[kPerLane],
-                                     const int64_t (&pos)[kPerLane], int c, int kept, WarpRow& row,
-                                     int64_t* sel_index, float* sel_weight, int sel_width) {
+__device__ __forceinline__ void WarpSelectAndSoftmax(const float (&score)[kPerLane],
+                                                     const uint32_t (&key)[kPerLane],
+                                                     const int64_t (&pos)[kPerLane], int c,
+                                                     int kept, WarpRow& row, int64_t* sel_index,
+                                                     float* sel_weight, int sel_width) {
   const int lane = threadIdx.x & 31;
   const int K = min(kept, c);
   int need = 0;
