@@ -125,6 +125,25 @@ double IntegratedSeconds(const std::vector<int64_t>& positions, const std::vecto
   return total + times.back();
 }
 
+// Bytes read and written per second by a device-to-device copy of 2 x 2 GiB (median of 5, after
+// a warm-up): what this device's memory gives a plain streaming kernel, measured in the same run
+// as the decode steps it is compared with.
+double CopyBytesPerSecond(const at::Device& device) {
+  const int64_t floats = int64_t{512} << 20;  // 2 GiB
+  at::Tensor src = at::ones({floats}, at::TensorOptions().dtype(at::kFloat).device(device));
+  at::Tensor dst = at::empty_like(src);
+  std::vector<double> t;
+  for (int r = 0; r < 6; ++r) {
+    (void)dst[0].item<float>();  // the stream is idle
+    const auto t0 = Clock::now();
+    dst.copy_(src);
+    (void)dst[floats - 1].item<float>();  // waits for the copy
+    if (r > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return 2.0 * static_cast<double>(floats) * 4 / t[t.size() / 2];
+}
+
 void FillRandom(const ArmConfig& c, ArmKvCache* cache) {
   at::NoGradGuard g;
   for (int64_t l = 0; l < c.depth; ++l) {
@@ -216,6 +235,7 @@ int Main(int argc, char** argv) {
   for (const auto& cfg : configs) {
     progress.total += 2 * static_cast<int>(streams.size()) * (cfg == "mnist" ? 2 : 1);
   }
+  const double copy_bps = device.is_cuda() ? CopyBytesPerSecond(device) : 0;
   std::vector<Record> records;
   std::vector<std::string> lines;
   std::map<std::string, int64_t> param_bytes;  // per config + model
@@ -386,11 +406,16 @@ int Main(int argc, char** argv) {
           if (last == nullptr) continue;
           const double bytes =
               static_cast<double>(s) * last->kv_bytes_per_sequence + param_bytes[which + att];
-          std::printf("  %-6s %-4s S=%-3lld %sstep at position %lld reads %.1f MB: %.1f GB/s\n",
+          const double bps = bytes / last->step_seconds;
+          std::printf("  %-6s %-4s S=%-3lld %sstep at position %lld reads %.1f MB: %.1f GB/s",
                       which.c_str(), att, static_cast<long long>(s),
                       method == std::string("step") ? "" : "graphed ",
-                      static_cast<long long>(last->position), bytes / 1e6,
-                      bytes / last->step_seconds / 1e9);
+                      static_cast<long long>(last->position), bytes / 1e6, bps / 1e9);
+          if (copy_bps > 0) {
+            std::printf(" (%.0f%% of the device copy's %.0f GB/s)", 100 * bps / copy_bps,
+                        copy_bps / 1e9);
+          }
+          std::printf("\n");
         }
       }
     }
