@@ -11,9 +11,11 @@
 //   runs the softmax over the kept set with the row max subtracted and aggregates V. Rows of up
 //   to kMaxRow candidates.
 // - warp: one warp per row, four rows per block. Each lane scores up to 8 candidates into
-//   registers; the radix search counts with one warp reduction per round and the ties with
-//   ballots, with no block-wide barrier; weights and positions go through the warp's own shared
-//   scratch for the aggregation. Rows of up to kWarpRow candidates (e.g. causal W <= 256).
+//   registers, their dot products interleaved (8 independent chains, loads in flight together;
+//   in the decode step each key element is one coalesced load across the lanes); the radix search
+//   counts with one warp reduction per round and the ties with ballots, with no block-wide barrier;
+//   weights and positions go through the warp's own shared scratch for the aggregation. Rows of up
+//   to kWarpRow candidates (e.g. causal W <= 256).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -377,22 +379,54 @@ __device__ __forceinline__ void WarpSelectAndSoftmax(const float (&score)[kPerLa
   }
 }
 
-// Scores this lane's candidates ci = lane + 32 u < c: score_of(ci, &position) gives one's score
-// and key position.
-template <typename ScoreOf>
-__device__ __forceinline__ void ScoreLaneCandidates(int c, const ScoreOf& score_of,
-                                                    float (&score)[kPerLane],
+// Scores this lane's candidates ci = lane + 32 u < c, all of them together: t outer, candidates
+// inner, so that their (up to 8) multiply-add chains and loads are in flight at once; each
+// chain in the block kernel's order (t ascending), so the scores are the block kernel's.
+// position_of(ci, &where) gives a candidate's key position and where its key lives; load(where,
+// t) its t-th key element (kVec 1) or elements t..t+3 (kVec 4, a float4); bias_of(where) its
+// key bias.
+template <int kVec, typename PositionOf, typename Load, typename BiasOf>
+__device__ __forceinline__ void ScoreLaneCandidates(int c, int64_t d, const float* q, float s2,
+                                                    const PositionOf& position_of, const Load& load,
+                                                    const BiasOf& bias_of, float (&score)[kPerLane],
                                                     uint32_t (&key)[kPerLane],
                                                     int64_t (&pos)[kPerLane]) {
   const int lane = threadIdx.x & 31;
+  int64_t where[kPerLane];
+  float dot[kPerLane];
 #pragma unroll
   for (int u = 0; u < kPerLane; ++u) {
     const int ci = lane + 32 * u;
+    where[u] = 0;
+    pos[u] = ci < c ? position_of(ci, &where[u]) : -1;
+    dot[u] = 0.f;
+  }
+  for (int64_t t = 0; t < d; t += kVec) {
+    if constexpr (kVec == 4) {
+      const float4 qv = *reinterpret_cast<const float4*>(q + t);
+#pragma unroll
+      for (int u = 0; u < kPerLane; ++u) {
+        if (pos[u] < 0) continue;
+        const float4 kv = load(where[u], t);
+        dot[u] = fmaf(qv.x, kv.x, dot[u]);
+        dot[u] = fmaf(qv.y, kv.y, dot[u]);
+        dot[u] = fmaf(qv.z, kv.z, dot[u]);
+        dot[u] = fmaf(qv.w, kv.w, dot[u]);
+      }
+    } else {
+      const float qt = q[t];
+#pragma unroll
+      for (int u = 0; u < kPerLane; ++u) {
+        if (pos[u] >= 0) dot[u] = fmaf(qt, load(where[u], t), dot[u]);
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u) {
     score[u] = 0.f;
     key[u] = 0;
-    pos[u] = -1;
-    if (ci < c) {
-      score[u] = score_of(ci, &pos[u]);
+    if (pos[u] >= 0) {
+      score[u] = (dot[u] + bias_of(where[u])) * s2;
       key[u] = OrderedBits(score[u]);
     }
   }
@@ -432,29 +466,25 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) PrefillWarpKernel(Prefill
   float score[kPerLane];
   uint32_t key[kPerLane];
   int64_t pos[kPerLane];
-  ScoreLaneCandidates(
-      c,
-      [&](int ci, int64_t* position) {
-        const int64_t j = a.cand[i * a.width + ci];
-        const float* kr = a.k + (base + j) * a.d;
-        float dot = 0;
-        if (vector_loads) {  // 16-byte loads of the key row; the same fmaf order as below
-          const float4* k4 = reinterpret_cast<const float4*>(kr);
-          const float4* q4 = reinterpret_cast<const float4*>(row.q);
-          for (int64_t t = 0; t < a.d / 4; ++t) {
-            const float4 kv = k4[t], qv = q4[t];
-            dot = fmaf(qv.x, kv.x, dot);
-            dot = fmaf(qv.y, kv.y, dot);
-            dot = fmaf(qv.z, kv.z, dot);
-            dot = fmaf(qv.w, kv.w, dot);
-          }
-        } else {
-          for (int64_t t = 0; t < a.d; ++t) dot = fmaf(row.q[t], kr[t], dot);
-        }
-        *position = j;
-        return (dot + a.bias[base + j]) * s2;
-      },
-      score, key, pos);
+  // Candidate j's key is row base + j of K.
+  const auto position_of = [&](int ci, int64_t* where) {
+    const int64_t j = a.cand[i * a.width + ci];
+    *where = j;
+    return j;
+  };
+  const auto bias_of = [&](int64_t j) { return a.bias[base + j]; };
+  if (vector_loads) {  // 16-byte loads of the key rows; the same fmaf order
+    ScoreLaneCandidates<4>(
+        c, a.d, row.q, s2, position_of,
+        [&](int64_t j, int64_t t) {
+          return *reinterpret_cast<const float4*>(a.k + (base + j) * a.d + t);
+        },
+        bias_of, score, key, pos);
+  } else {
+    ScoreLaneCandidates<1>(
+        c, a.d, row.q, s2, position_of,
+        [&](int64_t j, int64_t t) { return a.k[(base + j) * a.d + t]; }, bias_of, score, key, pos);
+  }
   WarpFinishRow(score, key, pos, c, a.kept, row, a.sel_index, a.sel_weight, (base + i) * a.kept,
                 a.d, a.v + base * a.d, 0, a.out + (base + i) * a.d);
 }
@@ -487,16 +517,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) DecodeWarpKernel(DecodeAr
   float score[kPerLane];
   uint32_t key[kPerLane];
   int64_t pos[kPerLane];
-  ScoreLaneCandidates(
-      c,
-      [&](int ci, int64_t* position) {
-        const int64_t kpos = first + ci, cc = kpos % a.window;
-        float dot = 0;
-        for (int64_t t = 0; t < a.d; ++t) dot = fmaf(row.q[t], keys[t * a.ring_stride + cc], dot);
-        *position = kpos;
-        return (dot + bias[cc]) * s2;
+  // Position first + ci lives in ring column (first + ci) % W (transposed keys: coalesced
+  // across the lanes).
+  ScoreLaneCandidates<1>(
+      c, a.d, row.q, s2,
+      [&](int ci, int64_t* where) {
+        const int64_t kpos = first + ci;
+        *where = kpos % a.window;
+        return kpos;
       },
-      score, key, pos);
+      [&](int64_t cc, int64_t t) { return keys[t * a.ring_stride + cc]; },
+      [&](int64_t cc) { return bias[cc]; }, score, key, pos);
   WarpFinishRow(score, key, pos, c, a.kept, row, a.sel_index, a.sel_weight,
                 (s * a.heads + h) * a.kept, a.d, vals, a.window, a.out + in);
 }
