@@ -283,11 +283,15 @@ int Main(int argc, char** argv) {
         records.push_back(integ);
         // The KARM on a GPU once more with its decode step replayed as a CUDA graph, on a stream
         // of its own as in the engine.
-        if (DecodeGraphs::Supported(*model)) {
+        // The KARM on a GPU once more with its decode step replayed as a CUDA graph, on a stream
+        // of its own as in the engine: over the fp32 cache, then over a bf16 one (half the bytes).
+        auto graphed = [&](ArmKvCache* graph_cache, const char* step_method,
+                           const char* integrated_method, at::ScalarType dtype) {
           const DeviceContext ctx(device);
           ctx.WaitForDefaultStream();
           const std::shared_ptr<void> scope = ctx.Enter();
-          DecodeGraphs graphs(&*model, &*cache, &packed, s);
+          DecodeGraphs graphs(&*model, graph_cache, &packed, s);
+          const int64_t kv_bytes = ArmKvCache::BytesPerSequence(c, dtype);
           std::vector<double> graph_times;
           for (int64_t p : positions) {
             const double t =
@@ -295,15 +299,24 @@ int Main(int argc, char** argv) {
                                 const at::Tensor& sl) { return graphs.Step(u, pos, sl); },
                             s, p, reps, /*warmup=*/2);
             graph_times.push_back(t);
-            records.push_back(
-                {which, name, image, "step_graph", s, p, 0, t, ArmKvCache::BytesPerSequence(c)});
+            records.push_back({which, name, image, step_method, s, p, 0, t, kv_bytes});
           }
           if (!graphs.enabled()) {
             std::fprintf(stderr, "\nCUDA graphs off: %s\n", graphs.reason().c_str());
+            return;
+          }
+          const double gt = IntegratedSeconds(positions, graph_times);
+          records.push_back(
+              {which, name, image, integrated_method, s, -1, s / gt, gt / n, kv_bytes});
+        };
+        if (DecodeGraphs::Supported(*model)) {
+          graphed(&*cache, "step_graph", "integ_graph", at::kFloat);
+          auto bf16 = ArmKvCache::Create(c, s, device, at::kBFloat16);
+          if (bf16.ok()) {
+            FillRandom(c, &*bf16);
+            graphed(&*bf16, "step_bf16", "integ_bf16", at::kBFloat16);
           } else {
-            const double gt = IntegratedSeconds(positions, graph_times);
-            records.push_back({which, name, image, "integ_graph", s, -1, s / gt, gt / n,
-                               ArmKvCache::BytesPerSequence(c)});
+            std::fprintf(stderr, "\nbf16 cache: %s\n", bf16.status().ToString().c_str());
           }
         }
         progress.Step(absl::StrFormat("%s %s S=%d steps", which, name, s));
@@ -323,7 +336,7 @@ int Main(int argc, char** argv) {
   std::printf("\ndevice: %s\n%-6s %-5s %-9s %4s %-11s %10s %12s %14s\n", device.str().c_str(),
               "config", "model", "image", "S", "method", "images/s", "ms/step", "KV bytes/seq");
   for (const Record& r : records) {
-    if (r.method == "step" || r.method == "step_graph") continue;
+    if (r.method == "step" || r.method == "step_graph" || r.method == "step_bf16") continue;
     std::printf("%-6s %-5s %-9s %4lld %-11s %10.3f %12.3f %14lld\n", r.model.c_str(),
                 r.attention.c_str(), r.image.c_str(), static_cast<long long>(r.streams),
                 r.method.c_str(), r.images_per_second, r.step_seconds * 1e3,
@@ -341,9 +354,11 @@ int Main(int argc, char** argv) {
   for (const std::string& which : configs) {
     for (const char* att : {"KARM", "ARM"}) {
       for (int64_t s : streams) {
-        for (const char* method : {"step", "step_graph"}) {
-          std::string line = absl::StrFormat("  %-6s %-5s S=%-3d%s", which, att, s,
-                                             method == std::string("step") ? "" : " graph");
+        for (const char* method : {"step", "step_graph", "step_bf16"}) {
+          const std::string m = method;
+          std::string line = absl::StrFormat(
+              "  %-6s %-5s S=%-3d%s", which, att, s,
+              m == "step" ? "" : (m == "step_graph" ? " graph" : " graph, bf16 cache"));
           bool any = false;
           for (const Record& r : records)
             if (r.model == which && r.attention == att && r.streams == s && r.method == method) {
@@ -358,25 +373,27 @@ int Main(int argc, char** argv) {
   std::printf("\nRatios (same run):\n");
   for (const std::string& which : configs) {
     for (int64_t s : streams) {
-      const Record* k = find(which, "KARM", s, "integrated");
-      const Record* a = find(which, "ARM", s, "integrated");
-      if (k && a)
-        std::printf("  %-6s S=%-3lld KARM / ARM images/s (integrated): %.2fx\n", which.c_str(),
-                    static_cast<long long>(s), k->images_per_second / a->images_per_second);
-      const Record* kg = find(which, "KARM", s, "integ_graph");
-      if (kg && k)
-        std::printf("  %-6s S=%-3lld KARM CUDA graph / eager images/s (integrated): %.2fx\n",
-                    which.c_str(), static_cast<long long>(s),
-                    kg->images_per_second / k->images_per_second);
-      if (kg && a)
-        std::printf("  %-6s S=%-3lld KARM (CUDA graph) / ARM images/s (integrated): %.2fx\n",
-                    which.c_str(), static_cast<long long>(s),
-                    kg->images_per_second / a->images_per_second);
-      const Record* kf = find(which, "KARM", s, "full");
-      const Record* af = find(which, "ARM", s, "full");
-      if (kf && af)
-        std::printf("  %-6s S=%-3lld KARM / ARM images/s (full run):   %.2fx\n", which.c_str(),
-                    static_cast<long long>(s), kf->images_per_second / af->images_per_second);
+      // numerator model, method; denominator model, method; what the ratio is.
+      struct Ratio {
+        const char *model, *method, *over_model, *over_method, *label;
+      };
+      for (const Ratio& q :
+           {Ratio{"KARM", "integrated", "ARM", "integrated", "KARM / ARM images/s (integrated)"},
+            Ratio{"KARM", "full", "ARM", "full", "KARM / ARM images/s (full run)"},
+            Ratio{"KARM", "integ_graph", "KARM", "integrated",
+                  "KARM CUDA graph / eager images/s (integrated)"},
+            Ratio{"KARM", "integ_graph", "ARM", "integrated",
+                  "KARM (CUDA graph) / ARM images/s (integrated)"},
+            Ratio{"KARM", "integ_bf16", "KARM", "integ_graph",
+                  "KARM bf16 / fp32 cache images/s (graphed)"},
+            Ratio{"KARM", "integ_bf16", "ARM", "integrated",
+                  "KARM (graphed, bf16 cache) / ARM images/s (integrated)"}}) {
+        const Record* x = find(which, q.model, s, q.method);
+        const Record* y = find(which, q.over_model, s, q.over_method);
+        if (x && y)
+          std::printf("  %-6s S=%-3lld %s: %.2fx\n", which.c_str(), static_cast<long long>(s),
+                      q.label, x->images_per_second / y->images_per_second);
+      }
       for (const char* att : {"KARM", "ARM"}) {
         const Record* f = find(which, att, s, "full");
         const Record* i = find(which, att, s, "integrated");
@@ -398,7 +415,7 @@ int Main(int argc, char** argv) {
     // ring for KARM, the full prefix for ARM) and the weights once; per second of step time.
     for (const char* att : {"KARM", "ARM"}) {
       for (int64_t s : streams) {
-        for (const char* method : {"step", "step_graph"}) {
+        for (const char* method : {"step", "step_graph", "step_bf16"}) {
           const Record* last = nullptr;
           for (const Record& r : records)
             if (r.model == which && r.attention == att && r.streams == s && r.method == method)
@@ -409,7 +426,9 @@ int Main(int argc, char** argv) {
           const double bps = bytes / last->step_seconds;
           std::printf("  %-6s %-4s S=%-3lld %sstep at position %lld reads %.1f MB: %.1f GB/s",
                       which.c_str(), att, static_cast<long long>(s),
-                      method == std::string("step") ? "" : "graphed ",
+                      method == std::string("step")         ? ""
+                      : method == std::string("step_graph") ? "graphed "
+                                                            : "graphed bf16-cache ",
                       static_cast<long long>(last->position), bytes / 1e6, bps / 1e9);
           if (copy_bps > 0) {
             std::printf(" (%.0f%% of the device copy's %.0f GB/s)", 100 * bps / copy_bps,

@@ -38,10 +38,18 @@ absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
   const nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("models") || !j["models"].is_array())
     return absl::InvalidArgumentError("manifest: expected a JSON object {\"models\": [...]}");
-  static const std::set<std::string> kKeys = {
-      "name",          "checkpoint",     "cuda_graphs",           "device",
-      "default",       "max_batch_size", "max_queue_delay_ms",    "max_queued_images",
-      "max_sequences", "max_waiting",    "max_images_per_request"};
+  static const std::set<std::string> kKeys = {"name",
+                                              "checkpoint",
+                                              "cuda_graphs",
+                                              "device",
+                                              "default",
+                                              "max_batch_size",
+                                              "max_queue_delay_ms",
+                                              "max_queued_images",
+                                              "max_sequences",
+                                              "max_waiting",
+                                              "max_images_per_request",
+                                              "kv_cache_dtype"};
   std::vector<ModelSpec> specs;
   std::set<std::string> names;
   for (size_t i = 0; i < j["models"].size(); ++i) {
@@ -65,6 +73,7 @@ absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
       s.max_sequences = m.value("max_sequences", s.max_sequences);
       s.max_waiting = m.value("max_waiting", s.max_waiting);
       s.cuda_graphs = m.value("cuda_graphs", s.cuda_graphs);
+      s.kv_cache_dtype = m.value("kv_cache_dtype", s.kv_cache_dtype);
       s.max_images_per_request = m.value("max_images_per_request", s.max_images_per_request);
     } catch (const std::exception& e) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": ", e.what()));
@@ -86,6 +95,12 @@ absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
     if (st.ok()) st = CheckRange(w + "max_waiting", s.max_waiting, 0, 1 << 20);
     if (st.ok()) st = CheckRange(w + "max_images_per_request", s.max_images_per_request, 0, 4096);
     if (!st.ok()) return st;
+    if (s.kv_cache_dtype != "float32" && s.kv_cache_dtype != "bfloat16" &&
+        s.kv_cache_dtype != "float16") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(w, "kv_cache_dtype must be float32, bfloat16 or float16, got \"",
+                       s.kv_cache_dtype, "\""));
+    }
     specs.push_back(std::move(s));
   }
   if (specs.empty()) return absl::InvalidArgumentError("manifest: models is empty");

@@ -9,7 +9,7 @@
 //      "max_images_per_request": 64},
 //     {"name": "fmnist-karm", "checkpoint": "models/karm_fmnist.safetensors",
 //      "max_sequences": 64, "max_waiting": 256, "max_images_per_request": 16,
-//      "cuda_graphs": false}]}
+//      "cuda_graphs": false, "kv_cache_dtype": "float32"}]}
 // Relative checkpoint paths are resolved against the manifest's folder. Unknown keys are an
 // error (a typo must not silently change a limit).
 #pragma once
@@ -35,6 +35,8 @@ struct ModelSpec {
   int64_t max_sequences = 64;  // cache slots (concurrent sequences in one decode step)
   int64_t max_waiting = 256;   // images waiting for a slot; beyond, UNAVAILABLE
   bool cuda_graphs = false;    // a KARM on a GPU: replay its decode step as CUDA graphs
+  // A KARM on a GPU: "float32", "bfloat16" or "float16" ring caches (keys and values).
+  std::string kv_cache_dtype = "float32";
   // Images per Classify / Generate / Score request (0: max_batch_size for classifiers, 16 for
   // generators).
   int64_t max_images_per_request = 0;

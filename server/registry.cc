@@ -86,6 +86,9 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Load(const std::vector<Model
       g.engine.max_sequences = spec.max_sequences;
       g.max_waiting = spec.max_waiting;
       g.engine.cuda_graphs = spec.cuda_graphs;
+      g.engine.cache_dtype = spec.kv_cache_dtype == "bfloat16"  ? at::kBFloat16
+                             : spec.kv_cache_dtype == "float16" ? at::kHalf
+                                                                : at::kFloat;
       std::function<void(const DecodeEvent&)> on_step;
       if (hooks.on_decode_step)
         on_step = [f = hooks.on_decode_step, name](const DecodeEvent& s) { f(name, s); };

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "model/attention/decode.h"
@@ -158,6 +159,19 @@ TEST(CudaKernels, KeysAtAnOddOffsetGiveTheAlignedResult) {
 
 // The CUDA decode step against the CPU decode step (itself bit-equal to the fused prefill): three
 // sequences joining at different steps, across several ring wraps, k > W included.
+// Step t of the decode tests: sequence i (slot i) joins at step 2 i, so it is at position
+// t - 2 i. Returns the slots and positions of the sequences that have joined.
+std::pair<at::Tensor, at::Tensor> JoinedAt(int64_t t, int64_t slots) {
+  std::vector<int64_t> sl, pos;
+  for (int64_t i = 0; i < slots; ++i) {
+    if (t >= 2 * i) {
+      sl.push_back(i);
+      pos.push_back(t - 2 * i);
+    }
+  }
+  return {at::tensor(sl, at::kLong), at::tensor(pos, at::kLong)};
+}
+
 class CudaDecode : public ::testing::TestWithParam<internal::CudaKernel> {};
 
 TEST_P(CudaDecode, MatchesTheCpuDecodeStepAcrossTheRingWrap) {
@@ -175,19 +189,11 @@ TEST_P(CudaDecode, MatchesTheCpuDecodeStepAcrossTheRingWrap) {
     const at::Tensor ls = at::full({h}, std::log(2.5f));
     const int64_t steps = 3 * window + 5;
     for (int64_t t = 0; t < steps; ++t) {
-      // Sequence i joins at step 2 * i; its position is t - 2 * i.
-      std::vector<int64_t> sl, pos;
-      for (int64_t i = 0; i < slots; ++i) {
-        if (t >= 2 * i) {
-          sl.push_back(i);
-          pos.push_back(t - 2 * i);
-        }
-      }
-      const int64_t s = static_cast<int64_t>(sl.size());
+      const auto [st, pt] = JoinedAt(t, slots);
+      const int64_t s = st.size(0);
       const at::Tensor q = QuantizedTensor({s, h, d}, 3, gen),
                        k = QuantizedTensor({s, h, d}, 3, gen),
                        v = QuantizedTensor({s, h, d}, 3, gen);
-      const at::Tensor st = at::tensor(sl, at::kLong), pt = at::tensor(pos, at::kLong);
       DecodeSelection want_sel, got_sel;
       KRAUSE_ASSERT_OK_AND_ASSIGN(at::Tensor want,
                                   KrauseDecodeStep(q, k, v, ls, top_k, st, pt, &cpu, &want_sel));
@@ -197,6 +203,48 @@ TEST_P(CudaDecode, MatchesTheCpuDecodeStepAcrossTheRingWrap) {
       ASSERT_LE(RelativeMaxError(got.cpu(), want), 1e-5) << "W " << window << " step " << t;
       ASSERT_TRUE(at::equal(got_sel.indices.cpu(), want_sel.indices))
           << "W " << window << " step " << t;
+    }
+  }
+}
+
+// bf16 / fp16 ring caches: the CUDA decode step stores keys and values rounded; with inputs that
+// are exact in both formats (multiples of 1/4 times 8, |x| <= 4) it matches the fp32 CPU decode
+// step exactly in the kept sets, and within the fp32 tolerance in the outputs. Then Gaussian
+// inputs against the CPU step fed the same rounded keys and values: within 1e-5.
+TEST(CudaDecodeReduced, MatchesTheCpuStepOnTheRoundedKeysAndValues) {
+  KRAUSE_SKIP_WITHOUT_CUDA();
+  const int64_t slots = 3, h = 2, d = 32, window = 16, top_k = 6;
+  const at::Device dev(at::kCUDA);
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    for (const bool exact : {true, false}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + (exact ? " exact" : " gaussian"));
+      KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseRingCache cpu,
+                                  KrauseRingCache::Create(slots, h, d, window));
+      KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseRingCache gpu,
+                                  KrauseRingCache::Create(slots, h, d, window, dev, dtype));
+      EXPECT_EQ(gpu.dtype(), dtype);
+      at::Generator gen = at::detail::createCPUGenerator(17);
+      const at::Tensor ls = at::full({h}, std::log(2.5f));
+      for (int64_t t = 0; t < 2 * window + 3; ++t) {
+        const auto [st, pt] = JoinedAt(t, slots);
+        const int64_t s = st.size(0);
+        auto make = [&] {
+          return exact ? QuantizedTensor({s, h, d}, 3, gen) : GaussianTensor({s, h, d}, 0.3, gen);
+        };
+        const at::Tensor q = make(), k = make(), v = make();
+        // What the reduced cache stores, for the fp32 CPU step.
+        const at::Tensor kr = k.to(dtype).to(at::kFloat), vr = v.to(dtype).to(at::kFloat);
+        DecodeSelection want_sel, got_sel;
+        KRAUSE_ASSERT_OK_AND_ASSIGN(
+            at::Tensor want, KrauseDecodeStep(q, kr, vr, ls, top_k, st, pt, &cpu, &want_sel));
+        KRAUSE_ASSERT_OK_AND_ASSIGN(
+            at::Tensor got, KrauseDecodeStep(q.to(dev), k.to(dev), v.to(dev), ls.to(dev), top_k, st,
+                                             pt, &gpu, &got_sel));
+        ASSERT_LE(RelativeMaxError(got.cpu(), want), 1e-5) << "step " << t;
+        if (exact) {
+          ASSERT_TRUE(at::equal(got_sel.indices.cpu(), want_sel.indices)) << t;
+        }
+      }
     }
   }
 }

@@ -259,6 +259,24 @@ TEST(DecodeStep, AScaleIsValidatedOnceAndMustFitTheLayer) {
   EXPECT_TRUE(at::equal(shared->inv_var(), at::exp(at::full({2}, -1.0))));
 }
 
+// bf16 / fp16 ring caches are for the CUDA decode kernel (W <= 256); the CPU kernels are fp32.
+TEST(DecodeStep, ReducedPrecisionCachesNeedAGpu) {
+  const at::Device cpu(at::kCPU);
+  EXPECT_THAT(KrauseRingCache::Create(2, 2, 8, 4, cpu, at::kBFloat16).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("CUDA device")));
+  EXPECT_THAT(KrauseRingCache::Create(2, 2, 8, 4, cpu, at::kHalf).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("CUDA device")));
+  EXPECT_THAT(KrauseRingCache::Create(2, 2, 8, 4, cpu, at::kInt).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("float32, bfloat16")));
+  EXPECT_THAT(KrauseRingCache::Create(2, 2, 8, 300, at::Device(at::kCUDA), at::kHalf).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("window <= 256")));
+  // Keys and values at 2 bytes, biases at 4: W 256, d 64, 8 heads.
+  EXPECT_EQ(KrauseRingCache::BytesPerSlot(8, 64, 256, at::kBFloat16),
+            8 * ((64 * 256 + 256 * 64) * 2 + 256 * 4));
+  EXPECT_EQ(KrauseRingCache::Create(1, 8, 64, 256).value().bytes_per_slot(),
+            KrauseRingCache::BytesPerSlot(8, 64, 256));
+}
+
 TEST(DecodeStep, MemoryPerSequenceIsIndependentOfPosition) {
   auto cache = KrauseRingCache::Create(1, 8, 64, 256);
   ASSERT_TRUE(cache.ok());

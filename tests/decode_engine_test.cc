@@ -246,6 +246,21 @@ TEST(DecodeEngine, CudaGraphsStayOffOnTheCpu) {
   EXPECT_EQ(graphs.replays(), 0);
 }
 
+// Reduced-precision caches: a KARM on a GPU only; elsewhere the engine is not created.
+TEST(DecodeEngine, ReducedPrecisionCachesAreRefusedOnTheCpuAndForTheArm) {
+  const Arm karm = Arm::Create(TinyConfig("krause", true), 3).value();
+  const Arm arm = Arm::Create(TinyConfig("softmax", true), 3).value();
+  EngineOptions bf16{2, 0};
+  bf16.cache_dtype = at::kBFloat16;
+  EXPECT_THAT(DecodeEngine::Create(&karm, bf16).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("CUDA device")));
+  EXPECT_THAT(DecodeEngine::Create(&arm, bf16).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ARM's KV cache is float32")));
+  // Half the key/value bytes per sequence (biases stay fp32).
+  EXPECT_LT(ArmKvCache::BytesPerSequence(karm.config(), at::kBFloat16),
+            ArmKvCache::BytesPerSequence(karm.config()));
+}
+
 TEST(Scoring, BitsPerDimMatchesTheModelAndRejectsBadImages) {
   KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(TinyConfig("krause", true), 10));
   const at::Tensor imgs = at::randint(0, 256, {3, 20}, at::kLong);

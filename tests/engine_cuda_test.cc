@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,30 @@ Pair MakePair(const std::string& attention) {
   Arm gpu = Arm::Create(SmallArm(attention), 7).value();
   gpu.parameters().To(at::Device(at::kCUDA));
   return {std::move(cpu), std::move(gpu)};
+}
+
+// Runs `count` requests (seeds seed0 + i; odd ones with a 10-subpixel prompt of value i when
+// `prompts`) through a new engine to the end; returns the images, checks every slot is free.
+// `check` sees the engine before it goes.
+std::vector<std::vector<uint8_t>> Generate(
+    const Arm& m, const EngineOptions& options, int64_t count, uint64_t seed0, bool prompts,
+    const std::function<void(const DecodeEngine&)>& check = {}) {
+  auto engine = DecodeEngine::Create(&m, options).value();
+  std::vector<std::vector<uint8_t>> images(count);
+  for (int64_t i = 0; i < count; ++i) {
+    GenerationRequest r;
+    r.sampling.seed = seed0 + i;
+    if (prompts && i % 2 == 1) r.prompt = std::vector<uint8_t>(10, static_cast<uint8_t>(i));
+    r.on_done = [&images, i](absl::Status st, std::vector<uint8_t> px) {
+      EXPECT_TRUE(st.ok()) << st;
+      images[i] = std::move(px);
+    };
+    EXPECT_TRUE(engine->Submit(std::move(r)).ok());
+  }
+  while (engine->Busy()) engine->Step();
+  EXPECT_EQ(engine->pool().in_use(), 0);
+  if (check) check(*engine);
+  return images;
 }
 
 class EngineCuda : public ::testing::TestWithParam<std::string> {};
@@ -89,22 +114,8 @@ TEST_P(EngineCuda, EngineGeneratesReproduciblyAndFreesSlots) {
   Pair m = MakePair(GetParam());
   const int64_t n = m.gpu.config().seq_len();
   auto run = [&](int64_t requests) {
-    auto engine = DecodeEngine::Create(&m.gpu, EngineOptions{4, 0}).value();
-    EXPECT_TRUE(engine->device().is_cuda());
-    std::vector<std::vector<uint8_t>> images(requests);
-    for (int64_t i = 0; i < requests; ++i) {
-      GenerationRequest r;
-      r.sampling.seed = 100 + i;
-      if (i % 2 == 1) r.prompt = std::vector<uint8_t>(10, static_cast<uint8_t>(i));
-      r.on_done = [&images, i](absl::Status st, std::vector<uint8_t> px) {
-        EXPECT_TRUE(st.ok()) << st;
-        images[i] = std::move(px);
-      };
-      EXPECT_TRUE(engine->Submit(std::move(r)).ok());
-    }
-    while (engine->Busy()) engine->Step();
-    EXPECT_EQ(engine->pool().in_use(), 0);
-    return images;
+    return Generate(m.gpu, EngineOptions{4, 0}, requests, 100, /*prompts=*/true,
+                    [](const DecodeEngine& e) { EXPECT_TRUE(e.device().is_cuda()); });
   };
   const auto first = run(6), second = run(6);
   for (int64_t i = 0; i < 6; ++i) {
@@ -178,28 +189,54 @@ TEST_P(EngineCuda, EngineWithGraphsGivesTheSameImages) {
   KRAUSE_SKIP_WITHOUT_CUDA();
   Pair m = MakePair(GetParam());
   auto run = [&](bool graphs) {
-    auto engine = DecodeEngine::Create(&m.gpu, EngineOptions{4, 0, graphs}).value();
-    EXPECT_EQ(engine->graphs() != nullptr, graphs && GetParam() == "krause");
-    std::vector<std::vector<uint8_t>> images(6);
-    for (int64_t i = 0; i < 6; ++i) {
-      GenerationRequest r;
-      r.sampling.seed = 300 + i;
-      r.on_done = [&images, i](absl::Status st, std::vector<uint8_t> px) {
-        EXPECT_TRUE(st.ok()) << st;
-        images[i] = std::move(px);
-      };
-      EXPECT_TRUE(engine->Submit(std::move(r)).ok());
-    }
-    while (engine->Busy()) engine->Step();
-    if (engine->graphs() != nullptr) {
-      EXPECT_TRUE(engine->graphs()->enabled()) << engine->graphs()->reason();
-      EXPECT_GT(engine->graphs()->replays(), 0);
-    }
-    EXPECT_EQ(engine->pool().in_use(), 0);
-    return images;
+    return Generate(m.gpu, EngineOptions{4, 0, graphs}, 6, 300, false, [&](const DecodeEngine& e) {
+      EXPECT_EQ(e.graphs() != nullptr, graphs && GetParam() == "krause");
+      if (e.graphs() != nullptr) {
+        EXPECT_TRUE(e.graphs()->enabled()) << e.graphs()->reason();
+        EXPECT_GT(e.graphs()->replays(), 0);
+      }
+    });
   };
   const auto eager = run(false), graphed = run(true);
   for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(eager[i], graphed[i]) << "request " << i;
+}
+
+// A KARM engine with bf16 ring caches: whole, reproducible images, every slot freed; its decode
+// logits stay near the fp32 cache's (own tolerance: keys and values rounded to 8 bits of
+// mantissa).
+TEST_P(EngineCuda, Bf16CachesGenerateAndStayNearFp32) {
+  KRAUSE_SKIP_WITHOUT_CUDA();
+  Pair m = MakePair(GetParam());
+  EngineOptions o{4, 0};
+  o.cache_dtype = at::kBFloat16;
+  if (GetParam() != "krause") {
+    EXPECT_FALSE(DecodeEngine::Create(&m.gpu, o).ok());
+    return;
+  }
+  const int64_t n = m.gpu.config().seq_len();
+  auto run = [&] { return Generate(m.gpu, o, 3, 500, false); };
+  const auto first = run(), second = run();
+  for (int64_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(static_cast<int64_t>(first[i].size()), n);
+    EXPECT_EQ(first[i], second[i]) << i;
+  }
+  // Teacher-forced steps, fp32 and bf16 caches side by side.
+  const ArmConfig& c = m.gpu.config();
+  auto f32 = ArmKvCache::Create(c, 2, at::Device(at::kCUDA)).value();
+  auto b16 = ArmKvCache::Create(c, 2, at::Device(at::kCUDA), at::kBFloat16).value();
+  at::manual_seed(2);
+  const at::Tensor tokens = at::randint(0, 256, {n}, at::kLong);
+  (void)m.gpu.Prefill(tokens.narrow(0, 0, 5), 1, &f32);
+  (void)m.gpu.Prefill(tokens.narrow(0, 0, 5), 1, &b16);
+  double worst = 0;
+  for (int64_t p = 5; p < n; ++p) {
+    const at::Tensor u = tokens.narrow(0, p, 1), pos = at::full({1}, p, at::kLong),
+                     slot = at::full({1}, 1, at::kLong);
+    const at::Tensor a = m.gpu.DecodeStep(u, pos, slot, &f32).cpu();
+    const at::Tensor b = m.gpu.DecodeStep(u, pos, slot, &b16).cpu();
+    worst = std::max(worst, (a - b).abs().max().item<double>());
+  }
+  EXPECT_LT(worst, 0.05) << "largest logit difference, bf16 vs fp32 ring caches";
 }
 
 TEST_P(EngineCuda, ScoringMatchesTheCpu) {

@@ -855,6 +855,23 @@ TEST(ServerStart, ModelDevicesAreCheckedAtLoad) {
       R"({"models": [{"name": "g", "checkpoint": "karm.safetensors", "cuda_graphs": true}]})");
   auto started = server::KrauseServer::Start(LoopbackOptions(models.dir + "/graphs.json"));
   EXPECT_TRUE(started.ok()) << started.status();
+  // "kv_cache_dtype": one of three names; bf16 / fp16 ring caches need a KARM on a GPU, so on the
+  // CPU the start fails naming the model.
+  auto bad_dtype = server::ParseManifest(
+      R"({"models": [{"name": "g", "checkpoint": "karm.safetensors", "kv_cache_dtype": "fp8"}]})",
+      models.dir);
+  EXPECT_EQ(bad_dtype.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_dtype.status().message()),
+              ::testing::HasSubstr("models[0].kv_cache_dtype"));
+  WriteText(models.dir + "/bf16.json",
+            R"({"models": [{"name": "g", "checkpoint": "karm.safetensors", "kv_cache_dtype": )"
+            R"("bfloat16"}]})");
+  if (!at::hasCUDA()) {
+    auto cpu_bf16 = server::KrauseServer::Start(LoopbackOptions(models.dir + "/bf16.json"));
+    EXPECT_EQ(cpu_bf16.status().code(), absl::StatusCode::kInvalidArgument) << cpu_bf16.status();
+    EXPECT_THAT(std::string(cpu_bf16.status().message()), ::testing::HasSubstr("model g:"));
+    EXPECT_THAT(std::string(cpu_bf16.status().message()), ::testing::HasSubstr("CUDA device"));
+  }
   std::filesystem::remove_all(models.dir);
 }
 

@@ -18,7 +18,8 @@ namespace krause {
 
 absl::StatusOr<KrauseRingCache> KrauseRingCache::Create(int64_t slots, int64_t heads,
                                                         int64_t head_dim, int64_t window,
-                                                        const at::Device& device) {
+                                                        const at::Device& device,
+                                                        at::ScalarType dtype) {
   if (slots < 1) return absl::InvalidArgumentError(absl::StrCat("slots must be >= 1, got ", slots));
   if (heads < 1) return absl::InvalidArgumentError(absl::StrCat("heads must be >= 1, got ", heads));
   if (head_dim < 1) {
@@ -27,6 +28,19 @@ absl::StatusOr<KrauseRingCache> KrauseRingCache::Create(int64_t slots, int64_t h
   if (window < 1) {
     return absl::InvalidArgumentError(absl::StrCat("window must be >= 1, got ", window));
   }
+  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ring cache dtype must be float32, bfloat16 or float16, got ", c10::toString(dtype)));
+  }
+  if (dtype != at::kFloat && !device.is_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a ", c10::toString(dtype),
+                     " ring cache needs a CUDA device (the CPU decode kernels are fp32)"));
+  }
+  if (dtype != at::kFloat && window > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a ", c10::toString(dtype), " ring cache needs window <= 256, got ", window));
+  }
   KrauseRingCache c;
   c.slots_ = slots;
   c.heads_ = heads;
@@ -34,19 +48,26 @@ absl::StatusOr<KrauseRingCache> KrauseRingCache::Create(int64_t slots, int64_t h
   c.window_ = window;
   c.ring_stride_ = cpu::RoundUpToChunk(window);
   try {
-    const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+    const auto opts = at::TensorOptions().dtype(dtype).device(device);
     c.keys_t_ = at::zeros({slots, heads, head_dim, c.ring_stride_}, opts);
     c.values_ = at::zeros({slots, heads, window, head_dim}, opts);
-    c.bias_ = at::zeros({slots, heads, c.ring_stride_}, opts);
+    c.bias_ = at::zeros({slots, heads, c.ring_stride_}, opts.dtype(at::kFloat));
   } catch (const std::exception& e) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the ring cache: ", e.what()));
   }
   return c;
 }
 
+int64_t KrauseRingCache::BytesPerSlot(int64_t heads, int64_t head_dim, int64_t window,
+                                      at::ScalarType dtype) {
+  const int64_t stride = cpu::RoundUpToChunk(window);
+  return heads *
+         ((head_dim * stride + window * head_dim) * static_cast<int64_t>(c10::elementSize(dtype)) +
+          stride * static_cast<int64_t>(sizeof(float)));
+}
+
 int64_t KrauseRingCache::bytes_per_slot() const {
-  return heads_ * (head_dim_ * ring_stride_ + window_ * head_dim_ + ring_stride_) *
-         static_cast<int64_t>(sizeof(float));
+  return BytesPerSlot(heads_, head_dim_, window_, dtype());
 }
 
 namespace {

@@ -21,19 +21,27 @@
 
 namespace krause {
 
-// Ring-buffer storage for one attention layer of a model, for `slots` sequences. fp32, CPU.
+// Ring-buffer storage for one attention layer of a model, for `slots` sequences.
 class KrauseRingCache {
  public:
   // On `device`: the CPU (the fused kernels) or, in CUDA builds, a GPU (the CUDA decode kernel).
+  // Keys and values in `dtype`: fp32, or on a GPU with window <= 256 also bf16 or fp16 (half the
+  // bytes per step; a new key is rounded when stored and its bias is the rounded key's); the
+  // biases are fp32. InvalidArgument otherwise.
   static absl::StatusOr<KrauseRingCache> Create(int64_t slots, int64_t heads, int64_t head_dim,
                                                 int64_t window,
-                                                const at::Device& device = at::Device(at::kCPU));
+                                                const at::Device& device = at::Device(at::kCPU),
+                                                at::ScalarType dtype = at::kFloat);
+  // Bytes one slot takes for these dimensions and key/value dtype (padding included).
+  static int64_t BytesPerSlot(int64_t heads, int64_t head_dim, int64_t window,
+                              at::ScalarType dtype = at::kFloat);
   KrauseRingCache() = default;
 
   int64_t slots() const { return slots_; }
   int64_t heads() const { return heads_; }
   int64_t head_dim() const { return head_dim_; }
   int64_t window() const { return window_; }
+  at::ScalarType dtype() const { return values_.scalar_type(); }
   // Bytes held per sequence (keys, values and biases of one slot, padding included).
   int64_t bytes_per_slot() const;
 

@@ -16,16 +16,17 @@ absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(const Arm* mo
   if (model == nullptr) return absl::InvalidArgumentError("model is null");
   int64_t slots = options.max_sequences;
   if (options.max_cache_bytes > 0) {
-    slots =
-        std::min(slots, options.max_cache_bytes / ArmKvCache::BytesPerSequence(model->config()));
+    slots = std::min(slots, options.max_cache_bytes /
+                                ArmKvCache::BytesPerSequence(model->config(), options.cache_dtype));
   }
   if (slots < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("the cache holds no sequence: max_sequences ", options.max_sequences,
                      ", max_cache_bytes ", options.max_cache_bytes, ", one sequence needs ",
-                     ArmKvCache::BytesPerSequence(model->config()), " bytes"));
+                     ArmKvCache::BytesPerSequence(model->config(), options.cache_dtype), " bytes"));
   }
-  ASSIGN_OR_RETURN(ArmKvCache cache, ArmKvCache::Create(model->config(), slots, model->device()));
+  ASSIGN_OR_RETURN(ArmKvCache cache, ArmKvCache::Create(model->config(), slots, model->device(),
+                                                        options.cache_dtype));
   try {  // packing the weights, pinned host buffers
     return std::unique_ptr<DecodeEngine>(new DecodeEngine(model, std::move(cache), slots, options));
   } catch (const std::exception& e) {
@@ -36,6 +37,7 @@ absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(const Arm* mo
 DecodeEngine::DecodeEngine(const Arm* model, ArmKvCache cache, int64_t slots,
                            const EngineOptions& options)
     : model_(model),
+      cache_dtype_(options.cache_dtype),
       device_(model->device()),
       packed_(model->PackForDecode()),
       cache_(std::move(cache)),

@@ -62,6 +62,9 @@ struct EngineOptions {
   // A KARM on a GPU: replay each step as a CUDA graph per batch size (decode_graphs.h). Ignored
   // where graphs do not apply (the CPU, the ARM, LibTorch 1.13).
   bool cuda_graphs = false;
+  // A KARM on a GPU: its ring caches' keys and values in bf16 or fp16 (half the bytes a decode
+  // step reads; keys rounded when stored) instead of fp32. InvalidArgument elsewhere.
+  at::ScalarType cache_dtype = at::kFloat;
 };
 
 struct StepStats {
@@ -90,7 +93,9 @@ class DecodeEngine {
   int64_t active() const { return static_cast<int64_t>(active_.size()); }
   int64_t waiting() const;
   const SlotPool& pool() const { return pool_; }
-  int64_t bytes_per_sequence() const { return ArmKvCache::BytesPerSequence(model_->config()); }
+  int64_t bytes_per_sequence() const {
+    return ArmKvCache::BytesPerSequence(model_->config(), cache_dtype_);
+  }
   const at::Device& device() const { return device_.device(); }
   // The CUDA graphs of the decode step (null unless EngineOptions::cuda_graphs applied).
   const DecodeGraphs* graphs() const { return graphs_.get(); }
@@ -112,6 +117,7 @@ class DecodeEngine {
   void Finish(Sequence* s, absl::Status status, StepStats* stats);
 
   const Arm* model_;
+  at::ScalarType cache_dtype_ = at::kFloat;
   const DeviceContext device_;
   // Batch-invariant linear layers (CPU only) and the Krause layers' scales (any device).
   const ArmPackedWeights packed_;

@@ -31,16 +31,20 @@ void SlotPool::Release(int64_t slot) {
 }
 
 absl::StatusOr<ArmKvCache> ArmKvCache::Create(const ArmConfig& c, int64_t slots,
-                                              const at::Device& device) {
+                                              const at::Device& device, at::ScalarType dtype) {
   if (slots < 1)
     return absl::InvalidArgumentError(absl::StrCat("cache slots must be >= 1, got ", slots));
+  if (c.attention != "krause" && dtype != at::kFloat) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the ARM's KV cache is float32; ", c10::toString(dtype), " caches are for KARM rings"));
+  }
   ArmKvCache cache;
   cache.slots_ = slots;
   const int64_t dh = c.width / c.heads;
   try {
     for (int64_t l = 0; l < c.depth; ++l) {
       if (c.attention == "krause") {
-        auto ring = KrauseRingCache::Create(slots, c.heads, dh, c.window, device);
+        auto ring = KrauseRingCache::Create(slots, c.heads, dh, c.window, device, dtype);
         if (!ring.ok()) return ring.status();
         cache.rings_.push_back(std::move(ring).value());
       } else {
@@ -55,11 +59,10 @@ absl::StatusOr<ArmKvCache> ArmKvCache::Create(const ArmConfig& c, int64_t slots,
   return cache;
 }
 
-int64_t ArmKvCache::BytesPerSequence(const ArmConfig& c) {
+int64_t ArmKvCache::BytesPerSequence(const ArmConfig& c, at::ScalarType dtype) {
   const int64_t dh = c.width / c.heads;
   if (c.attention == "krause") {
-    const int64_t stride = cpu::RoundUpToChunk(c.window);
-    return c.depth * c.heads * (dh * stride + c.window * dh + stride) * 4;
+    return c.depth * KrauseRingCache::BytesPerSlot(c.heads, dh, c.window, dtype);
   }
   return c.depth * c.heads * c.seq_len() * dh * 2 * 4;
 }
@@ -76,8 +79,10 @@ void ArmKvCache::WritePrefix(int64_t layer, int64_t slot, const at::Tensor& k,
   KrauseRingCache& ring = rings_[layer];
   const int64_t w = ring.window(), d = ring.head_dim();
   // Biases with the CPU decode kernel's own function, so that prefill and CPU decode agree bit
-  // for bit (a GPU cache gets the same values, copied).
-  const at::Tensor kc = k.contiguous().to(at::kCPU, at::kFloat);
+  // for bit (a GPU cache gets the same values, copied); of the keys as stored (a bf16 / fp16
+  // cache rounds them).
+  at::Tensor kc = k.contiguous().to(at::kCPU, at::kFloat);
+  if (ring.dtype() != at::kFloat) kc = kc.to(ring.dtype()).to(at::kFloat);
   at::Tensor bias = at::empty({k.size(0), t}, at::kFloat);
   for (int64_t h = 0; h < k.size(0); ++h) {
     cpu::CpuKernels().key_biases(kc[h].data_ptr<float>(), t, d, bias[h].data_ptr<float>());
@@ -86,8 +91,9 @@ void ArmKvCache::WritePrefix(int64_t layer, int64_t slot, const at::Tensor& k,
   const int64_t first = std::max<int64_t>(0, t - w), count = t - first;
   const at::Device dev = ring.values().device();
   const at::Tensor cols = (at::arange(first, t, at::kLong) % w).to(dev);
-  ring.keys_t()[slot].index_copy_(2, cols, kc.narrow(1, first, count).transpose(1, 2).to(dev));
-  ring.values()[slot].index_copy_(1, cols, v.narrow(1, first, count).to(dev, at::kFloat));
+  ring.keys_t()[slot].index_copy_(2, cols,
+                                  kc.narrow(1, first, count).transpose(1, 2).to(dev, ring.dtype()));
+  ring.values()[slot].index_copy_(1, cols, v.narrow(1, first, count).to(dev, ring.dtype()));
   ring.bias()[slot].index_copy_(1, cols, bias.narrow(1, first, count).to(dev));
 }
 

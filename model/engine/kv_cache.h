@@ -43,10 +43,13 @@ class SlotPool {
 class ArmKvCache {
  public:
   // On `device`: the CPU, or in CUDA builds a GPU (ring caches for the CUDA decode kernel).
+  // `dtype` of the KARM's cached keys and values: fp32, or bf16 / fp16 on a GPU (W <= 256; see
+  // KrauseRingCache::Create). The ARM's caches are fp32 (InvalidArgument otherwise).
   static absl::StatusOr<ArmKvCache> Create(const ArmConfig& config, int64_t slots,
-                                           const at::Device& device = at::Device(at::kCPU));
+                                           const at::Device& device = at::Device(at::kCPU),
+                                           at::ScalarType dtype = at::kFloat);
   // Bytes one sequence occupies over all layers (padding included).
-  static int64_t BytesPerSequence(const ArmConfig& config);
+  static int64_t BytesPerSequence(const ArmConfig& config, at::ScalarType dtype = at::kFloat);
   ArmKvCache() = default;
 
   bool krause() const { return !rings_.empty(); }

@@ -147,8 +147,11 @@ at::Tensor CudaDecodeStep(const at::Tensor& q, const at::Tensor& k, const at::Te
   a.window = cache->window();
   a.ring_stride = cache->ring_stride();
   a.kept = kept;
-  a.keys_t = cache->keys_t().data_ptr<float>();
-  a.values = cache->values().data_ptr<float>();
+  a.keys_t = cache->keys_t().data_ptr();
+  a.values = cache->values().data_ptr();
+  a.cache = cache->dtype() == at::kBFloat16 ? cuda::CacheType::kBFloat16
+            : cache->dtype() == at::kHalf   ? cuda::CacheType::kFloat16
+                                            : cuda::CacheType::kFloat32;
   a.ring_bias = cache->bias().data_ptr<float>();
   a.out = out.data_ptr<float>();
   if (selection != nullptr) {

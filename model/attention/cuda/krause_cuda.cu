@@ -16,6 +16,8 @@
 //   counts with one warp reduction per round and the ties with ballots, with no block-wide barrier;
 //   weights and positions go through the warp's own shared scratch for the aggregation. Rows of up
 //   to kWarpRow candidates (e.g. causal W <= 256).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -31,6 +33,25 @@ constexpr int kMaxRow = 2048;  // candidates per row held in shared memory
 constexpr int kPerLane = static_cast<int>(kWarpRow / 32);  // warp kernels: candidates per lane
 constexpr int kWarpsPerBlock = 4;
 constexpr unsigned kFullMask = 0xffffffffu;
+
+// Ring cache elements: fp32, or bf16 / fp16 (rounded to nearest when stored).
+__device__ __forceinline__ float Load(const float* p) { return *p; }
+__device__ __forceinline__ float Load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float Load(const __half* p) { return __half2float(*p); }
+template <typename T>
+__device__ __forceinline__ T Store(float x);
+template <>
+__device__ __forceinline__ float Store<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 Store<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __half Store<__half>(float x) {
+  return __float2half_rn(x);
+}
 
 // Float -> uint32 with the same order (negative values flipped, positives get the top bit).
 __device__ __forceinline__ uint32_t OrderedBits(float x) {
@@ -170,7 +191,8 @@ __device__ void SelectAndSoftmax(Row& row, int c, int kept, int64_t* sel_index, 
 // `stride` floats apart, where row = pos % modulo for a ring (decode) and row = pos when modulo
 // is 0 (prefill); zero weights are skipped. Output elements t = first, first + step, ... are this
 // thread's (the block variant: every thread of the block; the warp variant: the lanes).
-__device__ void Aggregate(const float* weight, const int64_t* pos, int c, int64_t d, const float* v,
+template <typename T>
+__device__ void Aggregate(const float* weight, const int64_t* pos, int c, int64_t d, const T* v,
                           int64_t stride, int64_t modulo, float* out, int first, int step) {
   for (int64_t t = first; t < d; t += step) {
     float acc = 0;
@@ -178,7 +200,7 @@ __device__ void Aggregate(const float* weight, const int64_t* pos, int c, int64_
       const float w = weight[ci];
       if (w == 0.f) continue;
       const int64_t r = modulo > 0 ? pos[ci] % modulo : pos[ci];
-      acc = fmaf(w, v[r * stride + t], acc);
+      acc = fmaf(w, Load(v + r * stride + t), acc);
     }
     out[t] = acc;
   }
@@ -186,21 +208,23 @@ __device__ void Aggregate(const float* weight, const int64_t* pos, int c, int64_
 
 // Where sequence s, head h of a decode step reads and writes: its position p, the ring column
 // p % W, the offset of its q/k/v/out rows and its slot's ring (one layer).
+template <typename T>
 struct Ring {
   int64_t p, col, in;
-  float* keys;  // [d, ring_stride], column p % W holds position p
-  float* vals;  // [W, d]
+  T* keys;      // [d, ring_stride], column p % W holds position p
+  T* vals;      // [W, d]
   float* bias;  // [ring_stride]
 };
 
-__device__ __forceinline__ Ring RingOf(const DecodeArgs& a, int64_t s, int64_t h) {
+template <typename T>
+__device__ __forceinline__ Ring<T> RingOf(const DecodeArgs& a, int64_t s, int64_t h) {
   const int64_t slot = a.slots[s], ring = slot * a.heads + h;
-  Ring r;
+  Ring<T> r;
   r.p = a.positions[s];
   r.col = r.p % a.window;
   r.in = (s * a.heads + h) * a.d;
-  r.keys = a.keys_t + ring * a.d * a.ring_stride;
-  r.vals = a.values + ring * a.window * a.d;
+  r.keys = static_cast<T*>(a.keys_t) + ring * a.d * a.ring_stride;
+  r.vals = static_cast<T*>(a.values) + ring * a.window * a.d;
   r.bias = a.ring_bias + ring * a.ring_stride;
   return r;
 }
@@ -247,7 +271,7 @@ __global__ void DecodeKernel(DecodeArgs a) {
   extern __shared__ unsigned char smem[];
   Row& row = *reinterpret_cast<Row*>(smem);
   const int64_t s = blockIdx.x, h = blockIdx.y;
-  const Ring r = RingOf(a, s, h);
+  const Ring<float> r = RingOf<float>(a, s, h);
   const int64_t p = r.p, col = r.col, in = r.in;
   float *keys = r.keys, *vals = r.vals, *bias = r.bias;
   // Append the new key (transposed), value and bias at column p % W.
@@ -434,12 +458,13 @@ __device__ __forceinline__ void ScoreLaneCandidates(int c, int64_t d, const floa
 
 // Selection, softmax and aggregation of a scored row; `sel` offsets the optional selection
 // outputs, V rows are `d` floats apart (row = pos % modulo for a ring, pos when modulo is 0).
+template <typename T>
 __device__ __forceinline__ void WarpFinishRow(const float (&score)[kPerLane],
                                               const uint32_t (&key)[kPerLane],
                                               const int64_t (&pos)[kPerLane], int c, int64_t kept,
                                               WarpRow& row, int64_t* sel_index, float* sel_weight,
-                                              int64_t sel, int64_t d, const float* v,
-                                              int64_t modulo, float* out) {
+                                              int64_t sel, int64_t d, const T* v, int64_t modulo,
+                                              float* out) {
   WarpSelectAndSoftmax(score, key, pos, c, static_cast<int>(kept), row,
                        sel_index ? sel_index + sel : nullptr,
                        sel_weight ? sel_weight + sel : nullptr, static_cast<int>(kept));
@@ -489,23 +514,27 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) PrefillWarpKernel(Prefill
                 a.d, a.v + base * a.d, 0, a.out + (base + i) * a.d);
 }
 
+template <typename T>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) DecodeWarpKernel(DecodeArgs a) {
   __shared__ WarpRow rows[kWarpsPerBlock];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t g = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   if (g >= a.seqs * a.heads) return;  // the whole warp
   const int64_t s = g / a.heads, h = g % a.heads;
-  const Ring r = RingOf(a, s, h);
+  const Ring<T> r = RingOf<T>(a, s, h);
   const int64_t p = r.p, col = r.col, in = r.in;
-  float *keys = r.keys, *vals = r.vals, *bias = r.bias;
+  T *keys = r.keys, *vals = r.vals;
+  float* bias = r.bias;
   WarpRow& row = rows[warp];
-  // Append the new key (transposed), value and bias at column p % W.
+  // Append the new key (transposed), value and bias at column p % W; the bias is the key's as
+  // stored (rounded to T).
   float local = 0;
   for (int64_t t = lane; t < a.d; t += 32) {
-    const float kt = a.k[in + t];
-    keys[t * a.ring_stride + col] = kt;
-    vals[col * a.d + t] = a.v[in + t];
+    const T stored = Store<T>(a.k[in + t]);
+    keys[t * a.ring_stride + col] = stored;
+    vals[col * a.d + t] = Store<T>(a.v[in + t]);
     row.q[t] = a.q[in + t];
+    const float kt = Load(&stored);
     local = fmaf(kt, kt, local);
   }
   const float norm2 = WarpSum(local);
@@ -526,7 +555,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) DecodeWarpKernel(DecodeAr
         *where = kpos % a.window;
         return kpos;
       },
-      [&](int64_t cc, int64_t t) { return keys[t * a.ring_stride + cc]; },
+      [&](int64_t cc, int64_t t) { return Load(keys + t * a.ring_stride + cc); },
       [&](int64_t cc) { return bias[cc]; }, score, key, pos);
   WarpFinishRow(score, key, pos, c, a.kept, row, a.sel_index, a.sel_weight,
                 (s * a.heads + h) * a.kept, a.d, vals, a.window, a.out + in);
@@ -565,12 +594,24 @@ cudaError_t Prefill(const PrefillArgs& a, cudaStream_t stream, Variant variant) 
 
 cudaError_t DecodeStep(const DecodeArgs& a, cudaStream_t stream, Variant variant) {
   if (a.window > kMaxRow || a.d > kMaxHeadDim) return cudaErrorInvalidValue;
-  if (variant == Variant::kWarp && a.window > kWarpRow) return cudaErrorInvalidValue;
+  const bool reduced = a.cache != CacheType::kFloat32;
+  if ((variant == Variant::kWarp || reduced) && a.window > kWarpRow) return cudaErrorInvalidValue;
+  if (reduced && variant == Variant::kBlock) return cudaErrorInvalidValue;
   if (a.seqs == 0 || a.heads == 0) return cudaSuccess;
-  if (variant == Variant::kWarp || (variant == Variant::kAuto && a.window <= kWarpRow)) {
+  if (variant == Variant::kWarp || reduced || (variant == Variant::kAuto && a.window <= kWarpRow)) {
     const int64_t blocks = (a.seqs * a.heads + kWarpsPerBlock - 1) / kWarpsPerBlock;
     if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-    DecodeWarpKernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(a);
+    const unsigned grid = static_cast<unsigned>(blocks);
+    switch (a.cache) {
+      case CacheType::kBFloat16:
+        DecodeWarpKernel<__nv_bfloat16><<<grid, kWarpsPerBlock * 32, 0, stream>>>(a);
+        break;
+      case CacheType::kFloat16:
+        DecodeWarpKernel<__half><<<grid, kWarpsPerBlock * 32, 0, stream>>>(a);
+        break;
+      default:
+        DecodeWarpKernel<float><<<grid, kWarpsPerBlock * 32, 0, stream>>>(a);
+    }
     return cudaGetLastError();
   }
   const size_t smem = sizeof(Row);

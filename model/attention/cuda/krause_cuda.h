@@ -46,6 +46,10 @@ struct PrefillArgs {
 // kWarp with a.width > kWarpRow: cudaErrorInvalidValue.
 cudaError_t Prefill(const PrefillArgs& a, cudaStream_t stream, Variant variant = Variant::kAuto);
 
+// The element type of a ring cache's keys and values (biases are always fp32). Reduced
+// precision halves the bytes a decode step reads; the warp kernel only (W <= kWarpRow).
+enum class CacheType { kFloat32, kBFloat16, kFloat16 };
+
 struct DecodeArgs {
   const float* q;            // [S, H, d] new tokens
   const float* k;            // [S, H, d]
@@ -54,17 +58,20 @@ struct DecodeArgs {
   const int64_t* slots;      // [S]
   const int64_t* positions;  // [S]
   int64_t seqs = 0, heads = 0, d = 0, window = 0, ring_stride = 0, kept = 0;
-  // Ring caches (one layer): column p % W holds position p.
-  float* keys_t;                 // [slots, H, d, ring_stride]
-  float* values;                 // [slots, H, W, d]
-  float* ring_bias;              // [slots, H, ring_stride]
+  // Ring caches (one layer): column p % W holds position p. Keys and values of `cache` type; a
+  // new key is rounded to it before its bias is computed (scores use the stored key).
+  void* keys_t;      // [slots, H, d, ring_stride]
+  void* values;      // [slots, H, W, d]
+  float* ring_bias;  // [slots, H, ring_stride]
+  CacheType cache = CacheType::kFloat32;
   float* out;                    // [S, H, d]
   int64_t* sel_index = nullptr;  // optional [S, H, K] absolute positions, rank order
   float* sel_weight = nullptr;   // optional [S, H, K]
 };
 // Appends each sequence's new key, value and bias to its ring, then attends over its causal
 // window (positions max(0, p - W + 1) .. p).
-// kWarp with a.window > kWarpRow: cudaErrorInvalidValue.
+// kWarp with a.window > kWarpRow, or a reduced-precision cache with a.window > kWarpRow or
+// kBlock: cudaErrorInvalidValue.
 cudaError_t DecodeStep(const DecodeArgs& a, cudaStream_t stream, Variant variant = Variant::kAuto);
 
 }  // namespace krause::cuda
