@@ -282,8 +282,6 @@ int Main(int argc, char** argv) {
                      s / total,    total / n, ArmKvCache::BytesPerSequence(c)};
         records.push_back(integ);
         // The KARM on a GPU once more with its decode step replayed as a CUDA graph, on a stream
-        // of its own as in the engine.
-        // The KARM on a GPU once more with its decode step replayed as a CUDA graph, on a stream
         // of its own as in the engine: over the fp32 cache, then over a bf16 one (half the bytes).
         auto graphed = [&](ArmKvCache* graph_cache, const char* step_method,
                            const char* integrated_method, at::ScalarType dtype) {

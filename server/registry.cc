@@ -63,6 +63,10 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Load(const std::vector<Model
                           absl::StrCat("model ", spec.name, ": ", loaded.status().message()));
     m->model = std::move(*loaded);
     const std::string name = spec.name;
+    if (m->model.classifier() && spec.kv_cache_dtype != "float32") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model ", spec.name, ": kv_cache_dtype is a generator's option (this is a classifier)"));
+    }
     if (m->model.classifier()) {
       const ViTConfig& c = m->model.vit->config();
       m->shape = {c.image_size, c.image_size, c.channels};

@@ -199,6 +199,15 @@ TEST_P(EngineCuda, EngineWithGraphsGivesTheSameImages) {
   };
   const auto eager = run(false), graphed = run(true);
   for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(eager[i], graphed[i]) << "request " << i;
+  // And over bf16 ring caches (KARM).
+  if (GetParam() == "krause") {
+    EngineOptions o{4, 0, false};
+    o.cache_dtype = at::kBFloat16;
+    const auto eager16 = Generate(m.gpu, o, 4, 700, false);
+    o.cuda_graphs = true;
+    const auto graphed16 = Generate(m.gpu, o, 4, 700, false);
+    for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(eager16[i], graphed16[i]) << "bf16 request " << i;
+  }
 }
 
 // A KARM engine with bf16 ring caches: whole, reproducible images, every slot freed; its decode

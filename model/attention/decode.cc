@@ -37,7 +37,7 @@ absl::StatusOr<KrauseRingCache> KrauseRingCache::Create(int64_t slots, int64_t h
         absl::StrCat("a ", c10::toString(dtype),
                      " ring cache needs a CUDA device (the CPU decode kernels are fp32)"));
   }
-  if (dtype != at::kFloat && window > 256) {
+  if (dtype != at::kFloat && window > 256) {  // cuda::kWarpRow (krause_cuda.h)
     return absl::InvalidArgumentError(
         absl::StrCat("a ", c10::toString(dtype), " ring cache needs window <= 256, got ", window));
   }
@@ -67,6 +67,7 @@ int64_t KrauseRingCache::BytesPerSlot(int64_t heads, int64_t head_dim, int64_t w
 }
 
 int64_t KrauseRingCache::bytes_per_slot() const {
+  if (!values_.defined()) return 0;
   return BytesPerSlot(heads_, head_dim_, window_, dtype());
 }
 

@@ -160,7 +160,10 @@ at::Tensor CudaDecodeStep(const at::Tensor& q, const at::Tensor& k, const at::Te
     a.sel_index = selection->indices.data_ptr<int64_t>();
     a.sel_weight = selection->weights.data_ptr<float>();
   }
-  C10_CUDA_CHECK(cuda::DecodeStep(a, stream, KernelVariant()));
+  // bf16 / fp16 caches have the warp kernel only: a forced variant (KRAUSE_CUDA_KERNEL=block)
+  // applies to fp32 caches.
+  C10_CUDA_CHECK(cuda::DecodeStep(
+      a, stream, a.cache == cuda::CacheType::kFloat32 ? KernelVariant() : cuda::Variant::kWarp));
   return out;
 }
 
