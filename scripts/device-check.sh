@@ -104,7 +104,9 @@ t_build=$(date +%s)
 
 # The GPU tests fail (instead of skipping) if LibTorch cannot see the GPU.
 export KRAUSE_REQUIRE_CUDA=1
-phase 150 "gpu tests" gpu-tests.log ctest --test-dir "$BUILD" -L gpu --timeout 140 \
+# -j 8: each test is a process that loads LibTorch and makes a CUDA context (seconds); eight
+# at a time share the GPU easily.
+phase 150 "gpu tests" gpu-tests.log ctest --test-dir "$BUILD" -L gpu -j 8 --timeout 140 \
   --output-on-failure
 gpu_rc=$?
 # Prefill: fused Krause vs dense causal attention (SDPA), N 3072, W 256, k 192.
@@ -121,7 +123,7 @@ gen_rc=$?
 gpu_block_rc=-
 if [ $gpu_rc -ne 0 ]; then
   export KRAUSE_CUDA_KERNEL=block
-  phase 120 "gpu tests, block kernels forced" gpu-tests-block.log ctest --test-dir "$BUILD" -L gpu \
+  phase 120 "gpu tests, block kernels forced" gpu-tests-block.log ctest --test-dir "$BUILD" -L gpu -j 8 \
     --timeout 110 --output-on-failure
   gpu_block_rc=$?
   unset KRAUSE_CUDA_KERNEL
