@@ -93,6 +93,20 @@ ArmConfig PaperConfig(const std::string& which, const std::string& attention) {
   return c;
 }
 
+// The per-position step records: eager, graphed (CUDA), graphed over a bf16 cache (CUDA).
+struct StepMethod {
+  const char* method;
+  const char* label;
+};
+constexpr StepMethod kStepMethods[] = {
+    {"step", ""}, {"step_graph", "graphed "}, {"step_bf16", "graphed bf16-cache "}};
+
+bool IsStepMethod(const std::string& method) {
+  for (const StepMethod& m : kStepMethods)
+    if (method == m.method) return true;
+  return false;
+}
+
 using StepFn = std::function<at::Tensor(const at::Tensor& u, const at::Tensor& positions,
                                         const at::Tensor& slots)>;
 
@@ -334,7 +348,7 @@ int Main(int argc, char** argv) {
   std::printf("\ndevice: %s\n%-6s %-5s %-9s %4s %-11s %10s %12s %14s\n", device.str().c_str(),
               "config", "model", "image", "S", "method", "images/s", "ms/step", "KV bytes/seq");
   for (const Record& r : records) {
-    if (r.method == "step" || r.method == "step_graph" || r.method == "step_bf16") continue;
+    if (IsStepMethod(r.method)) continue;
     std::printf("%-6s %-5s %-9s %4lld %-11s %10.3f %12.3f %14lld\n", r.model.c_str(),
                 r.attention.c_str(), r.image.c_str(), static_cast<long long>(r.streams),
                 r.method.c_str(), r.images_per_second, r.step_seconds * 1e3,
@@ -352,14 +366,11 @@ int Main(int argc, char** argv) {
   for (const std::string& which : configs) {
     for (const char* att : {"KARM", "ARM"}) {
       for (int64_t s : streams) {
-        for (const char* method : {"step", "step_graph", "step_bf16"}) {
-          const std::string m = method;
-          std::string line = absl::StrFormat(
-              "  %-6s %-5s S=%-3d%s", which, att, s,
-              m == "step" ? "" : (m == "step_graph" ? " graph" : " graph, bf16 cache"));
+        for (const StepMethod& m : kStepMethods) {
+          std::string line = absl::StrFormat("  %-6s %-5s S=%-3d %s", which, att, s, m.label);
           bool any = false;
           for (const Record& r : records)
-            if (r.model == which && r.attention == att && r.streams == s && r.method == method) {
+            if (r.model == which && r.attention == att && r.streams == s && r.method == m.method) {
               line += absl::StrFormat(" %d:%.2f", r.position, r.step_seconds * 1e3);
               any = true;
             }
@@ -413,20 +424,17 @@ int Main(int argc, char** argv) {
     // ring for KARM, the full prefix for ARM) and the weights once; per second of step time.
     for (const char* att : {"KARM", "ARM"}) {
       for (int64_t s : streams) {
-        for (const char* method : {"step", "step_graph", "step_bf16"}) {
+        for (const StepMethod& m : kStepMethods) {
           const Record* last = nullptr;
           for (const Record& r : records)
-            if (r.model == which && r.attention == att && r.streams == s && r.method == method)
+            if (r.model == which && r.attention == att && r.streams == s && r.method == m.method)
               last = &r;
           if (last == nullptr) continue;
           const double bytes =
               static_cast<double>(s) * last->kv_bytes_per_sequence + param_bytes[which + att];
           const double bps = bytes / last->step_seconds;
           std::printf("  %-6s %-4s S=%-3lld %sstep at position %lld reads %.1f MB: %.1f GB/s",
-                      which.c_str(), att, static_cast<long long>(s),
-                      method == std::string("step")         ? ""
-                      : method == std::string("step_graph") ? "graphed "
-                                                            : "graphed bf16-cache ",
+                      which.c_str(), att, static_cast<long long>(s), m.label,
                       static_cast<long long>(last->position), bytes / 1e6, bps / 1e9);
           if (copy_bps > 0) {
             std::printf(" (%.0f%% of the device copy's %.0f GB/s)", 100 * bps / copy_bps,

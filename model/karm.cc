@@ -241,14 +241,16 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u_device, const DecodeIndex& index,
     at::Tensor out;
     if (krause) {
       // The scale validated once by PackForDecode, or here for this step.
+      const DecodeScale* scale =
+          packed != nullptr && !packed->scales.empty() ? &packed->scales[l] : nullptr;
       DecodeScale step_scale;
-      if (packed == nullptr || packed->scales.empty()) {
+      if (scale == nullptr) {
         auto made = DecodeScale::Create(params_.Get(a + "log_sigma"), h, dev);
         TORCH_CHECK(made.ok(), made.status().ToString());
         step_scale = std::move(made).value();
+        scale = &step_scale;
       }
-      const DecodeScale& scale = step_scale.inv_var().defined() ? step_scale : packed->scales[l];
-      auto r = KrauseDecodeStep(q, k, v, scale, config_.top_k, index, &cache->ring(l));
+      auto r = KrauseDecodeStep(q, k, v, *scale, config_.top_k, index, &cache->ring(l));
       TORCH_CHECK(r.ok(), r.status().ToString());
       out = *r;
     } else if (batched_softmax) {

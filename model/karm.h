@@ -28,7 +28,6 @@ namespace krause {
 
 class ArmKvCache;
 
-// An Arm's linear layers packed for batch-invariant decoding (nn::PackedLinear), per layer.
 // What every decode step of a model reuses, made once by Arm::PackForDecode(): on the CPU the
 // batch-invariant packed linear layers; on any device each Krause layer's validated 1/sigma^2
 // (so that a step on a GPU reads nothing back to the host for it).

@@ -117,7 +117,8 @@ absl::StatusOr<std::vector<ModelSpec>> ReadManifest(const std::string& path) {
 }
 
 absl::StatusOr<std::vector<ModelSpec>> BundledManifest(const std::string& dir,
-                                                       const std::string& device) {
+                                                       const std::string& device,
+                                                       bool cuda_graphs) {
   std::vector<std::string> files;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -134,6 +135,7 @@ absl::StatusOr<std::vector<ModelSpec>> BundledManifest(const std::string& dir,
     std::replace(s.name.begin(), s.name.end(), '_', '-');
     s.checkpoint = f;
     s.device = device;
+    s.cuda_graphs = cuda_graphs;
     s.is_default = absl::StartsWith(s.name, "krause") || absl::StartsWith(s.name, "karm");
     specs.push_back(std::move(s));
   }

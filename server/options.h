@@ -63,9 +63,10 @@ absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
                                                      const std::string& base_dir);
 absl::StatusOr<std::vector<ModelSpec>> ReadManifest(const std::string& path);
 // The bundled default models: every *.safetensors in `dir`, named after the file (underscores
-// become dashes), the Krause models the defaults, all on `device`.
+// become dashes), the Krause models the defaults, all on `device`, with `cuda_graphs`.
 absl::StatusOr<std::vector<ModelSpec>> BundledManifest(const std::string& dir,
-                                                       const std::string& device = "cpu");
+                                                       const std::string& device = "cpu",
+                                                       bool cuda_graphs = false);
 // Tokens from a file: one per line, blank lines and '#' comments ignored; at least one.
 absl::StatusOr<std::vector<std::string>> ReadTokens(const std::string& path);
 

@@ -62,12 +62,10 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   s->options_ = options;
   // The manifest and tokens are checked before anything listens.
   absl::StatusOr<std::vector<ModelSpec>> specs =
-      options.manifest.empty() ? BundledManifest(options.models_dir, options.device)
-                               : ReadManifest(options.manifest);
+      options.manifest.empty()
+          ? BundledManifest(options.models_dir, options.device, options.cuda_graphs)
+          : ReadManifest(options.manifest);
   if (!specs.ok()) return specs.status();
-  if (options.manifest.empty()) {
-    for (ModelSpec& spec : *specs) spec.cuda_graphs = options.cuda_graphs;
-  }
   if (!options.auth_tokens_file.empty()) {
     auto tokens = ReadTokens(options.auth_tokens_file);
     if (!tokens.ok()) return tokens.status();

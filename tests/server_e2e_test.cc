@@ -840,6 +840,10 @@ TEST(ServerStart, ModelDevicesAreCheckedAtLoad) {
   ASSERT_TRUE(bundled.ok()) << bundled.status();
   ASSERT_FALSE(bundled->empty());
   for (const server::ModelSpec& spec : *bundled) EXPECT_EQ(spec.device, "cuda:1") << spec.name;
+  // And --cuda_graphs (ServerOptions::cuda_graphs).
+  auto graphed = server::BundledManifest(models.dir, "cpu", true);
+  ASSERT_TRUE(graphed.ok()) << graphed.status();
+  for (const server::ModelSpec& spec : *graphed) EXPECT_TRUE(spec.cuda_graphs) << spec.name;
   // "cuda_graphs" is a generator's option (a bool); on the CPU it changes nothing.
   auto graphs = server::ParseManifest(
       R"({"models": [{"name": "g", "checkpoint": "karm.safetensors", "cuda_graphs": true}]})",

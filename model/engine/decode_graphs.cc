@@ -88,15 +88,15 @@ at::Tensor DecodeGraphs::Step(const at::Tensor& u, const at::Tensor& positions,
   const int64_t s = u.size(0);
   TORCH_CHECK(s >= 1 && s <= u_.size(0), "a graphed decode step takes 1..", u_.size(0),
               " sequences, got ", s);
-  // The step's inputs into the fixed buffers every graph reads (ordered on the current stream
-  // before the replay or the eager step that reads them).
   const at::Tensor u_d = u_.narrow(0, 0, s), pos_d = positions_.narrow(0, 0, s),
                    slots_d = slots_.narrow(0, 0, s);
+  auto index = DecodeIndex::Adopt(slots, positions, cache_->slots(), slots_d, pos_d);
+  TORCH_CHECK(index.ok(), index.status().ToString());
+  // The step's (validated) inputs into the fixed buffers every graph reads, ordered on the
+  // current stream before the replay or the eager step that reads them.
   u_d.copy_(u, /*non_blocking=*/true);
   pos_d.copy_(positions, true);
   slots_d.copy_(slots, true);
-  auto index = DecodeIndex::Adopt(slots, positions, cache_->slots(), slots_d, pos_d);
-  TORCH_CHECK(index.ok(), index.status().ToString());
 
   if (auto it = graphs_.find(s); it != graphs_.end()) {
 #ifdef KRAUSE_CUDA_GRAPHS

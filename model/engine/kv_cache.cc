@@ -79,28 +79,27 @@ void ArmKvCache::WritePrefix(int64_t layer, int64_t slot, const at::Tensor& k,
   KrauseRingCache& ring = rings_[layer];
   const int64_t w = ring.window(), d = ring.head_dim();
   const at::Device dev = ring.values().device();
-  at::Tensor kc, bias;
+  // The keys as the ring holds them (a bf16 / fp16 cache rounds them); the biases are theirs.
+  const at::Tensor stored = k.to(dev, ring.dtype()).contiguous();
+  at::Tensor bias;
   if (dev.is_cpu()) {
-    // Biases with the CPU decode kernel's own function, so that prefill and CPU decode agree bit
-    // for bit.
-    kc = k.contiguous().to(at::kCPU, at::kFloat);
+    // With the CPU decode kernel's own function, so that prefill and CPU decode agree bit for bit
+    // (a CPU ring is fp32).
     bias = at::empty({k.size(0), t}, at::kFloat);
     for (int64_t h = 0; h < k.size(0); ++h) {
-      cpu::CpuKernels().key_biases(kc[h].data_ptr<float>(), t, d, bias[h].data_ptr<float>());
+      cpu::CpuKernels().key_biases(stored[h].data_ptr<float>(), t, d, bias[h].data_ptr<float>());
     }
   } else {
-    // On a GPU, computed there (no download): of the keys as stored (a bf16 / fp16 cache rounds
-    // them); the sum's order is not the decode kernel's, so a few ulp apart from it.
-    kc = k.to(dev, at::kFloat);
-    if (ring.dtype() != at::kFloat) kc = kc.to(ring.dtype()).to(at::kFloat);
-    bias = -0.5 * (kc * kc).sum(-1);
+    // On a GPU, computed there (no download); the sum's order is not the decode kernel's, so a
+    // few ulp apart from it.
+    const at::Tensor kf = stored.to(at::kFloat);
+    bias = -0.5 * (kf * kf).sum(-1);
   }
   // The last min(T, W) positions p go to ring column p % W: one index_copy_ per tensor.
   const int64_t first = std::max<int64_t>(0, t - w), count = t - first;
   const at::Tensor cols =
       at::arange(first, t, at::TensorOptions().dtype(at::kLong).device(dev)).remainder(w);
-  ring.keys_t()[slot].index_copy_(2, cols,
-                                  kc.narrow(1, first, count).transpose(1, 2).to(dev, ring.dtype()));
+  ring.keys_t()[slot].index_copy_(2, cols, stored.narrow(1, first, count).transpose(1, 2));
   ring.values()[slot].index_copy_(1, cols, v.narrow(1, first, count).to(dev, ring.dtype()));
   ring.bias()[slot].index_copy_(1, cols, bias.narrow(1, first, count).to(dev));
 }
