@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "model/engine/cpu_decoder.h"
 #include "model/engine/kv_cache.h"
 #include "model/nn/layers.h"
 #include "model/util/status_macros.h"
@@ -170,30 +171,40 @@ at::Device Arm::device() const { return params_.Get("head.weight").device(); }
 
 ArmPackedWeights Arm::PackForDecode() const {
   ArmPackedWeights w;
-  const bool krause = config_.attention == "krause";
-  const bool cpu = device().is_cpu();
-  for (int64_t l = 0; l < config_.depth; ++l) {
-    const std::string a = absl::StrCat("layers.", l, ".attn.");
-    if (krause) {
-      auto scale = DecodeScale::Create(params_.Get(a + "log_sigma"), config_.heads, device());
+  if (config_.attention == "krause") {
+    for (int64_t l = 0; l < config_.depth; ++l) {
+      auto scale = DecodeScale::Create(params_.Get(absl::StrCat("layers.", l, ".attn.log_sigma")),
+                                       config_.heads, device());
       TORCH_CHECK(scale.ok(), "layer ", l, ": ", scale.status().ToString());
       w.scales.push_back(std::move(scale).value());
     }
-    if (!cpu) continue;
-    w.q.emplace_back(params_, a + (krause ? "W_q" : "q_proj"));
-    w.k.emplace_back(params_, a + (krause ? "W_k" : "k_proj"));
-    w.v.emplace_back(params_, a + (krause ? "W_v" : "v_proj"));
-    w.out.emplace_back(params_, a + "out_proj");
-    w.mlp0.emplace_back(params_, absl::StrCat("layers.", l, ".mlp.0"));
-    w.mlp2.emplace_back(params_, absl::StrCat("layers.", l, ".mlp.2"));
   }
-  if (cpu) w.head = nn::PackedLinear(params_, "head");
+  if (device().is_cpu()) {
+    auto cpu = CpuDecoder::Create(*this);
+    TORCH_CHECK(cpu.ok(), cpu.status().ToString());
+    w.cpu = std::move(cpu).value();
+  }
   return w;
 }
 
 at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
                            const at::Tensor& slots, ArmKvCache* cache,
                            const ArmPackedWeights* packed) const {
+  if (packed != nullptr && packed->cpu != nullptr) {
+    const int64_t s = slots.numel();
+    TORCH_CHECK(u.dim() == 1 && positions.dim() == 1 && slots.dim() == 1 && u.numel() == s &&
+                    positions.numel() == s && u.device().is_cpu() && positions.device().is_cpu() &&
+                    slots.device().is_cpu(),
+                "u, positions and slots must be CPU tensors of shape [S]");
+    const at::Tensor uc = u.to(at::kLong).contiguous(), pc = positions.to(at::kLong).contiguous(),
+                     sc = slots.to(at::kLong).contiguous();
+    at::Tensor logits = at::empty({s, 256}, at::kFloat);
+    const absl::Status st =
+        packed->cpu->Step(uc.data_ptr<int64_t>(), pc.data_ptr<int64_t>(), sc.data_ptr<int64_t>(), s,
+                          cache, logits.data_ptr<float>());
+    TORCH_CHECK(st.ok(), st.ToString());
+    return logits;
+  }
   // u, positions and slots live on the host; the model's device gets copies (asynchronous
   // from pinned buffers), made once for every layer.
   auto index = DecodeIndex::Create(slots, positions, cache->slots(), device());
@@ -209,16 +220,23 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u_device, const DecodeIndex& index,
   const at::Device dev = device();
   TORCH_CHECK(u_device.dim() == 1 && u_device.size(0) == s && u_device.device() == dev,
               "u must have shape [S] = [", s, "] on ", dev.str());
+  if (packed != nullptr && packed->cpu != nullptr) {
+    const at::Tensor uc = u_device.to(at::kLong).contiguous();
+    at::Tensor logits = at::empty({s, 256}, at::kFloat);
+    const absl::Status st = packed->cpu->Step(
+        uc.data_ptr<int64_t>(), index.host_positions().data_ptr<int64_t>(),
+        index.host_slots().data_ptr<int64_t>(), s, cache, logits.data_ptr<float>());
+    TORCH_CHECK(st.ok(), st.ToString());
+    return logits;
+  }
+  // LibTorch ops: the reference of the packed CPU step, and the GPU path.
   const at::Tensor& pos_d = index.device_positions();
   at::Tensor x = Embed(u_device) + params_.Get("pos_emb.weight").index_select(0, pos_d);
   const auto pos = index.host_positions().accessor<int64_t, 1>();
-  const auto slot = index.host_slots().accessor<int64_t, 1>();
-  // The batched ARM path (no packed linear layers): what every layer shares, made once per step.
-  const bool packed_linears = packed != nullptr && packed->linears_packed();
-  const bool batched_softmax = !krause && !packed_linears;
+  // The ARM: what every layer shares, made once per step.
   at::Tensor slots_d, later;  // later: [S, 1, 1, L], true beyond each sequence's own position
   int64_t longest = 0;
-  if (batched_softmax) {
+  if (!krause) {
     slots_d = index.device_slots();
     for (int64_t i = 0; i < s; ++i) longest = std::max(longest, pos[i] + 1);
     later =
@@ -228,16 +246,9 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u_device, const DecodeIndex& index,
     const std::string p = absl::StrCat("layers.", l, ".");
     const std::string a = p + "attn.";
     const at::Tensor hn = nn::LayerNorm(params_, p + "ln1", x);
-    auto linear = [&](const std::vector<nn::PackedLinear>* pk, const std::string& name,
-                      const at::Tensor& in) {
-      return packed_linears ? (*pk)[l].Apply(in) : nn::Linear(params_, name, in);
-    };
-    const at::Tensor q =
-        linear(packed ? &packed->q : nullptr, a + (krause ? "W_q" : "q_proj"), hn).view({s, h, dh});
-    const at::Tensor k =
-        linear(packed ? &packed->k : nullptr, a + (krause ? "W_k" : "k_proj"), hn).view({s, h, dh});
-    const at::Tensor v =
-        linear(packed ? &packed->v : nullptr, a + (krause ? "W_v" : "v_proj"), hn).view({s, h, dh});
+    const at::Tensor q = nn::Linear(params_, a + (krause ? "W_q" : "q_proj"), hn).view({s, h, dh});
+    const at::Tensor k = nn::Linear(params_, a + (krause ? "W_k" : "k_proj"), hn).view({s, h, dh});
+    const at::Tensor v = nn::Linear(params_, a + (krause ? "W_v" : "v_proj"), hn).view({s, h, dh});
     at::Tensor out;
     if (krause) {
       // The scale validated once by PackForDecode, or here for this step.
@@ -253,10 +264,10 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u_device, const DecodeIndex& index,
       auto r = KrauseDecodeStep(q, k, v, *scale, config_.top_k, index, &cache->ring(l));
       TORCH_CHECK(r.ok(), r.status().ToString());
       out = *r;
-    } else if (batched_softmax) {
-      // All sequences at once (the GPU path): write each new key and value at (slot, position),
-      // then attend over positions 0..max(p) of the sequences' caches with the positions beyond
-      // each one's own masked out. Not batch-invariant (the softmax length is the batch's).
+    } else {
+      // All sequences at once: write each new key and value at (slot, position), then attend
+      // over positions 0..max(p) of the sequences' caches with the positions beyond each one's
+      // own masked out. Not batch-invariant (the softmax length is the batch's).
       const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
       using at::indexing::Slice;
       cache->keys(l).index_put_({slots_d, Slice(), pos_d}, k);
@@ -268,29 +279,12 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u_device, const DecodeIndex& index,
           (at::matmul(q.unsqueeze(2), kp.transpose(2, 3)) * scale).masked_fill(later, -INFINITY),
           -1);                             // [S, H, 1, L]
       out = at::matmul(w, vp).squeeze(2);  // [S, H, d]
-    } else {
-      // Each sequence attends over its own prefix 0..p in its preallocated cache, one by one
-      // (batch-invariant: nothing of a row depends on the other rows).
-      out = at::empty({s, h, dh}, q.options());
-      const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
-      for (int64_t i = 0; i < s; ++i) {
-        at::Tensor keys = cache->keys(l)[slot[i]], values = cache->values(l)[slot[i]];  // [H, N, d]
-        keys.select(1, pos[i]).copy_(k[i]);
-        values.select(1, pos[i]).copy_(v[i]);
-        const at::Tensor kp = keys.narrow(1, 0, pos[i] + 1), vp = values.narrow(1, 0, pos[i] + 1);
-        const at::Tensor w =
-            at::softmax(at::matmul(q[i].unsqueeze(1), kp.transpose(1, 2)) * scale, -1);
-        out[i].copy_(at::matmul(w, vp).squeeze(1));
-      }
     }
-    x = x +
-        linear(packed ? &packed->out : nullptr, a + "out_proj", out.reshape({s, config_.width}));
+    x = x + nn::Linear(params_, a + "out_proj", out.reshape({s, config_.width}));
     const at::Tensor hm = nn::LayerNorm(params_, p + "ln2", x);
-    const at::Tensor mid = nn::Gelu(linear(packed ? &packed->mlp0 : nullptr, p + "mlp.0", hm));
-    x = x + linear(packed ? &packed->mlp2 : nullptr, p + "mlp.2", mid);
+    x = x + nn::Linear(params_, p + "mlp.2", nn::Gelu(nn::Linear(params_, p + "mlp.0", hm)));
   }
-  const at::Tensor hf = nn::LayerNorm(params_, "ln_f", x);
-  return packed_linears ? packed->head.Apply(hf) : nn::Linear(params_, "head", hf);
+  return nn::Linear(params_, "head", nn::LayerNorm(params_, "ln_f", x));
 }
 
 at::Tensor Arm::NllPerImage(const at::Tensor& images, KrauseImpl impl) const {

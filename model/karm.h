@@ -14,6 +14,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,22 +22,22 @@
 #include "model/attention/decode.h"
 #include "model/attention/flops.h"
 #include "model/attention/krause_attention.h"
-#include "model/nn/invariant_linear.h"
 #include "model/nn/parameters.h"
 
 namespace krause {
 
 class ArmKvCache;
+class CpuDecoder;
 
 // What every decode step of a model reuses, made once by Arm::PackForDecode(): on the CPU the
-// batch-invariant packed linear layers; on any device each Krause layer's validated 1/sigma^2
-// (so that a step on a GPU reads nothing back to the host for it).
+// whole step packed (engine/cpu_decoder.h: batch-invariant, no LibTorch dispatch); on any device
+// each Krause layer's validated 1/sigma^2 (so that a step on a GPU reads nothing back to the host
+// for it).
 struct ArmPackedWeights {
-  std::vector<nn::PackedLinear> q, k, v, out, mlp0, mlp2;  // empty off the CPU
-  nn::PackedLinear head;
-  std::vector<DecodeScale> scales;  // per layer (KARM); empty for the ARM
+  std::shared_ptr<const CpuDecoder> cpu;  // null off the CPU
+  std::vector<DecodeScale> scales;        // per layer (KARM); empty for the ARM
 
-  bool linears_packed() const { return !q.empty(); }
+  bool linears_packed() const { return cpu != nullptr; }
 };
 
 struct ArmConfig {
@@ -79,10 +80,10 @@ class Arm {
   // One step for S sequences: u [S] is each sequence's token at its position positions[s] (the
   // cache holds its positions before). u, positions and slots are host (CPU) tensors whatever the
   // model's device. Appends to the cache; returns logits [S, 256] on the model's device. With
-  // `packed` linear layers (CPU), every row's logits have the same bits whatever the other rows:
-  // batch invariance for the engine (the ARM attends sequence by sequence); without (the GPU
-  // path: `packed` made on the GPU holds only the Krause layers' scales, or no `packed`), plain
-  // linear layers and, for the ARM, one masked attention over the whole batch.
+  // `packed` from the CPU, the packed step (CpuDecoder): every row's logits have the same bits
+  // whatever the other rows, batch invariance for the engine; without (the reference, and the
+  // GPU path: `packed` made on the GPU holds only the Krause layers' scales), LibTorch ops, and
+  // for the ARM one masked attention over the whole batch.
   at::Tensor DecodeStep(const at::Tensor& u, const at::Tensor& positions, const at::Tensor& slots,
                         ArmKvCache* cache, const ArmPackedWeights* packed = nullptr) const;
   // The same with the tokens already on the model's device (u_device [S] int64) and the slots

@@ -6,7 +6,6 @@
 
 #include "model/checkpoint/safetensors.h"
 #include "model/karm.h"
-#include "model/nn/invariant_linear.h"
 #include "model/nn/layers.h"
 #include "model/vit.h"
 #include "tests/test_util.h"
@@ -175,30 +174,6 @@ TEST(Flops, KarmSavesAttentionFlopsAtLongSequences) {
   k.attention = "softmax";
   KRAUSE_ASSERT_OK_AND_ASSIGN(Arm arm, Arm::Create(k, 1));
   EXPECT_DOUBLE_EQ(arm.FlopsPerImage().executed_flops, c.dense_equivalent_flops);
-}
-
-}  // namespace
-}  // namespace krause
-
-namespace krause {
-namespace {
-
-TEST(PackedLinear, MatchesAtLinearAndIsBatchInvariant) {
-  ParameterStore p;
-  at::Generator g = at::detail::createCPUGenerator(1);
-  nn::AddLinear(&p, "l", 40, 37, g);  // 37 outputs: padded to 48
-  {
-    at::NoGradGuard ng;
-    p.Get("l.bias").normal_();
-  }
-  const nn::PackedLinear packed(p, "l");
-  const at::Tensor x = at::randn({70, 40});
-  at::NoGradGuard no_grad;
-  const at::Tensor all = packed.Apply(x);
-  EXPECT_LE((all - nn::Linear(p, "l", x)).abs().max().item<double>(), 1e-5);
-  for (int64_t m : {1, 3, 4, 5, 17, 64}) {
-    EXPECT_TRUE(at::equal(packed.Apply(x.narrow(0, 0, m)), all.narrow(0, 0, m))) << m;
-  }
 }
 
 }  // namespace

@@ -1,12 +1,15 @@
 #include "model/engine/decode_engine.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
+#include <chrono>
 #include <cmath>
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "model/engine/cpu_decoder.h"
 #include "model/util/status_macros.h"
 
 namespace krause {
@@ -129,7 +132,7 @@ void DecodeEngine::Finish(Sequence* s, absl::Status status, StepStats* stats) {
   s->request.on_done(std::move(status), ok ? std::move(s->pixels) : std::vector<uint8_t>());
 }
 
-at::Tensor DecodeEngine::RunDecodeStep() {
+const float* DecodeEngine::RunDecodeStep() {
   const int64_t batch = static_cast<int64_t>(active_.size());
   int64_t* u = host_u_.data_ptr<int64_t>();
   int64_t* pos = host_pos_.data_ptr<int64_t>();
@@ -139,16 +142,35 @@ at::Tensor DecodeEngine::RunDecodeStep() {
     pos[i] = active_[i]->position;
     slots[i] = active_[i]->slot;
   }
+  float* logits = host_logits_.data_ptr<float>();
+  if (packed_.cpu != nullptr) {  // the packed CPU step: raw host arrays in and out
+    const absl::Status st = packed_.cpu->Step(u, pos, slots, batch, &cache_, logits);
+    TORCH_CHECK(st.ok(), st.ToString());
+    return logits;
+  }
   const at::Tensor hu = host_u_.narrow(0, 0, batch), hp = host_pos_.narrow(0, 0, batch),
                    hs = host_slots_.narrow(0, 0, batch);
-  const at::Tensor logits = graphs_ != nullptr ? graphs_->Step(hu, hp, hs)
-                                               : model_->DecodeStep(hu, hp, hs, &cache_, &packed_);
-  if (!device_.cuda()) return logits.contiguous();
-  // Waits for the step (the copy is ordered after it on the engine's stream).
-  return host_logits_.narrow(0, 0, batch).copy_(logits);
+  const at::Tensor out = graphs_ != nullptr ? graphs_->Step(hu, hp, hs)
+                                            : model_->DecodeStep(hu, hp, hs, &cache_, &packed_);
+  // On a GPU this waits for the step (the copy is ordered after it on the engine's stream).
+  host_logits_.narrow(0, 0, batch).copy_(out);
+  return logits;
 }
 
-StepStats DecodeEngine::Step() {
+std::vector<int64_t> DecodeEngine::WaitingPrefillTokens(int64_t limit) const {
+  const bool start = model_->config().start_token;
+  std::vector<int64_t> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& s : pending_) {
+    if (static_cast<int64_t>(out.size()) >= limit) break;
+    // Admit() prefills every known input but the last: [START,] prompt.
+    const int64_t p = static_cast<int64_t>(s->request.prompt.size());
+    out.push_back(std::max<int64_t>(0, start ? p : p - 1));
+  }
+  return out;
+}
+
+StepStats DecodeEngine::Step(int64_t max_admit) {
   const std::shared_ptr<void> stream = device_.Enter();
   const c10::InferenceMode inference;
   StepStats stats;
@@ -181,7 +203,7 @@ StepStats DecodeEngine::Step() {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    while (!pending_.empty()) {
+    while (!pending_.empty() && static_cast<int64_t>(admitted.size()) < max_admit) {
       auto slot = pool_.Reserve();
       if (!slot.ok()) break;  // full: the rest wait
       pool_.Commit(*slot);
@@ -190,34 +212,49 @@ StepStats DecodeEngine::Step() {
       pending_.pop_front();
     }
   }
+  const auto prefill_start = std::chrono::steady_clock::now();
   for (auto& s : admitted) {
     ++stats.admitted;
     absl::Status st = Admit(s.get());
     if (!st.ok()) {
       Finish(s.get(), st, &stats);
     } else {
+      stats.prefill_tokens += s->position;  // the prefix Admit ran
       active_.push_back(std::move(s));
     }
   }
+  const auto decode_start = std::chrono::steady_clock::now();
+  stats.prefill_seconds = std::chrono::duration<double>(decode_start - prefill_start).count();
   if (active_.empty()) return stats;
 
   const int64_t batch = static_cast<int64_t>(active_.size());
   stats.batch = batch;
-  at::Tensor logits;
+  const float* lp = nullptr;
   try {
-    logits = RunDecodeStep();
+    lp = RunDecodeStep();
+    // Each sequence's draw depends on its own logits, seed and pixel index only: the draws of
+    // a large batch are split over the threads (a few microseconds each), then delivered in
+    // order on this thread.
+    samples_.resize(static_cast<size_t>(batch));
+    at::parallel_for(0, batch, kSamplesPerTask, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const Sequence& s = *active_[i];
+        samples_[i] = SamplePixel(lp + i * 256, s.request.sampling,
+                                  static_cast<uint64_t>(s.pixels.size()));
+      }
+    });
   } catch (const std::exception& e) {
     const absl::Status st = absl::InternalError(absl::StrCat("decode step failed: ", e.what()));
     for (auto& s : active_) Finish(s.get(), st, &stats);
     active_.clear();
     return stats;
   }
-  const float* lp = logits.data_ptr<float>();
   std::vector<std::unique_ptr<Sequence>> still;
+  still.reserve(active_.size());
   for (int64_t i = 0; i < batch; ++i) {
     Sequence* s = active_[i].get();
     const int64_t index = static_cast<int64_t>(s->pixels.size());
-    const uint8_t px = SamplePixel(lp + i * 256, s->request.sampling, static_cast<uint64_t>(index));
+    const uint8_t px = samples_[i];
     s->pixels.push_back(px);
     if (s->request.on_pixel) s->request.on_pixel(index, px);
     if (static_cast<int64_t>(s->pixels.size()) == n) {
@@ -229,6 +266,8 @@ StepStats DecodeEngine::Step() {
     still.push_back(std::move(active_[i]));
   }
   active_ = std::move(still);
+  stats.decode_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_start).count();
   return stats;
 }
 

@@ -11,8 +11,9 @@
 // kernel of the decode step works per sequence, so a request gives the same image alone or
 // batched with any others, joining at any step.
 //
-// Devices: the engine runs where the model's parameters are. On the CPU the decode step uses
-// batch-invariant packed linear layers (the guarantee above holds bit for bit). On a GPU
+// Devices: the engine runs where the model's parameters are. On the CPU the decode step is the
+// packed CpuDecoder (cpu_decoder.h: batch-invariant, its thread use sized to the step; the
+// guarantee above holds bit for bit). On a GPU
 // (CUDA builds) the cache lives on the GPU, the step runs on the engine's own CUDA stream under
 // InferenceMode with plain linear layers (cuBLAS picks its kernels by batch size, so there an
 // image is reproducible for the same seed and the same batch composition, not across batch
@@ -29,6 +30,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -69,6 +71,9 @@ struct EngineOptions {
 
 struct StepStats {
   int64_t admitted = 0;   // sequences prefilled this step
+  int64_t prefill_tokens = 0;   // positions those prefills ran
+  double prefill_seconds = 0;   // wall time of the admissions (prefills)
+  double decode_seconds = 0;    // wall time of the decode step and the draws
   int64_t batch = 0;      // sequences in the decode step
   int64_t finished = 0;   // left with OK
   int64_t cancelled = 0;  // left cancelled
@@ -85,8 +90,13 @@ class DecodeEngine {
   // The request leaves at the next step with Cancelled (no effect once it has finished).
   void Cancel(int64_t id);
 
-  // One scheduling step (engine thread). Returns what happened.
-  StepStats Step();
+  // One scheduling step (engine thread): admits up to `max_admit` waiting requests (oldest
+  // first, while slots are free), then decodes every active sequence. Returns what happened.
+  StepStats Step(int64_t max_admit = std::numeric_limits<int64_t>::max());
+  // The prefill positions of the first `limit` waiting requests, oldest first (what admitting
+  // them would cost; for the worker's plan).
+  std::vector<int64_t> WaitingPrefillTokens(int64_t limit) const;
+  int64_t free_slots() const { return pool_.capacity() - pool_.in_use(); }
   // True while anything is queued or active.
   bool Busy() const;
 
@@ -111,8 +121,10 @@ class DecodeEngine {
   };
 
   DecodeEngine(const Arm* model, ArmKvCache cache, int64_t slots, const EngineOptions& options);
-  // The decode step over the active sequences: logits [S, 256] on the host.
-  at::Tensor RunDecodeStep();
+  // The decode step over the active sequences: logits [S, 256] on the host (host_logits_).
+  const float* RunDecodeStep();
+  // Draws per parallel task: below twice this a step samples on the engine thread.
+  static constexpr int64_t kSamplesPerTask = 16;
   absl::Status Admit(Sequence* s);  // prefill into a committed slot
   void Finish(Sequence* s, absl::Status status, StepStats* stats);
 
@@ -127,6 +139,7 @@ class DecodeEngine {
   at::Tensor host_u_, host_pos_, host_slots_, host_logits_;
   SlotPool pool_;
   std::vector<std::unique_ptr<Sequence>> active_;
+  std::vector<uint8_t> samples_;  // this step's draws, per active sequence
 
   mutable std::mutex mu_;  // guards the two members below and next_id_
   std::deque<std::unique_ptr<Sequence>> pending_;

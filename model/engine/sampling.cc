@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -32,12 +33,11 @@ double CounterUniform(uint64_t seed, uint64_t counter) {
   return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
 }
 
-uint8_t SamplePixel(const float* logits, const SamplingParams& p, uint64_t index) {
-  std::array<int, 256> order;
-  std::iota(order.begin(), order.end(), 0);
-  // Most likely first; equal logits: the lower value first (deterministic).
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
-  if (p.temperature == 0.0) return static_cast<uint8_t>(order[0]);
+namespace {
+
+// Draws from the 256 values in `order` (most likely first, equal logits: the lower value first).
+uint8_t SampleInOrder(const float* logits, const std::array<int, 256>& order,
+                      const SamplingParams& p, uint64_t index) {
   const int keep_k = p.top_k > 0 ? static_cast<int>(p.top_k) : 256;
   std::array<double, 256> prob;
   const double max_logit = logits[order[0]];
@@ -66,6 +66,40 @@ uint8_t SamplePixel(const float* logits, const SamplingParams& p, uint64_t index
     if (u < acc) return static_cast<uint8_t>(order[i]);
   }
   return static_cast<uint8_t>(order[keep - 1]);
+}
+
+}  // namespace
+
+uint8_t SamplePixelReference(const float* logits, const SamplingParams& p, uint64_t index) {
+  std::array<int, 256> order;
+  std::iota(order.begin(), order.end(), 0);
+  // Most likely first; equal logits: the lower value first (deterministic).
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  if (p.temperature == 0.0) return static_cast<uint8_t>(order[0]);
+  return SampleInOrder(logits, order, p, index);
+}
+
+uint8_t SamplePixel(const float* logits, const SamplingParams& p, uint64_t index) {
+  if (p.temperature == 0.0) {  // the first of the largest
+    int best = 0;
+    for (int i = 1; i < 256; ++i)
+      if (logits[i] > logits[best]) best = i;
+    return static_cast<uint8_t>(best);
+  }
+  // The reference's order by sorting 64-bit keys: the logit's bits mapped so that a larger logit
+  // gives a smaller key (-0 counted as +0, as the comparison does), then the value.
+  std::array<uint64_t, 256> key;
+  for (int i = 0; i < 256; ++i) {
+    const float f = logits[i] == 0.0f ? 0.0f : logits[i];
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof(bits));
+    const uint32_t ascending = (bits & 0x80000000u) != 0 ? ~bits : (bits | 0x80000000u);
+    key[i] = (static_cast<uint64_t>(~ascending) << 32) | static_cast<uint64_t>(i);
+  }
+  std::sort(key.begin(), key.end());
+  std::array<int, 256> order;
+  for (int i = 0; i < 256; ++i) order[i] = static_cast<int>(key[i] & 0xff);
+  return SampleInOrder(logits, order, p, index);
 }
 
 }  // namespace krause

@@ -23,7 +23,12 @@ absl::Status ValidateSampling(const SamplingParams& p);
 // A uniform double in [0, 1) from (seed, counter): SplitMix64 of a mix of both.
 double CounterUniform(uint64_t seed, uint64_t counter);
 
-// Samples from logits[0..255] (fp32) for pixel `index` of a request.
+// Samples from logits[0..255] (fp32, finite) for pixel `index` of a request: the values ranked
+// by logit (equal logits: the lower value first), then greedy, or top-k, top-p and a draw from
+// the kept mass in rank order with CounterUniform(seed, index).
 uint8_t SamplePixel(const float* logits, const SamplingParams& p, uint64_t index);
+// The same with the ranking written plainly (a stable sort by logit): the reference SamplePixel
+// is tested against, value for value.
+uint8_t SamplePixelReference(const float* logits, const SamplingParams& p, uint64_t index);
 
 }  // namespace krause

@@ -1,0 +1,464 @@
+#include "model/engine/cpu_decoder.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "model/attention/cpu_kernels.h"
+#include "model/engine/kv_cache.h"
+#include "model/karm.h"
+
+namespace krause {
+namespace {
+
+using Linear = CpuDecoder::Linear;
+
+std::vector<float> Floats(const at::Tensor& t) {
+  const at::Tensor c = t.detach().to(at::kCPU, at::kFloat).contiguous();
+  return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+}
+
+// Linear layers stacked along their outputs (q, k, v -> one matrix), transposed and padded.
+Linear Pack(const ParameterStore& p, const std::vector<std::string>& prefixes) {
+  std::vector<at::Tensor> w, b;
+  for (const std::string& name : prefixes) {
+    w.push_back(p.Get(name + ".weight").detach().to(at::kCPU, at::kFloat));
+    b.push_back(p.Get(name + ".bias").detach().to(at::kCPU, at::kFloat));
+  }
+  const at::Tensor weight = at::cat(w, 0).contiguous(), bias = at::cat(b, 0).contiguous();
+  Linear l;
+  l.out = weight.size(0);
+  l.in = weight.size(1);
+  l.out_pad = cpu::RoundUpToChunk(l.out);
+  l.wt.assign(l.in * l.out_pad, 0.0f);
+  l.bias.assign(l.out_pad, 0.0f);
+  const float* wp = weight.data_ptr<float>();
+  for (int64_t j = 0; j < l.out; ++j) {
+    for (int64_t i = 0; i < l.in; ++i) l.wt[i * l.out_pad + j] = wp[j * l.in + i];
+    l.bias[j] = bias.data_ptr<float>()[j];
+  }
+  return l;
+}
+
+int64_t Chunks(const Linear& l) { return l.out_pad / cpu::kScoreChunk; }
+
+// out rows (stride l.out_pad) = x rows (stride l.in) W^T + b, for output column chunks [c0, c1).
+void ApplyLinear(const Linear& l, const float* x, int64_t rows, float* out, int64_t c0,
+                 int64_t c1) {
+  const cpu::LinearRowsArgs a{x, l.wt.data(), l.bias.data(), out, rows, l.in, l.out_pad};
+  cpu::CpuKernels().linear_rows(a, c0, c1);
+}
+
+// y = (x - mean) / sqrt(var + 1e-5) * w + b over one row; moments in double, in index order.
+void LayerNormRow(const float* x, int64_t d, const float* w, const float* b, float* y) {
+  double mean = 0;
+  for (int64_t i = 0; i < d; ++i) mean += x[i];
+  mean /= static_cast<double>(d);
+  double var = 0;
+  for (int64_t i = 0; i < d; ++i) {
+    const double c = x[i] - mean;
+    var += c * c;
+  }
+  var /= static_cast<double>(d);
+  const float inv = static_cast<float>(1.0 / std::sqrt(var + 1e-5));
+  const float m = static_cast<float>(mean);
+  for (int64_t i = 0; i < d; ++i) y[i] = (x[i] - m) * inv * w[i] + b[i];
+}
+
+// Exact (erf) GELU, as torch.nn.GELU().
+void GeluRow(const float* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * 0.70710678118654752f));
+}
+
+// Per-thread scratch that only grows: after the first steps a step allocates nothing.
+struct ThreadScratch {
+  std::vector<float> rows;     // a task's row buffers (CpuDecoder::Rows)
+  std::vector<float> floats;   // attention: kernel scratch (cpu::Scratch) or ARM scores
+  std::vector<int32_t> ints;
+  std::vector<int64_t> keys;
+  std::vector<char> seen;      // Step's slot check
+  int64_t max_candidates = -1;
+  cpu::Scratch view{};
+
+  const cpu::Scratch& Kernel(int64_t candidates) {
+    if (candidates > max_candidates) {
+      const int64_t raw = cpu::ScratchFloats(candidates);
+      floats.assign(raw + 2 * candidates, 0.0f);
+      ints.assign(2 * candidates, 0);
+      keys.assign(candidates, 0);
+      view = cpu::Scratch{floats.data(),     floats.data() + raw, ints.data() + candidates,
+                          keys.data(),       ints.data(),         floats.data() + raw + candidates,
+                          raw / cpu::kQueryGroup};
+      max_candidates = candidates;
+    }
+    return view;
+  }
+};
+
+ThreadScratch& Scratch() {
+  thread_local ThreadScratch s;
+  return s;
+}
+
+}  // namespace
+
+CpuStepPlan PlanCpuStep(const CpuStepShape& shape, const CpuStepTuning& tuning) {
+  CpuStepPlan plan;
+  const double total = static_cast<double>(shape.sequences) * shape.flops_per_sequence;
+  if (shape.threads <= 1 || total < 2 * tuning.min_task_flops) return plan;  // inline
+  if (shape.weight_bytes > tuning.cache_resident_bytes) {
+    plan.mode = CpuStepPlan::Mode::kLayerOps;
+    return plan;
+  }
+  // As many tasks as the threads and the work allow, in blocks as even as possible; blocks of
+  // 16 or more are rounded up to whole row groups of 4 (the linear kernel's), which unbalances
+  // the tasks by less than a fifth.
+  const int64_t tasks = std::max<int64_t>(
+      2, std::min<int64_t>(shape.threads, static_cast<int64_t>(total / tuning.min_task_flops)));
+  int64_t block = (shape.sequences + tasks - 1) / tasks;
+  if (block >= 16) block = (block + 3) / 4 * 4;
+  if (block >= shape.sequences) return plan;  // one block: inline
+  plan.mode = CpuStepPlan::Mode::kSequenceBlocks;
+  plan.block = block;
+  return plan;
+}
+
+absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const Arm& model,
+                                                               const CpuStepTuning& tuning) {
+  const ArmConfig& c = model.config();
+  std::unique_ptr<CpuDecoder> dec(new CpuDecoder());
+  dec->tuning_ = tuning;
+  try {
+    at::NoGradGuard no_grad;
+    const ParameterStore& p = model.parameters();
+    dec->krause_ = c.attention == "krause";
+    dec->start_token_ = c.start_token;
+    dec->d_ = c.width;
+    dec->heads_ = c.heads;
+    dec->head_dim_ = c.width / c.heads;
+    dec->depth_ = c.depth;
+    dec->mlp_ = c.mlp();
+    dec->seq_len_ = c.seq_len();
+    dec->window_ = c.window;
+    dec->top_k_ = c.top_k;
+    dec->softmax_scale_ = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dec->head_dim_)));
+    dec->token_emb_ = Floats(p.Get("token_emb.weight"));
+    dec->pos_emb_ = Floats(p.Get("pos_emb.weight"));
+    if (c.start_token) dec->start_emb_ = Floats(p.Get("start_token"));
+    double linear_macs = 0;
+    for (int64_t l = 0; l < c.depth; ++l) {
+      const std::string b = absl::StrCat("layers.", l, ".");
+      const std::string a = b + "attn.";
+      Layer layer;
+      layer.ln1_w = Floats(p.Get(b + "ln1.weight"));
+      layer.ln1_b = Floats(p.Get(b + "ln1.bias"));
+      layer.ln2_w = Floats(p.Get(b + "ln2.weight"));
+      layer.ln2_b = Floats(p.Get(b + "ln2.bias"));
+      if (dec->krause_) {
+        layer.qkv = Pack(p, {a + "W_q", a + "W_k", a + "W_v"});
+        // Validated as every decode step validates a log_sigma (DecodeScale).
+        auto scale = DecodeScale::Create(p.Get(a + "log_sigma"), c.heads, at::Device(at::kCPU));
+        if (!scale.ok()) {
+          return absl::Status(scale.status().code(),
+                              absl::StrCat("layer ", l, ": ", scale.status().message()));
+        }
+        layer.inv_var = Floats(scale->inv_var());
+      } else {
+        layer.qkv = Pack(p, {a + "q_proj", a + "k_proj", a + "v_proj"});
+      }
+      layer.out = Pack(p, {a + "out_proj"});
+      layer.mlp0 = Pack(p, {b + "mlp.0"});
+      layer.mlp2 = Pack(p, {b + "mlp.2"});
+      for (const Linear* lin : {&layer.qkv, &layer.out, &layer.mlp0, &layer.mlp2}) {
+        linear_macs += static_cast<double>(lin->in * lin->out);
+        dec->weight_bytes_ += static_cast<int64_t>(sizeof(float)) * (lin->in + 1) * lin->out_pad;
+      }
+      dec->layers_.push_back(std::move(layer));
+    }
+    dec->lnf_w_ = Floats(p.Get("ln_f.weight"));
+    dec->lnf_b_ = Floats(p.Get("ln_f.bias"));
+    dec->head_ = Pack(p, {"head"});
+    if (dec->head_.out != 256 || dec->head_.out_pad != 256) {
+      return absl::InvalidArgumentError("head must have 256 outputs");
+    }
+    linear_macs += static_cast<double>(dec->head_.in * dec->head_.out);
+    dec->weight_bytes_ += static_cast<int64_t>(sizeof(float)) * (dec->head_.in + 1) * 256;
+    // Attention per head: scores and aggregation over the window (KARM) or, on average, half
+    // the sequence (ARM).
+    const double keys = dec->krause_ ? static_cast<double>(c.window) : c.seq_len() / 2.0;
+    dec->flops_per_sequence_ =
+        2 * linear_macs + c.depth * c.heads * keys * 4.0 * static_cast<double>(dec->head_dim_);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("cannot pack the decode weights: ", e.what()));
+  }
+  return dec;
+}
+
+CpuStepPlan CpuDecoder::Plan(int64_t s) const {
+  return PlanCpuStep(CpuStepShape{s, flops_per_sequence_, weight_bytes_, at::get_num_threads()},
+                     tuning_);
+}
+
+// The buffers of `rows` sequences, carved from one float array.
+struct CpuDecoder::Rows {
+  float *x, *h, *qkv, *att, *tmp, *mid, *act;
+  static int64_t Floats(const CpuDecoder& d, int64_t rows) {
+    const Layer& l = d.layers_[0];
+    return rows * (3 * d.d_ + l.qkv.out_pad + l.out.out_pad + l.mlp0.out_pad + d.mlp_);
+  }
+  Rows(const CpuDecoder& d, int64_t rows, float* base) {
+    const Layer& l = d.layers_[0];
+    x = base;
+    h = x + rows * d.d_;
+    att = h + rows * d.d_;
+    qkv = att + rows * d.d_;
+    tmp = qkv + rows * l.qkv.out_pad;
+    mid = tmp + rows * l.out.out_pad;
+    act = mid + rows * l.mlp0.out_pad;
+  }
+};
+
+void CpuDecoder::Attention(int64_t layer, const float* qkv, int64_t qkv_stride,
+                           const int64_t* positions, const int64_t* slots, int64_t row_begin,
+                           int64_t row_end, int64_t head_begin, int64_t head_end,
+                           ArmKvCache* cache, float* out, int64_t out_stride) const {
+  // Rows [row_begin, row_end) of qkv / out (0-based in these buffers) are sequences
+  // row_begin.. of positions / slots; items (row, head) in row-major order between
+  // (row_begin, head_begin) and (row_end - 1, head_end - 1).
+  const int64_t dh = head_dim_, d = d_;
+  ThreadScratch& scratch = Scratch();
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const int64_t h0 = r == row_begin ? head_begin : 0;
+    const int64_t h1 = r == row_end - 1 ? head_end : heads_;
+    const float* row = qkv + r * qkv_stride;
+    for (int64_t hh = h0; hh < h1; ++hh) {
+      const float* q = row + hh * dh;
+      const float* k = row + d + hh * dh;
+      const float* v = row + 2 * d + hh * dh;
+      float* o = out + r * out_stride + hh * dh;
+      const int64_t p = positions[r];
+      if (krause_) {
+        KrauseRingCache& ring = cache->ring(layer);
+        const int64_t stride = ring.ring_stride();
+        const int64_t idx = slots[r] * heads_ + hh;
+        cpu::DecodeItem item{};
+        item.q = q;
+        item.k = k;
+        item.v = v;
+        item.ring_kt = ring.keys_t().data_ptr<float>() + idx * dh * stride;
+        item.ring_v = ring.values().data_ptr<float>() + idx * window_ * dh;
+        item.ring_bias = ring.bias().data_ptr<float>() + idx * stride;
+        item.position = p;
+        item.window = window_;
+        item.ring_stride = stride;
+        item.d = dh;
+        item.top_k = top_k_;
+        item.inv_var = layers_[layer].inv_var[hh];
+        item.out = o;
+        cpu::CpuKernels().decode(item, scratch.Kernel(window_));
+        continue;
+      }
+      // Softmax over the whole prefix 0..p, in position order.
+      const int64_t base = (slots[r] * heads_ + hh) * seq_len_;
+      float* keys = cache->keys(layer).data_ptr<float>() + base * dh;
+      float* values = cache->values(layer).data_ptr<float>() + base * dh;
+      std::copy(k, k + dh, keys + p * dh);
+      std::copy(v, v + dh, values + p * dh);
+      if (static_cast<int64_t>(scratch.floats.size()) < seq_len_) {
+        scratch.floats.assign(seq_len_, 0.0f);
+        scratch.max_candidates = -1;  // the kernel view no longer fits these floats
+      }
+      float* score = scratch.floats.data();
+      float row_max = -INFINITY;
+      for (int64_t j = 0; j <= p; ++j) {
+        const float* kj = keys + j * dh;
+        float dot = 0.0f;
+        for (int64_t t = 0; t < dh; ++t) dot += q[t] * kj[t];
+        score[j] = dot * softmax_scale_;
+        row_max = std::max(row_max, score[j]);
+      }
+      float total = 0.0f;
+      for (int64_t j = 0; j <= p; ++j) {
+        score[j] = std::exp(score[j] - row_max);
+        total += score[j];
+      }
+      std::fill(o, o + dh, 0.0f);
+      for (int64_t j = 0; j <= p; ++j) {
+        const float w = score[j];
+        const float* vj = values + j * dh;
+        for (int64_t t = 0; t < dh; ++t) o[t] += w * vj[t];
+      }
+      const float inv = 1.0f / total;
+      for (int64_t t = 0; t < dh; ++t) o[t] *= inv;
+    }
+  }
+}
+
+void CpuDecoder::RunRows(const int64_t* u, const int64_t* positions, const int64_t* slots,
+                         int64_t begin, int64_t end, ArmKvCache* cache, float* logits) const {
+  const int64_t n = end - begin, d = d_;
+  ThreadScratch& scratch = Scratch();
+  const int64_t need = Rows::Floats(*this, n);
+  if (static_cast<int64_t>(scratch.rows.size()) < need) scratch.rows.assign(need, 0.0f);
+  const Rows b(*this, n, scratch.rows.data());
+  u += begin;
+  positions += begin;
+  slots += begin;
+  for (int64_t r = 0; r < n; ++r) {
+    const float* tok = u[r] == Arm::kStartToken ? start_emb_.data() : &token_emb_[u[r] * d];
+    const float* pos = &pos_emb_[positions[r] * d];
+    for (int64_t i = 0; i < d; ++i) b.x[r * d + i] = tok[i] + pos[i];
+  }
+  for (int64_t l = 0; l < depth_; ++l) {
+    const Layer& L = layers_[l];
+    for (int64_t r = 0; r < n; ++r)
+      LayerNormRow(b.x + r * d, d, L.ln1_w.data(), L.ln1_b.data(), b.h + r * d);
+    ApplyLinear(L.qkv, b.h, n, b.qkv, 0, Chunks(L.qkv));
+    Attention(l, b.qkv, L.qkv.out_pad, positions, slots, 0, n, 0, heads_, cache, b.att, d);
+    ApplyLinear(L.out, b.att, n, b.tmp, 0, Chunks(L.out));
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t i = 0; i < d; ++i) b.x[r * d + i] += b.tmp[r * L.out.out_pad + i];
+    for (int64_t r = 0; r < n; ++r)
+      LayerNormRow(b.x + r * d, d, L.ln2_w.data(), L.ln2_b.data(), b.h + r * d);
+    ApplyLinear(L.mlp0, b.h, n, b.mid, 0, Chunks(L.mlp0));
+    for (int64_t r = 0; r < n; ++r) GeluRow(b.mid + r * L.mlp0.out_pad, mlp_, b.act + r * mlp_);
+    ApplyLinear(L.mlp2, b.act, n, b.tmp, 0, Chunks(L.mlp2));
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t i = 0; i < d; ++i) b.x[r * d + i] += b.tmp[r * L.mlp2.out_pad + i];
+  }
+  for (int64_t r = 0; r < n; ++r) LayerNormRow(b.x + r * d, d, lnf_w_.data(), lnf_b_.data(), b.h + r * d);
+  ApplyLinear(head_, b.h, n, logits + begin * 256, 0, Chunks(head_));
+}
+
+void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const int64_t* slots,
+                             int64_t s, ArmKvCache* cache, float* logits) const {
+  // The same arithmetic as RunRows, op by op over all s rows; each op is split over the
+  // threads where a task gets enough work, and runs inline otherwise.
+  const int64_t d = d_;
+  ThreadScratch& scratch = Scratch();
+  const int64_t need = Rows::Floats(*this, s);
+  if (static_cast<int64_t>(scratch.rows.size()) < need) scratch.rows.assign(need, 0.0f);
+  const Rows b(*this, s, scratch.rows.data());
+  const double min_task = tuning_.min_task_flops;
+  auto grain = [&](double flops_per_item) {
+    return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(min_task / flops_per_item)));
+  };
+  auto linear = [&](const Linear& lin, const float* x, float* out) {
+    const double per_chunk = 2.0 * s * lin.in * cpu::kScoreChunk;
+    at::parallel_for(0, Chunks(lin), grain(per_chunk),
+                     [&](int64_t c0, int64_t c1) { ApplyLinear(lin, x, s, out, c0, c1); });
+  };
+  auto rows = [&](double flops_per_row, const std::function<void(int64_t)>& f) {
+    at::parallel_for(0, s, grain(flops_per_row), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) f(r);
+    });
+  };
+  rows(2.0 * d, [&](int64_t r) {
+    const float* tok = u[r] == Arm::kStartToken ? start_emb_.data() : &token_emb_[u[r] * d];
+    const float* pos = &pos_emb_[positions[r] * d];
+    for (int64_t i = 0; i < d; ++i) b.x[r * d + i] = tok[i] + pos[i];
+  });
+  const double keys = krause_ ? static_cast<double>(window_) : seq_len_ / 2.0;
+  for (int64_t l = 0; l < depth_; ++l) {
+    const Layer& L = layers_[l];
+    rows(8.0 * d, [&](int64_t r) {
+      LayerNormRow(b.x + r * d, d, L.ln1_w.data(), L.ln1_b.data(), b.h + r * d);
+    });
+    linear(L.qkv, b.h, b.qkv);
+    at::parallel_for(0, s * heads_, grain(keys * 4.0 * head_dim_), [&](int64_t w0, int64_t w1) {
+      Attention(l, b.qkv, L.qkv.out_pad, positions, slots, w0 / heads_, (w1 - 1) / heads_ + 1,
+                w0 % heads_, (w1 - 1) % heads_ + 1, cache, b.att, d);
+    });
+    linear(L.out, b.att, b.tmp);
+    rows(8.0 * d, [&](int64_t r) {
+      for (int64_t i = 0; i < d; ++i) b.x[r * d + i] += b.tmp[r * L.out.out_pad + i];
+      LayerNormRow(b.x + r * d, d, L.ln2_w.data(), L.ln2_b.data(), b.h + r * d);
+    });
+    linear(L.mlp0, b.h, b.mid);
+    rows(20.0 * mlp_, [&](int64_t r) { GeluRow(b.mid + r * L.mlp0.out_pad, mlp_, b.act + r * mlp_); });
+    linear(L.mlp2, b.act, b.tmp);
+    rows(2.0 * d, [&](int64_t r) {
+      for (int64_t i = 0; i < d; ++i) b.x[r * d + i] += b.tmp[r * L.mlp2.out_pad + i];
+    });
+  }
+  rows(8.0 * d, [&](int64_t r) {
+    LayerNormRow(b.x + r * d, d, lnf_w_.data(), lnf_b_.data(), b.h + r * d);
+  });
+  linear(head_, b.h, logits);
+}
+
+absl::Status CpuDecoder::Step(const int64_t* u, const int64_t* positions, const int64_t* slots,
+                              int64_t s, ArmKvCache* cache, float* logits,
+                              std::optional<CpuStepPlan::Mode> force) const {
+  if (cache == nullptr) return absl::InvalidArgumentError("cache is null");
+  if (s < 0) return absl::InvalidArgumentError(absl::StrCat("s must be >= 0, got ", s));
+  if (s == 0) return absl::OkStatus();
+  // The cache must be this model's, on the CPU, fp32.
+  if (cache->krause() != krause_) {
+    return absl::InvalidArgumentError("cache was made for another kind of model");
+  }
+  const at::Tensor& probe = krause_ ? cache->ring(0).values() : cache->values(0);
+  if (!probe.defined() || !probe.device().is_cpu() || probe.scalar_type() != at::kFloat ||
+      probe.size(1) != heads_ || probe.size(3) != head_dim_ ||
+      probe.size(2) != (krause_ ? window_ : seq_len_)) {
+    return absl::InvalidArgumentError(
+        "cache must be an fp32 CPU cache made for this model's config");
+  }
+  const int64_t cache_slots = cache->slots();
+  std::vector<char>& seen = Scratch().seen;
+  seen.assign(static_cast<size_t>(cache_slots), 0);
+  for (int64_t i = 0; i < s; ++i) {
+    if (slots[i] < 0 || slots[i] >= cache_slots) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slots[", i, "] = ", slots[i], " is outside [0, ", cache_slots, ")"));
+    }
+    if (seen[slots[i]]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slots[", i, "] = ", slots[i], " appears twice in one step"));
+    }
+    seen[slots[i]] = 1;
+    if (positions[i] < 0 || positions[i] >= seq_len_) {
+      return absl::InvalidArgumentError(absl::StrCat("positions[", i, "] = ", positions[i],
+                                                     " is outside [0, ", seq_len_, ")"));
+    }
+    const bool start = start_token_ && u[i] == Arm::kStartToken;
+    if (!start && (u[i] < 0 || u[i] > 255)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "u[", i, "] = ", u[i], " is not a pixel value",
+          start_token_ ? " or the start token (256)" : "", ""));
+    }
+  }
+  const CpuStepPlan plan = Plan(s);
+  const CpuStepPlan::Mode mode = force.value_or(plan.mode);
+  try {
+    at::NoGradGuard no_grad;
+    switch (mode) {
+      case CpuStepPlan::Mode::kInline:
+        RunRows(u, positions, slots, 0, s, cache, logits);
+        break;
+      case CpuStepPlan::Mode::kSequenceBlocks: {
+        // A forced mode without a planned block: two blocks.
+        const int64_t block = plan.mode == mode ? plan.block : std::max<int64_t>(1, (s + 1) / 2);
+        const int64_t blocks = (s + block - 1) / block;
+        at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+          for (int64_t b = b0; b < b1; ++b)
+            RunRows(u, positions, slots, b * block, std::min(s, (b + 1) * block), cache, logits);
+        });
+        break;
+      }
+      case CpuStepPlan::Mode::kLayerOps:
+        RunLayerOps(u, positions, slots, s, cache, logits);
+        break;
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("decode step failed: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace krause

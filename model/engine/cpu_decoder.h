@@ -1,0 +1,126 @@
+// The CPU decode step of a generator (KARM or its softmax ARM baseline) without LibTorch's op
+// dispatch: what the decode engine runs on the CPU.
+//
+// Why: the bundled generators are small (d 32, 3 layers): one decode step is a few microseconds of
+// arithmetic per sequence, while the same step written as LibTorch ops costs ~80 dispatched ops,
+// each an allocation and, through at::parallel_for, a fork/join of the intra-op pool. A profile of
+// the server generating one image spent ~60% of its cycles waking and sleeping pool threads.
+// Here the weights are packed once (fp32, transposed, q/k/v fused into one matrix) and a step is
+// raw loops over preallocated per-thread scratch, with ONE decision per step of how to use the
+// threads (PlanCpuStep):
+//   kInline          everything on the calling thread (little work: one or a few sequences);
+//   kSequenceBlocks  one parallel region: each task runs the whole step for a block of sequences
+//                    (the weights fit in a core's cache, so each task re-reading them is cheap);
+//   kLayerOps        op by op over all sequences, each op split over the threads where it is big
+//                    enough (large models: the weights are read once per step, not once per
+//                    block).
+// Every mode computes a sequence's row with the same kernels in the same order (the
+// batch-invariant linear rows of cpu_kernels.h, per-row layer norms, the fused decode kernel of
+// the attention), so a sequence's logits have the same bits whatever the mode, the batch and the
+// other sequences: the engine's reproducibility guarantee. Tests force each mode.
+//
+// Reference: Arm::DecodeStep without packed weights (LibTorch ops); tests compare against it and
+// against the teacher-forced forward.
+//
+// Thread-safety: a decoder is immutable after Create; Step may run concurrently for different
+// caches (scratch is per thread). It borrows nothing from the model after Create.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace krause {
+
+class Arm;
+class ArmKvCache;
+
+// How one decode step uses the threads (a pure function of its size; see PlanCpuStep).
+struct CpuStepPlan {
+  enum class Mode { kInline, kSequenceBlocks, kLayerOps };
+  Mode mode = Mode::kInline;
+  int64_t block = 1;  // kSequenceBlocks: sequences per task
+};
+
+struct CpuStepShape {
+  int64_t sequences = 1;
+  double flops_per_sequence = 0;  // one step of one sequence
+  int64_t weight_bytes = 0;       // packed weights the step reads
+  int threads = 1;                // intra-op threads available
+};
+
+// Thresholds of PlanCpuStep, measured on 2-core x86-64 machines with bench/generate_bench.cc's
+// --modes table: a fork/join of the pool costs tens of microseconds when its threads sleep,
+// so a step parallelises only when each task gets at least `min_task_flops`.
+struct CpuStepTuning {
+  double min_task_flops = 1.0e6;
+  int64_t cache_resident_bytes = 512 << 10;  // weights at most this: kSequenceBlocks
+};
+
+// Inline when one thread is available or the work would give a second task less than
+// min_task_flops; else kSequenceBlocks for cache-resident weights (even blocks, those of 16 or
+// more rounded to the linear kernel's row group of 4) and kLayerOps for larger ones.
+CpuStepPlan PlanCpuStep(const CpuStepShape& shape, const CpuStepTuning& tuning = {});
+
+class CpuDecoder {
+ public:
+  // Packs the model's current weights (any dtype on the CPU; fp32 copies). `tuning` sets the
+  // plan's thresholds and, in kLayerOps, the smallest piece an op is split into.
+  static absl::StatusOr<std::unique_ptr<CpuDecoder>> Create(const Arm& model,
+                                                            const CpuStepTuning& tuning = {});
+
+  // One decode step for s sequences (host arrays of s entries): u[i] the model-input token of
+  // sequence i at model position positions[i], in cache slot slots[i]; the slot holds that
+  // sequence's earlier positions. Appends the new keys and values to the cache and writes
+  // logits [s, 256] (row-major) to `logits`. InvalidArgument naming the entry for a token,
+  // position or slot out of range or a slot given twice; nothing is written then.
+  // `force` overrides the plan (tests and benchmarks).
+  absl::Status Step(const int64_t* u, const int64_t* positions, const int64_t* slots, int64_t s,
+                    ArmKvCache* cache, float* logits,
+                    std::optional<CpuStepPlan::Mode> force = std::nullopt) const;
+
+  // The plan Step would use for s sequences with the current intra-op threads.
+  CpuStepPlan Plan(int64_t s) const;
+  double flops_per_sequence() const { return flops_per_sequence_; }
+  int64_t weight_bytes() const { return weight_bytes_; }
+
+  struct Linear {  // out = x W^T + b, packed as cpu_kernels.h's LinearRowsArgs wants
+    std::vector<float> wt;  // [in, out_pad]
+    std::vector<float> bias;  // [out_pad]
+    int64_t in = 0, out = 0, out_pad = 0;
+  };
+  struct Layer {
+    std::vector<float> ln1_w, ln1_b, ln2_w, ln2_b;
+    Linear qkv;  // columns: q [0, D), k [D, 2D), v [2D, 3D)
+    Linear out, mlp0, mlp2;
+    std::vector<float> inv_var;  // KARM: 1 / sigma^2 per head
+  };
+
+ private:
+  CpuDecoder() = default;
+  struct Rows;  // a task's scratch rows
+  void RunRows(const int64_t* u, const int64_t* positions, const int64_t* slots, int64_t begin,
+               int64_t end, ArmKvCache* cache, float* logits) const;
+  void RunLayerOps(const int64_t* u, const int64_t* positions, const int64_t* slots, int64_t s,
+                   ArmKvCache* cache, float* logits) const;
+  void Attention(int64_t layer, const float* qkv, int64_t qkv_stride, const int64_t* positions,
+                 const int64_t* slots, int64_t row_begin, int64_t row_end, int64_t head_begin,
+                 int64_t head_end, ArmKvCache* cache, float* out, int64_t out_stride) const;
+
+  bool krause_ = true, start_token_ = true;
+  int64_t d_ = 0, heads_ = 0, head_dim_ = 0, depth_ = 0, mlp_ = 0, seq_len_ = 0;
+  int64_t window_ = 0, top_k_ = 0;
+  float softmax_scale_ = 1;  // ARM: 1 / sqrt(head_dim)
+  std::vector<float> token_emb_, pos_emb_, start_emb_;  // [256, D], [N, D], [D]
+  std::vector<Layer> layers_;
+  std::vector<float> lnf_w_, lnf_b_;
+  Linear head_;
+  double flops_per_sequence_ = 0;
+  int64_t weight_bytes_ = 0;
+  CpuStepTuning tuning_;
+};
+
+}  // namespace krause

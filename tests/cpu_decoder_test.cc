@@ -1,0 +1,269 @@
+// The packed CPU decode step (CpuDecoder) and the sampler's fast ranking:
+//   - PlanCpuStep's decisions, exactly, for the shapes that matter;
+//   - every plan mode (inline, sequence blocks, layer ops), every CPU kernel variant and every
+//     batch composition give a sequence the same logits, bit for bit, and they match the LibTorch
+//     reference step (Arm::DecodeStep without packed weights) within 1e-4;
+//   - bad slots, positions and tokens are refused by name and leave the cache unchanged;
+//   - SamplePixel draws exactly what SamplePixelReference draws.
+#include "model/engine/cpu_decoder.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "model/attention/cpu_kernels.h"
+#include "model/engine/kv_cache.h"
+#include "model/engine/sampling.h"
+#include "model/karm.h"
+#include "tests/test_util.h"
+
+namespace krause {
+namespace {
+
+using ::krause::testing::StatusIs;
+using ::testing::HasSubstr;
+using Mode = CpuStepPlan::Mode;
+
+TEST(PlanCpuStep, InlineUnlessEachTaskGetsEnoughWork) {
+  const CpuStepTuning t;  // 1 MFLOP per task, weights up to 512 KiB stay cache-resident
+  // The bundled KARM: ~0.18 MFLOP per sequence, 0.33 MB of weights.
+  const CpuStepShape small{1, 0.18e6, 330000, 2};
+  EXPECT_EQ(PlanCpuStep(small, t).mode, Mode::kInline);
+  CpuStepShape s = small;
+  s.sequences = 11;  // 1.98 MFLOP: a second task would get less than 1 MFLOP
+  EXPECT_EQ(PlanCpuStep(s, t).mode, Mode::kInline);
+  s.sequences = 12;  // 2.16 MFLOP: two tasks of 6 (below 16: not rounded to row groups)
+  EXPECT_EQ(PlanCpuStep(s, t).mode, Mode::kSequenceBlocks);
+  EXPECT_EQ(PlanCpuStep(s, t).block, 6);
+  s.sequences = 64;  // two tasks of 32
+  EXPECT_EQ(PlanCpuStep(s, t).mode, Mode::kSequenceBlocks);
+  EXPECT_EQ(PlanCpuStep(s, t).block, 32);
+  s.sequences = 63;  // 32 rounded to the row group of 4: 32 + 31
+  EXPECT_EQ(PlanCpuStep(s, t).block, 32);
+  s.sequences = 22;  // 11 + 11
+  EXPECT_EQ(PlanCpuStep(s, t).block, 11);
+  s.sequences = 34;  // 17 rounded to 20: 20 + 14
+  EXPECT_EQ(PlanCpuStep(s, t).block, 20);
+  s.threads = 4;  // four tasks of 16 for 64 sequences
+  s.sequences = 64;
+  EXPECT_EQ(PlanCpuStep(s, t).block, 16);
+  s.threads = 1;  // one thread: always inline
+  EXPECT_EQ(PlanCpuStep(s, t).mode, Mode::kInline);
+  // Large weights (the paper's MNIST KARM, ~19 MFLOP and 38 MB): op by op, even for one sequence.
+  const CpuStepShape paper{1, 19e6, 38 << 20, 2};
+  EXPECT_EQ(PlanCpuStep(paper, t).mode, Mode::kLayerOps);
+}
+
+ArmConfig Config(const std::string& attention, bool start) {
+  ArmConfig c;
+  c.attention = attention;
+  c.height = 6;
+  c.width_px = 5;
+  c.channels = 2;  // 60 tokens: a window of 12 wraps several times
+  c.width = 48;    // 3 * 48 = 144 fused q/k/v columns; MLP 192
+  c.depth = 2;
+  c.heads = 3;     // head dim 16
+  c.window = 12;
+  c.top_k = 7;
+  c.start_token = start;
+  return c;
+}
+
+class CpuDecoderTest : public ::testing::TestWithParam<std::pair<const char*, bool>> {
+ protected:
+  void SetUp() override {
+    auto m = Arm::Create(Config(GetParam().first, GetParam().second), 21);
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::make_unique<Arm>(std::move(*m));
+    at::NoGradGuard g;
+    for (auto& [name, t] : model_->parameters().items()) {
+      if (name.find("log_sigma") != std::string::npos) {
+        t.copy_(at::linspace(-0.4, 0.8, t.numel()).view(t.sizes()));
+      } else if (name.find("bias") != std::string::npos || name.find("ln") != std::string::npos) {
+        t.add_(at::randn(t.sizes()) * 0.1);  // non-trivial biases and norms
+      }
+    }
+    auto dec = CpuDecoder::Create(*model_);
+    ASSERT_TRUE(dec.ok()) << dec.status();
+    decoder_ = std::move(*dec);
+  }
+
+  // Runs `seqs` sequences (sequence i starts at step i % 3, in slot seqs - 1 - i) through the
+  // whole image, `group` sequences per Step call, and returns logits [seqs, N, 256].
+  at::Tensor Run(int64_t seqs, int64_t group, std::optional<Mode> mode, bool reference = false) {
+    const ArmConfig& c = model_->config();
+    const int64_t n = c.seq_len();
+    auto cache = ArmKvCache::Create(c, seqs).value();
+    at::Tensor out = at::zeros({seqs, n, 256});
+    std::mt19937 rng(5);
+    std::vector<std::vector<int64_t>> tokens(seqs);
+    for (auto& t : tokens) {
+      t.push_back(c.start_token ? Arm::kStartToken : 17);
+      for (int64_t p = 1; p < n; ++p) t.push_back(static_cast<int64_t>(rng() % 256));
+    }
+    std::vector<int64_t> next(seqs, 0);
+    at::NoGradGuard no_grad;
+    for (int64_t step = 0;; ++step) {
+      std::vector<int64_t> rows, u, pos, slot;
+      for (int64_t i = 0; i < seqs; ++i) {
+        if (step < i % 3 || next[i] >= n) continue;
+        rows.push_back(i);
+        u.push_back(tokens[i][next[i]]);
+        pos.push_back(next[i]);
+        slot.push_back(seqs - 1 - i);
+      }
+      if (rows.empty()) break;
+      for (size_t g0 = 0; g0 < rows.size(); g0 += group) {
+        const int64_t g = std::min<int64_t>(group, static_cast<int64_t>(rows.size() - g0));
+        at::Tensor logits;
+        if (reference) {
+          logits = model_->DecodeStep(at::tensor(std::vector<int64_t>(u.begin() + g0, u.begin() + g0 + g)),
+                                      at::tensor(std::vector<int64_t>(pos.begin() + g0, pos.begin() + g0 + g)),
+                                      at::tensor(std::vector<int64_t>(slot.begin() + g0, slot.begin() + g0 + g)),
+                                      &cache);
+        } else {
+          logits = at::empty({g, 256});
+          const absl::Status st = decoder_->Step(&u[g0], &pos[g0], &slot[g0], g, &cache,
+                                                 logits.data_ptr<float>(), mode);
+          EXPECT_TRUE(st.ok()) << st;
+        }
+        for (int64_t r = 0; r < g; ++r) out[rows[g0 + r]][pos[g0 + r]].copy_(logits[r]);
+      }
+      for (int64_t i : rows) ++next[i];
+    }
+    return out;
+  }
+
+  std::unique_ptr<Arm> model_;
+  std::unique_ptr<CpuDecoder> decoder_;
+};
+
+TEST_P(CpuDecoderTest, EveryModeKernelAndBatchGivesTheSameBitsAndMatchesTheReference) {
+  const int64_t seqs = 9;
+  const at::Tensor reference = Run(seqs, seqs, std::nullopt, /*reference=*/true);
+  const at::Tensor alone = Run(seqs, 1, Mode::kInline);
+  EXPECT_LE((alone - reference).abs().max().item<double>(), 1e-4)
+      << "packed step vs the LibTorch reference step";
+  for (int v = 0; v < cpu::NumCpuKernelVariants(); ++v) {
+    ASSERT_TRUE(cpu::SetCpuKernelsForTesting(cpu::CpuKernelVariantName(v)));
+    const at::Tensor variant_alone = Run(seqs, 1, Mode::kInline);
+    for (Mode mode : {Mode::kInline, Mode::kSequenceBlocks, Mode::kLayerOps}) {
+      for (int64_t group : {seqs, int64_t{4}}) {
+        SCOPED_TRACE(::testing::Message() << cpu::CpuKernelVariantName(v) << " mode "
+                                          << static_cast<int>(mode) << " group " << group);
+        EXPECT_TRUE(at::equal(Run(seqs, group, mode), variant_alone));
+      }
+    }
+    // Variants differ in instructions (FMA), not in the model: close, not equal.
+    EXPECT_LE((variant_alone - alone).abs().max().item<double>(), 1e-4);
+  }
+  cpu::SetCpuKernelsForTesting(nullptr);
+}
+
+TEST_P(CpuDecoderTest, LayerOpsSplitEveryOpOverTheThreadsAndKeepTheBits) {
+  // With a tiny task size every op of kLayerOps really runs in parallel pieces, and the plan
+  // picks sequence blocks of one row group.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  const at::Tensor one_by_one = Run(6, 1, Mode::kInline);
+  CpuStepTuning tiny;
+  tiny.min_task_flops = 1;
+  auto dec = CpuDecoder::Create(*model_, tiny);
+  ASSERT_TRUE(dec.ok()) << dec.status();
+  decoder_ = std::move(*dec);
+  EXPECT_EQ(decoder_->Plan(8).mode, Mode::kSequenceBlocks);
+  EXPECT_EQ(decoder_->Plan(8).block, 4);
+  EXPECT_TRUE(at::equal(Run(6, 6, Mode::kLayerOps), one_by_one));
+  EXPECT_TRUE(at::equal(Run(6, 6, std::nullopt), one_by_one));
+  at::set_num_threads(threads);
+}
+
+TEST_P(CpuDecoderTest, BadEntriesAreRefusedByNameAndChangeNothing) {
+  const ArmConfig& c = model_->config();
+  auto cache = ArmKvCache::Create(c, 3).value();
+  const at::Tensor before = c.attention == "krause" ? cache.ring(0).values().clone()
+                                                    : cache.values(0).clone();
+  std::vector<float> logits(3 * 256);
+  auto step = [&](std::vector<int64_t> u, std::vector<int64_t> pos, std::vector<int64_t> slots) {
+    return decoder_->Step(u.data(), pos.data(), slots.data(), static_cast<int64_t>(u.size()),
+                          &cache, logits.data());
+  };
+  EXPECT_THAT(step({1, 2}, {0, 0}, {1, 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slots[1] = 1 appears twice")));
+  EXPECT_THAT(step({1, 2}, {0, 0}, {0, 3}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slots[1] = 3 is outside [0, 3)")));
+  EXPECT_THAT(step({1, 2}, {0, c.seq_len()}, {0, 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("positions[1] = 60")));
+  EXPECT_THAT(step({1, 300}, {0, 1}, {0, 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("u[1] = 300")));
+  if (!c.start_token) {
+    EXPECT_THAT(step({Arm::kStartToken}, {0}, {0}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("u[0] = 256")));
+  }
+  const at::Tensor after = c.attention == "krause" ? cache.ring(0).values() : cache.values(0);
+  EXPECT_TRUE(at::equal(before, after));
+  // Another model's cache.
+  ArmConfig other = c;
+  other.attention = c.attention == "krause" ? "softmax" : "krause";
+  auto wrong = ArmKvCache::Create(other, 3).value();
+  int64_t u = 1, p = 0, s = 0;
+  EXPECT_THAT(decoder_->Step(&u, &p, &s, 1, &wrong, logits.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("another kind of model")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CpuDecoderTest,
+                         ::testing::Values(std::pair{"krause", true}, std::pair{"krause", false},
+                                           std::pair{"softmax", true}),
+                         [](const auto& info) {
+                           return std::string(info.param.first) +
+                                  (info.param.second ? "_start" : "_nostart");
+                         });
+
+TEST(SamplePixel, DrawsWhatTheReferenceDraws) {
+  std::mt19937 rng(3);
+  std::vector<float> logits(256);
+  int64_t cases = 0;
+  for (int round = 0; round < 300; ++round) {
+    // Logit families: spread, few distinct values (ties), signed zeros, one dominant value.
+    for (int i = 0; i < 256; ++i) {
+      switch (round % 4) {
+        case 0:
+          logits[i] = std::normal_distribution<float>(0, 3)(rng);
+          break;
+        case 1:
+          logits[i] = static_cast<float>(static_cast<int>(rng() % 5) - 2);
+          break;
+        case 2:
+          logits[i] = rng() % 2 ? 0.0f : -0.0f;
+          if (rng() % 8 == 0) logits[i] = std::ldexp(1.0f, -(static_cast<int>(rng() % 30)));
+          break;
+        default:
+          logits[i] = i == static_cast<int>(round % 256) ? 12.0f : -static_cast<float>(rng() % 7);
+      }
+    }
+    for (double temperature : {0.0, 0.7, 1.0, 1.8}) {
+      for (int64_t top_k : {0, 1, 5, 256}) {
+        for (double top_p : {1.0, 0.9, 0.3}) {
+          SamplingParams p;
+          p.temperature = temperature;
+          p.top_k = top_k;
+          p.top_p = top_p;
+          p.seed = rng();
+          const uint64_t index = rng() % 784;
+          ASSERT_EQ(SamplePixel(logits.data(), p, index),
+                    SamplePixelReference(logits.data(), p, index))
+              << "round " << round << " T " << temperature << " k " << top_k << " p " << top_p;
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 300 * 4 * 4 * 3);
+}
+
+}  // namespace
+}  // namespace krause
