@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/engine/device_context.h"
+#include "server/scheduling.h"
 
 namespace krause::server {
 
@@ -69,54 +70,42 @@ void ClassifyBatcher::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       for (;;) {
-        // Drop what expired or was cancelled, wherever it is in the queue.
-        const Clock::time_point now = Clock::now();
-        for (auto it = queue_.begin(); it != queue_.end();) {
-          absl::Status why;
-          if (stopping_) {
-            why = absl::UnavailableError("the server is shutting down");
-          } else if (now >= it->job.deadline) {
-            why = absl::DeadlineExceededError("deadline exceeded while queued for a batch");
-          } else if (it->job.cancelled && it->job.cancelled()) {
-            why = absl::CancelledError("cancelled by the client");
-          }
-          if (why.ok()) {
-            ++it;
-            continue;
-          }
-          queued_images_ -= it->job.images.size(0);
-          dropped.push_back(std::move(*it));
-          drop_status.push_back(why);
-          it = queue_.erase(it);
+        // Snapshot, plan (scheduling.h), carry the plan out.
+        std::vector<QueuedClassify> snapshot;
+        snapshot.reserve(queue_.size());
+        for (const Entry& e : queue_) {
+          snapshot.push_back({e.job.images.size(0), e.enqueued, e.job.deadline,
+                              e.job.cancelled && e.job.cancelled()});
         }
-        if (!dropped.empty() || stopping_) {
+        const ClassifyPlan plan = PlanClassifyBatch(
+            snapshot, Clock::now(), {options_.max_batch_size, options_.max_queue_delay}, stopping_);
+        std::vector<char> leaves(queue_.size(), 0);
+        for (const ClassifyPlan::Drop& d : plan.drop) {
+          leaves[d.index] = 1;
+          dropped.push_back(std::move(queue_[d.index]));
+          drop_status.push_back(d.why);
+        }
+        for (size_t i : plan.take) {
+          leaves[i] = 1;
+          batch.push_back(std::move(queue_[i]));
+        }
+        if (!plan.drop.empty() || !plan.take.empty()) {
+          std::deque<Entry> rest;
+          for (size_t i = 0; i < queue_.size(); ++i)
+            if (!leaves[i]) rest.push_back(std::move(queue_[i]));
+          queue_.swap(rest);
+          for (const Entry& e : dropped) queued_images_ -= e.job.images.size(0);
+          for (const Entry& e : batch) queued_images_ -= e.job.images.size(0);
+        }
+        if (!dropped.empty() || !batch.empty() || stopping_) {
           stop = stopping_;
           break;
         }
-        if (queue_.empty()) {
+        if (plan.wake_at == Clock::time_point::max()) {
           cv_.wait(lock);
-          continue;
+        } else {
+          cv_.wait_until(lock, plan.wake_at);
         }
-        int64_t images = 0;
-        for (const Entry& e : queue_) images += e.job.images.size(0);
-        const Clock::time_point due = queue_.front().enqueued + options_.max_queue_delay;
-        if (images >= options_.max_batch_size || now >= due) {
-          // The oldest requests, whole, up to max_batch_size images.
-          int64_t taken = 0;
-          while (!queue_.empty() && (batch.empty() || taken + queue_.front().job.images.size(0) <=
-                                                          options_.max_batch_size)) {
-            taken += queue_.front().job.images.size(0);
-            batch.push_back(std::move(queue_.front()));
-            queue_.pop_front();
-          }
-          queued_images_ -= taken;
-          break;
-        }
-        // Sleep until the batch is due (or more work / a stop arrives); a deadline in between
-        // is noticed at the next wake-up.
-        Clock::time_point wake = due;
-        for (const Entry& e : queue_) wake = std::min(wake, e.job.deadline);
-        cv_.wait_until(lock, wake);
       }
     }
     for (size_t i = 0; i < dropped.size(); ++i) dropped[i].job.done(drop_status[i], 0.0);

@@ -1,7 +1,9 @@
 // The dynamic batcher of one classifier: requests (each a few images of the model's shape) queue
-// up; one worker thread takes the oldest requests whole, up to max_batch_size images, as soon as
-// the batch is full or the oldest has waited max_queue_delay, runs ONE forward over the batch and
-// hands each request its rows of the probabilities. RPC threads only enqueue.
+// up; one worker thread forms batches as PlanClassifyBatch (scheduling.h) decides: natural
+// batching (an idle batcher runs a request at once, requests arriving meanwhile form the next
+// batch, the oldest whole requests up to max_batch_size images), with max_queue_delay as an
+// opt-in wait for company. It runs ONE forward per batch and hands each request its rows of the
+// probabilities. RPC threads only enqueue.
 //
 // Requests whose deadline passed or whose caller cancelled are dropped before a batch forms
 // (DEADLINE_EXCEEDED / CANCELLED). A full queue refuses with UNAVAILABLE. Stop() fails what is
@@ -33,13 +35,14 @@ struct ClassifyJob {
   Clock::time_point deadline = Clock::time_point::max();
   std::function<bool()> cancelled;  // polled before the job joins a batch (may be empty)
   // Softmax probabilities [n, classes] (float, CPU), or the reason the job did not run.
-  // `queue_seconds`: time from Enqueue to the start of its batch's forward.
+  // `queue_seconds`: time from Enqueue to the start of its batch's forward. Runs on the batcher
+  // thread: it should hand the reply to other threads (the service posts it to its ReplyPool).
   std::function<void(absl::StatusOr<at::Tensor>, double queue_seconds)> done;
 };
 
 struct BatchingOptions {
   int64_t max_batch_size = 64;
-  std::chrono::microseconds max_queue_delay{5000};
+  std::chrono::microseconds max_queue_delay{0};  // 0: natural batching only
   int64_t max_queued_images = 1024;
 };
 

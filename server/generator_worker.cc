@@ -95,9 +95,15 @@ absl::Status GeneratorWorker::EnqueueScore(ScoreJob job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return absl::UnavailableError("the server is shutting down");
-    if (static_cast<int64_t>(scores_.size()) >= options_.max_waiting + 1)
-      return absl::UnavailableError(
-          absl::StrCat("score queue is full (", scores_.size(), " requests queued); retry later"));
+    // Jobs queued or being scored, until their `done`.
+    if (score_jobs_.load() >= options_.max_waiting + 1)
+      return absl::UnavailableError(absl::StrCat("score queue is full (", score_jobs_.load(),
+                                                 " requests queued); retry later"));
+    score_jobs_.fetch_add(1);
+    job.done = [this, done = std::move(job.done)](absl::StatusOr<std::vector<double>> r) {
+      score_jobs_.fetch_sub(1);
+      done(std::move(r));
+    };
     scores_.push_back(std::move(job));
     wake_ = true;
   }
@@ -125,41 +131,96 @@ void GeneratorWorker::Stop() {
   thread_.join();
 }
 
+void GeneratorWorker::DropScores(std::deque<RunningScore>* scores, bool stopping) {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = scores->begin(); it != scores->end();) {
+    absl::Status why;
+    if (stopping) {
+      why = absl::UnavailableError("the server is shutting down");
+    } else if (now >= it->job.deadline) {
+      why = absl::DeadlineExceededError("deadline exceeded while scoring");
+    } else if (it->job.cancelled && it->job.cancelled()) {
+      why = absl::CancelledError("cancelled by the client");
+    }
+    if (why.ok()) {
+      ++it;
+      continue;
+    }
+    it->job.done(why);
+    it = scores->erase(it);
+  }
+}
+
 void GeneratorWorker::Loop() {
   at::NoGradGuard no_grad;
+  using Clock = std::chrono::steady_clock;
   std::vector<std::shared_ptr<StepListener>> listeners;
+  std::deque<RunningScore> scores;  // the oldest first; the front may be part done
+  SideWorkCredit credit(options_.scheduling);
+  double seconds_per_token = 0, seconds_per_image = 0;  // measured, smoothed
+  auto smooth = [](double old, double now) { return old == 0 ? now : 0.7 * old + 0.3 * now; };
   for (;;) {
-    std::deque<ScoreJob> scores;
     bool stopping = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return wake_ || engine_->Busy(); });
+      cv_.wait(lock, [&] { return wake_ || engine_->Busy() || !scores.empty(); });
       wake_ = false;
       stopping = stopping_;
-      scores.swap(scores_);
+      for (ScoreJob& j : scores_) scores.push_back(RunningScore{std::move(j), 0, {}});
+      scores_.clear();
       for (auto& l : new_listeners_) listeners.push_back(std::move(l));
       new_listeners_.clear();
       if (stopping)
         for (int64_t id : live_) engine_->Cancel(id);
     }
-    for (ScoreJob& job : scores) {
-      if (stopping) {
-        job.done(absl::UnavailableError("the server is shutting down"));
-      } else if (job.cancelled && job.cancelled()) {
-        job.done(absl::CancelledError("cancelled by the client"));
+    DropScores(&scores, stopping);
+    WorkerState state;
+    state.decoding = engine_->active();
+    state.free_slots = engine_->free_slots();
+    state.waiting_prefill_tokens = engine_->WaitingPrefillTokens(state.free_slots);
+    if (!scores.empty()) {
+      state.score_images_left = scores.front().job.images.size(0) - scores.front().done;
+    }
+    state.credit_seconds = credit.seconds();
+    state.seconds_per_prefill_token = seconds_per_token;
+    state.seconds_per_score_image = seconds_per_image;
+    const WorkerPlan plan = PlanWorkerIteration(state, options_.scheduling);
+
+    DecodeEvent e;
+    if (plan.score_images > 0) {
+      RunningScore& r = scores.front();
+      const auto t0 = Clock::now();
+      auto bits = ScoreBitsPerDim(*model_, r.job.images.narrow(0, r.done, plan.score_images));
+      e.score_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      e.score_images = plan.score_images;
+      seconds_per_image = smooth(seconds_per_image, e.score_seconds / plan.score_images);
+      if (state.decoding > 0) credit.OnSideWork(e.score_seconds);
+      if (!bits.ok()) {
+        r.job.done(bits.status());
+        scores.pop_front();
       } else {
-        job.done(ScoreBitsPerDim(*model_, job.images));
+        r.bits.insert(r.bits.end(), bits->begin(), bits->end());
+        r.done += plan.score_images;
+        if (r.done == r.job.images.size(0)) {
+          r.job.done(std::move(r.bits));
+          scores.pop_front();
+        }
       }
     }
-    if (engine_->Busy()) {
-      const auto t0 = std::chrono::steady_clock::now();
-      DecodeEvent e;
-      e.stats = engine_->Step();
-      e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (plan.step) {
+      const auto t0 = Clock::now();
+      e.stats = engine_->Step(plan.admit);
+      e.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       e.active = engine_->active();
       e.waiting = engine_->waiting();
       active_.store(e.active);
       waiting_.store(e.waiting);
+      credit.OnDecode(e.stats.decode_seconds);
+      if (e.stats.prefill_tokens > 0) {
+        if (state.decoding > 0) credit.OnSideWork(e.stats.prefill_seconds);
+        seconds_per_token =
+            smooth(seconds_per_token, e.stats.prefill_seconds / e.stats.prefill_tokens);
+      }
       if (on_step_) on_step_(e);
     }
     for (auto it = listeners.begin(); it != listeners.end();) {
@@ -169,7 +230,7 @@ void GeneratorWorker::Loop() {
         it = listeners.erase(it);
       }
     }
-    if (stopping && !engine_->Busy()) {
+    if (stopping && !engine_->Busy() && scores.empty()) {
       std::lock_guard<std::mutex> lock(mu_);
       if (scores_.empty() && new_listeners_.empty()) return;
     }

@@ -1,7 +1,10 @@
 // The worker of one generator: owns its DecodeEngine and the one thread that runs it. Between
-// decode steps it also runs Score jobs (teacher-forced bits/dim), so RPC threads never run a
-// model. After every step it calls each registered StepListener on the worker thread: streaming
-// calls use it to flush rows at their own rate and to notice their deadline.
+// decode steps it also runs Score jobs (teacher-forced bits/dim), in chunks of a few images, so
+// RPC threads never run a model. Each iteration follows PlanWorkerIteration (scheduling.h):
+// while sequences decode, prefills and Score chunks take at most a share of the worker's time
+// (SideWorkCredit), so neither a burst of completion prompts nor a stream of Score jobs stalls
+// running streams. After every iteration it calls each registered StepListener on the worker
+// thread: streaming calls use it to notice new pixels and their deadline.
 //
 // Thread-safety: everything public may be called from any thread. Engine callbacks (on_pixel,
 // on_done) and listeners run on the worker thread.
@@ -10,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -23,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "model/engine/decode_engine.h"
 #include "model/karm.h"
+#include "server/scheduling.h"
 
 namespace krause::server {
 
@@ -36,6 +41,7 @@ class StepListener {
 
 struct ScoreJob {
   at::Tensor images;  // [n, seq_len] uint8 raster order
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   std::function<bool()> cancelled;
   std::function<void(absl::StatusOr<std::vector<double>> bits_per_dim)> done;
 };
@@ -44,12 +50,15 @@ struct ScoreJob {
 struct DecodeEvent {
   StepStats stats;
   double seconds = 0;   // wall time of the step (admission prefill included)
+  double score_seconds = 0;  // Score work run before the step in the same iteration
+  int64_t score_images = 0;
   int64_t active = 0;   // sequences holding a slot after the step
   int64_t waiting = 0;  // sequences waiting for a slot
 };
 
 struct GeneratorOptions {
   EngineOptions engine;
+  GeneratorSchedulingOptions scheduling;
   int64_t max_waiting = 256;  // images waiting for a slot; beyond, Submit is UNAVAILABLE
 };
 
@@ -79,7 +88,14 @@ class GeneratorWorker {
  private:
   GeneratorWorker(std::shared_ptr<const Arm> model, std::unique_ptr<DecodeEngine> engine,
                   const GeneratorOptions& options, std::function<void(const DecodeEvent&)> on_step);
+  struct RunningScore {
+    ScoreJob job;
+    int64_t done = 0;  // images scored so far
+    std::vector<double> bits;
+  };
   void Loop();
+  // Ends queued Score jobs that were cancelled, expired or (stopping) refused.
+  void DropScores(std::deque<RunningScore>* scores, bool stopping);
 
   const std::shared_ptr<const Arm> model_;
   const std::unique_ptr<DecodeEngine> engine_;
@@ -96,6 +112,7 @@ class GeneratorWorker {
   bool stopping_ = false;
   bool wake_ = false;
   std::atomic<int64_t> active_{0}, waiting_{0};
+  std::atomic<int64_t> score_jobs_{0};  // accepted Score jobs not yet done
   std::thread thread_;
 };
 

@@ -5,7 +5,7 @@
 //   {"models": [
 //     {"name": "fmnist-krause-vit", "checkpoint": "models/krause_vit_fmnist.safetensors",
 //      "device": "cpu", "default": true,
-//      "max_batch_size": 64, "max_queue_delay_ms": 5, "max_queued_images": 1024,
+//      "max_batch_size": 64, "max_queue_delay_ms": 0, "max_queued_images": 1024,
 //      "max_images_per_request": 64},
 //     {"name": "fmnist-karm", "checkpoint": "models/karm_fmnist.safetensors",
 //      "max_sequences": 64, "max_waiting": 256, "max_images_per_request": 16,
@@ -29,7 +29,10 @@ struct ModelSpec {
   bool is_default = false;  // the default of its kind (at most one per kind; else the first)
   // Classifiers: the dynamic batcher.
   int64_t max_batch_size = 64;       // images per batch (and per request)
-  int64_t max_queue_delay_ms = 5;    // how long the first request of a batch waits for company
+  // How long the first request of a batch may wait for company. 0 (default): natural batching,
+  // no wait; raise it only when requests arrive faster than one forward takes but not together
+  // (scheduling.h).
+  int64_t max_queue_delay_ms = 0;
   int64_t max_queued_images = 1024;  // beyond this, Classify answers UNAVAILABLE
   // Generators: the decode engine.
   int64_t max_sequences = 64;  // cache slots (concurrent sequences in one decode step)

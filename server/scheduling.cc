@@ -1,0 +1,91 @@
+#include "server/scheduling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace krause::server {
+
+ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::time_point now,
+                               const ClassifyPlanOptions& options, bool stopping) {
+  ClassifyPlan plan;
+  std::vector<size_t> live;
+  for (size_t i = 0; i < queue.size(); ++i) {
+    const QueuedClassify& q = queue[i];
+    if (stopping) {
+      plan.drop.push_back({i, absl::UnavailableError("the server is shutting down")});
+    } else if (now >= q.deadline) {
+      plan.drop.push_back({i, absl::DeadlineExceededError("deadline exceeded while queued for a batch")});
+    } else if (q.cancelled) {
+      plan.drop.push_back({i, absl::CancelledError("cancelled by the client")});
+    } else {
+      live.push_back(i);
+    }
+  }
+  if (live.empty()) return plan;
+  int64_t images = 0;
+  for (size_t i : live) images += queue[i].images;
+  const Clock::time_point oldest = queue[live.front()].enqueued;
+  const Clock::time_point due = options.max_queue_delay <= Clock::duration::zero()
+                                    ? oldest
+                                    : oldest + options.max_queue_delay;
+  if (images >= options.max_batch_size || now >= due) {
+    // The oldest requests, whole, up to max_batch_size images (at least one request).
+    int64_t taken = 0;
+    for (size_t i : live) {
+      if (!plan.take.empty() && taken + queue[i].images > options.max_batch_size) break;
+      plan.take.push_back(i);
+      taken += queue[i].images;
+    }
+    return plan;
+  }
+  // Wait for company until the batch is due; a deadline in between is noticed then.
+  plan.wake_at = due;
+  for (size_t i : live) plan.wake_at = std::min(plan.wake_at, queue[i].deadline);
+  return plan;
+}
+
+SideWorkCredit::SideWorkCredit(const GeneratorSchedulingOptions& o)
+    : ratio_(o.side_share >= 1.0 ? std::numeric_limits<double>::infinity()
+                                 : o.side_share / (1.0 - o.side_share)),
+      cap_(o.side_slice_seconds),
+      credit_(o.side_slice_seconds) {}
+
+void SideWorkCredit::OnDecode(double seconds) {
+  credit_ = std::isinf(ratio_) ? cap_ : std::min(cap_, credit_ + seconds * ratio_);
+}
+
+void SideWorkCredit::OnSideWork(double seconds) { credit_ -= seconds; }
+
+WorkerPlan PlanWorkerIteration(const WorkerState& s, const GeneratorSchedulingOptions& o) {
+  WorkerPlan plan;
+  const bool idle = s.decoding == 0;
+  if (idle || s.credit_seconds > 0) {
+    // With nothing decoding there is no one to be fair to: no budget but the Score chunk size.
+    const double budget = idle ? std::numeric_limits<double>::infinity() : s.credit_seconds;
+    double spent = 0;
+    // Admissions first (they start streams), oldest first, at least one.
+    const int64_t admissible =
+        std::min<int64_t>(s.free_slots, static_cast<int64_t>(s.waiting_prefill_tokens.size()));
+    for (int64_t i = 0; i < admissible; ++i) {
+      const double cost = static_cast<double>(s.waiting_prefill_tokens[i]) * s.seconds_per_prefill_token;
+      if (plan.admit > 0 && spent + cost > budget) break;
+      ++plan.admit;
+      spent += cost;
+    }
+    if (s.score_images_left > 0 && spent < budget) {
+      // One chunk of about a slice (or what is left of the budget); while its cost is unknown,
+      // one image (which measures it).
+      const double target = std::min(o.side_slice_seconds, budget - spent);
+      int64_t images = 1;
+      if (s.seconds_per_score_image > 0) {
+        images = static_cast<int64_t>(std::floor(target / s.seconds_per_score_image));
+      }
+      plan.score_images = std::clamp<int64_t>(images, 1, s.score_images_left);
+    }
+  }
+  plan.step = s.decoding > 0 || plan.admit > 0;
+  return plan;
+}
+
+}  // namespace krause::server

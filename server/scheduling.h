@@ -1,0 +1,111 @@
+// The serving schedulers' decisions as pure functions of (state, now): which classify requests
+// form the next batch and when to look again; how a generator's worker splits its time between
+// decode steps and side work (prefills of newly admitted requests, Score jobs). The worker
+// threads (classify_batcher.cc, generator_worker.cc) only snapshot their state, call these and
+// carry the plan out, so tests can assert exact plans with a fake clock and no thread.
+//
+// Policies, in short:
+//   Classify: natural batching. An idle batcher runs a request at once; requests that arrive
+//     while a batch runs form the next one (the oldest whole requests, up to max_batch_size
+//     images). max_queue_delay (default 0) opts into waiting for company: a batch that is not
+//     full then starts when its oldest request has waited that long. Expired and cancelled
+//     requests are dropped before a batch forms, wherever they are in the queue.
+//   Generator: while sequences decode, side work (prefills and Score chunks) may use at most
+//     `side_share` of the worker's time, accounted by SideWorkCredit from measured durations;
+//     each side unit is bounded (a prefill; a Score chunk sized to about `side_slice`), so a
+//     burst of completion prompts or a stream of Score jobs slows running streams by a bounded
+//     factor instead of stalling them. With nothing decoding, side work runs flat out.
+//
+// Thread-safety: pure functions and value types.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace krause::server {
+
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------------------------------------
+// Classify
+
+struct QueuedClassify {
+  int64_t images = 0;
+  Clock::time_point enqueued;
+  Clock::time_point deadline = Clock::time_point::max();
+  bool cancelled = false;  // the caller's cancellation, polled into the snapshot
+};
+
+struct ClassifyPlanOptions {
+  int64_t max_batch_size = 64;
+  Clock::duration max_queue_delay{0};
+};
+
+struct ClassifyPlan {
+  struct Drop {
+    size_t index;  // into the queue snapshot
+    absl::Status why;
+  };
+  std::vector<Drop> drop;
+  // The batch: queue indices (oldest first), none when nothing is due.
+  std::vector<size_t> take;
+  // When nothing is taken: when to plan again unless new work or a stop arrives first
+  // (Clock::time_point::max(): only then).
+  Clock::time_point wake_at = Clock::time_point::max();
+};
+
+// `stopping`: everything queued is dropped with UNAVAILABLE.
+ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::time_point now,
+                               const ClassifyPlanOptions& options, bool stopping = false);
+
+// ---------------------------------------------------------------------------------------------
+// Generator worker
+
+struct GeneratorSchedulingOptions {
+  // Share of the worker's time side work may take while sequences decode, in (0, 1].
+  double side_share = 0.5;
+  // Largest side-work credit kept between bursts, and the time a Score chunk is sized to.
+  double side_slice_seconds = 0.005;
+};
+
+// Side-work credit, in seconds: a decode step of t seconds earns t * share / (1 - share)
+// (capped at the slice); side work of t seconds spends t. Side work may start while the credit is
+// positive, so over a long run it takes at most `side_share` of the time (one unit may
+// overdraw it; decode steps then run until it is positive again).
+class SideWorkCredit {
+ public:
+  explicit SideWorkCredit(const GeneratorSchedulingOptions& o);
+  void OnDecode(double seconds);
+  void OnSideWork(double seconds);
+  double seconds() const { return credit_; }
+
+ private:
+  double ratio_, cap_;
+  double credit_;
+};
+
+struct WorkerState {
+  int64_t decoding = 0;  // sequences holding a slot
+  int64_t free_slots = 0;
+  // Prefill tokens of the waiting requests, oldest first (at most free_slots of them matter).
+  std::vector<int64_t> waiting_prefill_tokens;
+  // Images left in the oldest Score job (0: none queued).
+  int64_t score_images_left = 0;
+  double credit_seconds = 0;  // SideWorkCredit::seconds()
+  // Measured costs (0 while unknown: a unit is then assumed to fit the slice).
+  double seconds_per_prefill_token = 0;
+  double seconds_per_score_image = 0;
+};
+
+struct WorkerPlan {
+  int64_t admit = 0;         // waiting requests to admit (prefill) in this iteration's step
+  int64_t score_images = 0;  // images of the oldest Score job to score now (one chunk)
+  bool step = false;         // run an engine step (admits `admit`, decodes every active one)
+};
+
+WorkerPlan PlanWorkerIteration(const WorkerState& state, const GeneratorSchedulingOptions& options);
+
+}  // namespace krause::server

@@ -1,0 +1,194 @@
+// The serving schedulers' plans (server/scheduling.h), exactly, with a fake clock: which classify
+// requests form a batch and when the batcher wakes; how a generator's worker shares its time
+// between decode steps, prefills and Score chunks. No threads, no sleeps.
+#include "server/scheduling.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace krause::server {
+namespace {
+
+using ::testing::ElementsAre;
+using ms = std::chrono::milliseconds;
+using us = std::chrono::microseconds;
+
+const Clock::time_point kT0 = Clock::time_point(std::chrono::hours(1));  // the fake clock's zero
+
+QueuedClassify Q(int64_t images, Clock::duration enqueued_at,
+                 Clock::time_point deadline = Clock::time_point::max(), bool cancelled = false) {
+  return QueuedClassify{images, kT0 + enqueued_at, deadline, cancelled};
+}
+
+std::vector<size_t> Dropped(const ClassifyPlan& p) {
+  std::vector<size_t> out;
+  for (const auto& d : p.drop) out.push_back(d.index);
+  return out;
+}
+
+TEST(PlanClassifyBatch, AnIdleBatcherRunsARequestAtOnce) {
+  const ClassifyPlanOptions o{64, Clock::duration::zero()};
+  const ClassifyPlan p = PlanClassifyBatch({Q(1, ms(0))}, kT0, o);
+  EXPECT_THAT(p.take, ElementsAre(0u));
+  EXPECT_TRUE(p.drop.empty());
+}
+
+TEST(PlanClassifyBatch, RequestsQueuedDuringABatchFormTheNextWholeUpToTheLimit) {
+  const ClassifyPlanOptions o{8, Clock::duration::zero()};
+  // Arrived while the previous batch ran: 3 + 4 fit in 8, the third (2 more) waits.
+  const std::vector<QueuedClassify> q = {Q(3, ms(1)), Q(4, ms(2)), Q(2, ms(3)), Q(1, ms(4))};
+  const ClassifyPlan p = PlanClassifyBatch(q, kT0 + ms(5), o);
+  EXPECT_THAT(p.take, ElementsAre(0u, 1u));
+  // A request larger than the limit alone still runs (requests are never split).
+  EXPECT_THAT(PlanClassifyBatch({Q(9, ms(0)), Q(1, ms(0))}, kT0, o).take, ElementsAre(0u));
+  // Nothing queued: sleep until new work.
+  const ClassifyPlan idle = PlanClassifyBatch({}, kT0, o);
+  EXPECT_TRUE(idle.take.empty());
+  EXPECT_EQ(idle.wake_at, Clock::time_point::max());
+}
+
+TEST(PlanClassifyBatch, AQueueDelayWaitsForCompanyUntilDueOrFull) {
+  const ClassifyPlanOptions o{8, ms(5)};
+  const std::vector<QueuedClassify> q = {Q(2, ms(0)), Q(3, ms(2))};
+  ClassifyPlan p = PlanClassifyBatch(q, kT0 + ms(3), o);
+  EXPECT_TRUE(p.take.empty());
+  EXPECT_EQ(p.wake_at, kT0 + ms(5));  // the oldest's arrival + 5 ms
+  p = PlanClassifyBatch(q, kT0 + ms(5), o);
+  EXPECT_THAT(p.take, ElementsAre(0u, 1u));
+  // Full before due: at once.
+  p = PlanClassifyBatch({Q(5, ms(0)), Q(3, ms(1))}, kT0 + ms(1), o);
+  EXPECT_THAT(p.take, ElementsAre(0u, 1u));
+  // A deadline before the batch is due wakes the batcher to drop it.
+  p = PlanClassifyBatch({Q(1, ms(0)), Q(1, ms(1), kT0 + ms(4))}, kT0 + ms(2), o);
+  EXPECT_EQ(p.wake_at, kT0 + ms(4));
+}
+
+TEST(PlanClassifyBatch, ExpiredAndCancelledRequestsLeaveWhereverTheyAre) {
+  const ClassifyPlanOptions o{8, Clock::duration::zero()};
+  const std::vector<QueuedClassify> q = {Q(1, ms(0), kT0 + ms(2)), Q(2, ms(0)),
+                                         Q(1, ms(1), Clock::time_point::max(), true), Q(3, ms(1))};
+  const ClassifyPlan p = PlanClassifyBatch(q, kT0 + ms(2), o);
+  EXPECT_THAT(Dropped(p), ElementsAre(0u, 2u));
+  EXPECT_EQ(p.drop[0].why.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(p.drop[1].why.code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(p.take, ElementsAre(1u, 3u));
+  // Stopping: everything leaves UNAVAILABLE, nothing runs.
+  const ClassifyPlan stop = PlanClassifyBatch(q, kT0, o, /*stopping=*/true);
+  EXPECT_THAT(Dropped(stop), ElementsAre(0u, 1u, 2u, 3u));
+  EXPECT_EQ(stop.drop[1].why.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(stop.take.empty());
+}
+
+TEST(SideWorkCredit, EarnsAShareOfDecodeTimeUpToTheSlice) {
+  GeneratorSchedulingOptions o;
+  o.side_share = 0.25;  // side work earns 1/3 of decode time
+  o.side_slice_seconds = 0.006;
+  SideWorkCredit c(o);
+  EXPECT_DOUBLE_EQ(c.seconds(), 0.006);  // starts with a slice
+  c.OnSideWork(0.010);
+  EXPECT_DOUBLE_EQ(c.seconds(), -0.004);
+  c.OnDecode(0.006);
+  EXPECT_DOUBLE_EQ(c.seconds(), -0.002);
+  c.OnDecode(0.009);
+  EXPECT_DOUBLE_EQ(c.seconds(), 0.001);
+  c.OnDecode(1.0);
+  EXPECT_DOUBLE_EQ(c.seconds(), 0.006);  // capped
+  o.side_share = 1.0;  // no limit
+  SideWorkCredit all(o);
+  all.OnSideWork(1.0);
+  all.OnDecode(0.0);
+  EXPECT_DOUBLE_EQ(all.seconds(), 0.006);
+}
+
+TEST(PlanWorkerIteration, WithNothingDecodingSideWorkRunsFlatOut) {
+  GeneratorSchedulingOptions o;
+  o.side_slice_seconds = 0.010;
+  WorkerState s;
+  s.free_slots = 3;
+  s.waiting_prefill_tokens = {400, 400, 400, 400};
+  s.seconds_per_prefill_token = 1e-5;  // 4 ms each: no budget applies when idle
+  s.credit_seconds = -1;
+  s.score_images_left = 16;
+  s.seconds_per_score_image = 0.002;
+  const WorkerPlan p = PlanWorkerIteration(s, o);
+  EXPECT_EQ(p.admit, 3);         // every free slot
+  EXPECT_EQ(p.score_images, 5);  // one chunk of about a slice: 10 ms / 2 ms
+  EXPECT_TRUE(p.step);
+  // Nothing at all: no step.
+  EXPECT_FALSE(PlanWorkerIteration(WorkerState{}, o).step);
+}
+
+TEST(PlanWorkerIteration, WhileDecodingSideWorkSpendsOnlyTheCredit) {
+  GeneratorSchedulingOptions o;
+  o.side_slice_seconds = 0.010;
+  WorkerState s;
+  s.decoding = 5;
+  s.free_slots = 59;
+  s.waiting_prefill_tokens = {100, 200, 300, 400};
+  s.seconds_per_prefill_token = 1e-5;  // 1, 2, 3, 4 ms
+  s.score_images_left = 16;
+  s.seconds_per_score_image = 0.002;
+  s.credit_seconds = 0.0045;
+  WorkerPlan p = PlanWorkerIteration(s, o);
+  EXPECT_EQ(p.admit, 2);  // 1 + 2 ms fit in 4.5 ms, + 3 would not
+  EXPECT_EQ(p.score_images, 1);  // what is left (1.5 ms) buys no image: at least one
+  EXPECT_TRUE(p.step);
+  // No credit: decode only; the burst waits.
+  s.credit_seconds = 0;
+  p = PlanWorkerIteration(s, o);
+  EXPECT_EQ(p.admit, 0);
+  EXPECT_EQ(p.score_images, 0);
+  EXPECT_TRUE(p.step);
+  // A little credit: at least one admission, even if it costs more than the credit.
+  s.credit_seconds = 1e-6;
+  s.waiting_prefill_tokens = {700};
+  p = PlanWorkerIteration(s, o);
+  EXPECT_EQ(p.admit, 1);
+  EXPECT_EQ(p.score_images, 0);  // the admission spent it
+  // Score chunks while decoding are sized to the credit, within the slice and the job.
+  s.waiting_prefill_tokens.clear();
+  s.credit_seconds = 0.0081;
+  EXPECT_EQ(PlanWorkerIteration(s, o).score_images, 4);  // 8.1 ms / 2 ms
+  s.score_images_left = 3;
+  EXPECT_EQ(PlanWorkerIteration(s, o).score_images, 3);
+  // An unknown cost: one image, to measure it.
+  s.seconds_per_score_image = 0;
+  EXPECT_EQ(PlanWorkerIteration(s, o).score_images, 1);
+  // Requests without a prompt cost no prefill: all admitted on any credit.
+  s.waiting_prefill_tokens = {0, 0, 0};
+  s.credit_seconds = 1e-9;
+  EXPECT_EQ(PlanWorkerIteration(s, o).admit, 3);
+  // ... but never more than the free slots.
+  s.free_slots = 2;
+  EXPECT_EQ(PlanWorkerIteration(s, o).admit, 2);
+}
+
+TEST(PlanWorkerIteration, OverALongRunSideWorkTakesItsShare) {
+  // The worker's loop with a fake clock: decode steps of 1 ms, Score images of 3 ms, share 0.5.
+  GeneratorSchedulingOptions o;
+  o.side_share = 0.5;
+  o.side_slice_seconds = 0.005;
+  SideWorkCredit credit(o);
+  double decode = 0, side = 0;
+  for (int i = 0; i < 10000; ++i) {
+    WorkerState s;
+    s.decoding = 1;
+    s.score_images_left = 1000;
+    s.seconds_per_score_image = 0.003;
+    s.credit_seconds = credit.seconds();
+    const WorkerPlan p = PlanWorkerIteration(s, o);
+    if (p.score_images > 0) {
+      side += 0.003 * p.score_images;
+      credit.OnSideWork(0.003 * p.score_images);
+    }
+    ASSERT_TRUE(p.step);
+    decode += 0.001;
+    credit.OnDecode(0.001);
+  }
+  EXPECT_NEAR(side / (side + decode), 0.5, 0.01);
+}
+
+}  // namespace
+}  // namespace krause::server
