@@ -27,6 +27,8 @@ ABSL_FLAG(bool, cuda_graphs, false,
           "bundled generators on a GPU: replay the KARM decode step as CUDA graphs (with "
           "--manifest each model sets its own \"cuda_graphs\")");
 ABSL_FLAG(int32_t, threads, 0, "LibTorch intra-op threads (0: all cores)");
+ABSL_FLAG(int32_t, reply_threads, 1,
+          "threads that build and send replies (protobuf, PNG), off the model threads");
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20, "largest request or response message in bytes");
 ABSL_FLAG(
     double, drain_seconds, 20,
@@ -79,6 +81,7 @@ int main(int argc, char** argv) {
   o.device = absl::GetFlag(FLAGS_device);
   o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o.threads = absl::GetFlag(FLAGS_threads);
+  o.reply_threads = absl::GetFlag(FLAGS_reply_threads);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
   o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
@@ -87,6 +90,11 @@ int main(int argc, char** argv) {
   o.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.quiet = absl::GetFlag(FLAGS_quiet);
+  if (o.reply_threads < 1 || o.reply_threads > 64) {
+    std::fprintf(stderr, "krause-server: --reply_threads must be in [1, 64], got %d\n",
+                 o.reply_threads);
+    return 2;
+  }
   krause::SetCpuThreads(o.threads);
 
   auto server = krause::server::KrauseServer::Start(o);

@@ -52,6 +52,7 @@ struct ServerOptions {
   std::string device = "cpu";            // the bundled models' device (a manifest sets its own)
   bool cuda_graphs = false;              // the bundled generators' "cuda_graphs"
   int threads = 0;                       // LibTorch intra-op threads (0: all cores)
+  int reply_threads = 1;                 // threads that build and send replies (ReplyPool)
   int64_t max_message_bytes = 64 << 20;  // largest request and response message
   double drain_seconds = 20;             // SIGTERM: how long in-flight calls may finish
   // TLS: both or neither; with tls_client_ca, clients must present a certificate it signed.

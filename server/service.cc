@@ -214,9 +214,19 @@ class GenerateState : public StepListener, public std::enable_shared_from_this<G
     }
     if (cancel)
       for (int64_t id : ids) model_->generator->Cancel(id);
-    Flush();
-    std::lock_guard<std::mutex> lock(mu_);
-    return images_done_ < Total() && !finish_called_;
+    // Building and sending happen on the reply pool: here only whether a flush is worth
+    // posting (one at a time; a write in flight flushes again when it is done).
+    bool post = false, more = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!finish_called_ && !write_in_flight_ && !flush_posted_ &&
+          (Clock::now() - last_send_ >= interval_ || images_done_ != flushed_images_done_)) {
+        flush_posted_ = post = true;
+      }
+      more = images_done_ < Total() && !finish_called_;
+    }
+    if (post) svc_->replies()->Post([self = shared_from_this()] { self->Flush(); });
+    return more;
   }
 
   void ClientCancelled() {
@@ -239,7 +249,8 @@ class GenerateState : public StepListener, public std::enable_shared_from_this<G
   }
 
   // Sends what is due, or finishes the call once every image is done and the last message has
-  // gone. Called from the engine thread and from OnWriteDone.
+  // gone. Runs on the reply pool (posted after engine steps) and on gRPC's thread in OnWriteDone;
+  // PNGs are encoded outside the state's lock, so the engine thread's OnPixel never waits on one.
   void Flush();
 
  private:
@@ -263,6 +274,8 @@ class GenerateState : public StepListener, public std::enable_shared_from_this<G
   bool deadline_hit_ = false, client_cancelled_ = false;
   bool write_in_flight_ = false, write_failed_ = false, summary_sent_ = false;
   bool finish_called_ = false;
+  bool flush_posted_ = false;       // a Flush is queued on the reply pool
+  int64_t flushed_images_done_ = 0;  // images_done_ as the last Flush saw it
   Clock::time_point last_send_{};
   v1::GenerateResponse message_;  // the message being written
 };
@@ -315,8 +328,11 @@ absl::Status GenerateState::FinalStatus() const {
 void GenerateState::Flush() {
   absl::Status finish;
   bool do_finish = false, do_write = false;
+  std::vector<std::pair<int64_t, std::vector<uint8_t>>> encode;  // (image, pixels) to PNG
   {
     std::lock_guard<std::mutex> lock(mu_);
+    flush_posted_ = false;
+    flushed_images_done_ = images_done_;
     if (finish_called_ || write_in_flight_) return;
     const bool all_done = images_done_ == Total();
     if (all_done) {
@@ -356,19 +372,7 @@ void GenerateState::Flush() {
           }
         }
         if (im.done && im.status.ok() && !im.png_sent) {
-          at::Tensor hwc = at::from_blob(
-              im.pixels.data(), {model_->shape.height, model_->shape.width, model_->shape.channels},
-              at::kByte);
-          auto png = EncodePng(hwc);
-          if (!png.ok()) {
-            im.status =
-                absl::InternalError(absl::StrCat("PNG encoding failed: ", png.status().message()));
-            continue;
-          }
-          v1::GeneratedImage* g = message_.add_images();
-          g->set_image(static_cast<uint32_t>(i));
-          g->set_seed(im.seed);
-          g->set_png(std::move(*png));
+          encode.emplace_back(i, im.pixels);
           im.png_sent = true;
           news = true;
         }
@@ -410,9 +414,27 @@ void GenerateState::Flush() {
   }
   if (do_finish) {
     reactor_->FinishCall(finish);
-  } else if (do_write) {
-    reactor_->StartWrite(&message_);
+    return;
   }
+  if (!do_write) return;
+  // message_ is this flush's alone until StartWrite: write_in_flight_ keeps others out.
+  for (auto& [i, pixels] : encode) {
+    const at::Tensor hwc = at::from_blob(
+        pixels.data(), {model_->shape.height, model_->shape.width, model_->shape.channels},
+        at::kByte);
+    auto png = EncodePng(hwc);
+    if (!png.ok()) {  // the call ends with this error after the message
+      std::lock_guard<std::mutex> lock(mu_);
+      images_[i].status =
+          absl::InternalError(absl::StrCat("PNG encoding failed: ", png.status().message()));
+      continue;
+    }
+    v1::GeneratedImage* g = message_.add_images();
+    g->set_image(static_cast<uint32_t>(i));
+    g->set_seed(images_[i].seed);  // immutable after Init
+    g->set_png(std::move(*png));
+  }
+  reactor_->StartWrite(&message_);
 }
 
 absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
@@ -578,8 +600,8 @@ grpc::ServerUnaryReactor* KrauseService::Classify(grpc::CallbackServerContext* c
   job.images = images;
   job.deadline = SteadyDeadline(ctx);
   job.cancelled = [ctx] { return ctx->IsCancelled(); };
-  job.done = [this, call, response, top_k, full, cost, labels, name = m->spec.name](
-                 absl::StatusOr<at::Tensor> probs, double queue_seconds) {
+  auto reply = [this, call, response, top_k, full, cost, labels, name = m->spec.name](
+                   absl::StatusOr<at::Tensor> probs, double queue_seconds) {
     if (observer_ && queue_seconds > 0) observer_->OnQueued("Classify", name, queue_seconds);
     if (!probs.ok()) {
       call->Finish(probs.status());
@@ -612,6 +634,10 @@ grpc::ServerUnaryReactor* KrauseService::Classify(grpc::CallbackServerContext* c
     }
     call->Finish(absl::OkStatus());
   };
+  // The batcher thread only posts; the reply is built on the reply pool.
+  job.done = [this, reply = std::move(reply)](absl::StatusOr<at::Tensor> probs, double queue_s) {
+    replies_.Post([reply, probs = std::move(probs), queue_s] { reply(probs, queue_s); });
+  };
   const absl::Status st = m->batcher->Enqueue(std::move(job));
   if (!st.ok()) call->Finish(st);
   return reactor;
@@ -637,10 +663,11 @@ grpc::ServerUnaryReactor* KrauseService::Score(grpc::CallbackServerContext* ctx,
   const AttentionCost cost = m->model.FlopsPerImage();
   ScoreJob job;
   job.images = images.permute({0, 2, 3, 1}).reshape({n, -1}).contiguous();
+  job.deadline = SteadyDeadline(ctx);
   job.cancelled = [ctx] { return ctx->IsCancelled(); };
-  job.done = [this, call, response, n, cost, name = m->spec.name,
-              scored =
-                  c.seq_len() - (c.start_token ? 0 : 1)](absl::StatusOr<std::vector<double>> bpd) {
+  auto reply = [this, call, response, n, cost, name = m->spec.name,
+                scored = c.seq_len() - (c.start_token ? 0 : 1)](
+                   const absl::StatusOr<std::vector<double>>& bpd) {
     if (!bpd.ok()) {
       call->Finish(bpd.status());
       return;
@@ -661,6 +688,9 @@ grpc::ServerUnaryReactor* KrauseService::Score(grpc::CallbackServerContext* ctx,
       observer_->OnImages("Score", name, n);
     }
     call->Finish(absl::OkStatus());
+  };
+  job.done = [this, reply = std::move(reply)](absl::StatusOr<std::vector<double>> bpd) {
+    replies_.Post([reply, bpd = std::move(bpd)] { reply(bpd); });
   };
   const absl::Status st = m->generator->EnqueueScore(std::move(job));
   if (!st.ok()) call->Finish(st);

@@ -1,7 +1,9 @@
 // krause.v1.KrauseService on gRPC's callback API. Handlers validate and hand work to the model's
-// worker (ClassifyBatcher / GeneratorWorker); they never run a model. Replies are sent from the
-// worker threads. Every call passes the Gate first: authentication, and refusal while loading or
-// draining. Thread-safety: all handlers may run concurrently.
+// worker (ClassifyBatcher / GeneratorWorker); they never run a model. The workers hand results to
+// the service's ReplyPool, whose threads build the reply messages (PNG encoding included) and
+// finish or write the calls; a model thread never serialises. Every call passes the Gate first:
+// authentication, and refusal while loading or draining. Thread-safety: all handlers may run
+// concurrently.
 #pragma once
 
 #include <atomic>
@@ -15,6 +17,7 @@
 
 #include "krause/v1/krause.grpc.pb.h"
 #include "server/registry.h"
+#include "server/reply_pool.h"
 
 namespace krause::server {
 
@@ -64,8 +67,8 @@ class Gate {
 
 class KrauseService final : public v1::KrauseService::CallbackService {
  public:
-  explicit KrauseService(Gate* gate, CallObserver* observer = nullptr)
-      : gate_(gate), observer_(observer) {}
+  explicit KrauseService(Gate* gate, CallObserver* observer = nullptr, int reply_threads = 1)
+      : gate_(gate), observer_(observer), replies_(reply_threads) {}
 
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* ctx,
                                        const v1::ListModelsRequest* request,
@@ -83,10 +86,12 @@ class KrauseService final : public v1::KrauseService::CallbackService {
 
   Gate* gate() const { return gate_; }
   CallObserver* observer() const { return observer_; }
+  ReplyPool* replies() { return &replies_; }
 
  private:
   Gate* const gate_;
   CallObserver* const observer_;
+  ReplyPool replies_;
 };
 
 }  // namespace krause::server
