@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/engine/device_context.h"
+#include "model/util/threads.h"
 #include "server/scheduling.h"
 
 namespace krause::server {
@@ -63,6 +64,7 @@ void ClassifyBatcher::Loop() {
   const std::shared_ptr<void> stream = ctx.Enter();
   const c10::InferenceMode inference;
   at::Tensor staging;
+  const double flops_per_image = model_->FlopsPerImage().executed_flops;
   for (;;) {
     std::vector<Entry> batch, dropped;
     std::vector<absl::Status> drop_status;
@@ -131,6 +133,9 @@ void ClassifyBatcher::Loop() {
       }
       const at::Tensor x =
           NormalizePixels(model_->config(), pixels.to(ctx.device(), /*non_blocking=*/true));
+      // Small batches on this thread alone (threads.h); on a GPU the setting does not matter.
+      const ScopedIntraOpThreads threads(ScopedIntraOpThreads::ForForward(
+          static_cast<double>(pixels.size(0)) * flops_per_image));
       probs = at::softmax(model_->Forward(x), -1).to(at::kCPU).contiguous();
     } catch (const std::exception& e) {
       probs = absl::InternalError(absl::StrCat("classifier forward failed: ", e.what()));

@@ -13,6 +13,7 @@
 #include "model/attention/cpu_scratch.h"
 #include "model/util/status_macros.h"
 #include "model/util/tensor_checks.h"
+#include "model/util/threads.h"
 
 namespace krause {
 
@@ -270,7 +271,7 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
     int64_t* sip = selection ? selection->indices.data_ptr<int64_t>() : nullptr;
     float* swp = selection ? selection->weights.data_ptr<float>() : nullptr;
 
-    at::parallel_for(0, s * h, 1, [&](int64_t w0, int64_t w1) {
+    at::parallel_for(0, s * h, GrainForWork(4.0 * win * d), [&](int64_t w0, int64_t w1) {
       const cpu::ScratchTensors scratch_tensors(win);
       const cpu::Scratch& scratch = scratch_tensors.view();
       for (int64_t w = w0; w < w1; ++w) {

@@ -4,11 +4,14 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "model/attention/cpu_kernels.h"
 #include "model/attention/cpu_scratch.h"
 #include "model/attention/krause_attention.h"
+#include "model/util/threads.h"
 
 namespace krause::internal {
 
@@ -22,15 +25,20 @@ KrauseResult FusedCpuAttention(const AttentionArgs& a, const KrauseOptions& o) {
   const int64_t bh = a.batch * a.heads, n = a.n, d = a.head_dim;
   const cpu::CpuKernelTable& kernels = cpu::CpuKernels();
 
-  // Transposed, padded keys [B*H, d, N + chunk] and key biases [B*H, N].
+  const bool grid = o.neighbourhood.kind == Neighbourhood::Kind::kGrid;
+  // Transposed, padded keys [B*H, d, N + chunk] (the range kinds score runs of keys; a grid's
+  // table rows read k directly) and key biases [B*H, N].
   const int64_t kt_stride = n + cpu::kScoreChunk;
-  at::Tensor kt = at::zeros({bh, d, kt_stride}, q.options());
-  kt.narrow(2, 0, n).copy_(k.view({bh, n, d}).transpose(1, 2));
+  at::Tensor kt;
+  if (!grid) {
+    kt = at::zeros({bh, d, kt_stride}, q.options());
+    kt.narrow(2, 0, n).copy_(k.view({bh, n, d}).transpose(1, 2));
+  }
   at::Tensor bias = at::empty({bh, n}, q.options());
   {
     const float* kp = k.data_ptr<float>();
     float* bp = bias.data_ptr<float>();
-    at::parallel_for(0, bh, 1, [&](int64_t b0, int64_t b1) {
+    at::parallel_for(0, bh, GrainForWork(2.0 * n * d), [&](int64_t b0, int64_t b1) {
       for (int64_t s = b0; s < b1; ++s) kernels.key_biases(kp + s * n * d, n, d, bp + s * n);
     });
   }
@@ -38,7 +46,7 @@ KrauseResult FusedCpuAttention(const AttentionArgs& a, const KrauseOptions& o) {
 
   // Neighbourhood in kernel terms.
   int kind = 1;
-  CandidateTable table;
+  std::shared_ptr<const CandidateTable> table;
   switch (o.neighbourhood.kind) {
     case Neighbourhood::Kind::kCausal:
       kind = 0;
@@ -48,7 +56,7 @@ KrauseResult FusedCpuAttention(const AttentionArgs& a, const KrauseOptions& o) {
       break;
     case Neighbourhood::Kind::kGrid:
       kind = 2;
-      table = BuildCandidateTable(o.neighbourhood, n);
+      table = CachedCandidateTable(o.neighbourhood, n);
       break;
   }
   const int64_t max_cand = MaxCandidates(o.neighbourhood, n);
@@ -62,7 +70,7 @@ KrauseResult FusedCpuAttention(const AttentionArgs& a, const KrauseOptions& o) {
   const float* qp = q.data_ptr<float>();
   const float* kp = k.data_ptr<float>();
   const float* vp = v.data_ptr<float>();
-  const float* ktp = kt.data_ptr<float>();
+  const float* ktp = grid ? nullptr : kt.data_ptr<float>();
   const float* bp = bias.data_ptr<float>();
   const float* ivp = inv_var.data_ptr<float>();
   float* op = r.out.data_ptr<float>();
@@ -70,7 +78,9 @@ KrauseResult FusedCpuAttention(const AttentionArgs& a, const KrauseOptions& o) {
   float* swp = o.return_selection ? r.weights.data_ptr<float>() : nullptr;
 
   const int64_t blocks = (n + kQueryBlock - 1) / kQueryBlock;
-  at::parallel_for(0, bh * blocks, 1, [&](int64_t w0, int64_t w1) {
+  // Work per item: scores and aggregation of up to a block of queries over their candidates.
+  const double item_flops = 4.0 * std::min(n, kQueryBlock) * max_cand * d;
+  at::parallel_for(0, bh * blocks, GrainForWork(item_flops), [&](int64_t w0, int64_t w1) {
     const cpu::ScratchTensors scratch_tensors(max_cand);
     const cpu::Scratch& scratch = scratch_tensors.view();
     for (int64_t w = w0; w < w1; ++w) {
@@ -88,9 +98,9 @@ KrauseResult FusedCpuAttention(const AttentionArgs& a, const KrauseOptions& o) {
       slice.top_k = o.top_k;
       slice.kind = kind;
       slice.window = o.neighbourhood.window;
-      slice.table = table.index.data();
-      slice.table_count = table.count.data();
-      slice.table_width = table.width;
+      slice.table = table ? table->index.data() : nullptr;
+      slice.table_count = table ? table->count.data() : nullptr;
+      slice.table_width = table ? table->width : 0;
       slice.out = op + s * n * d;
       slice.sel_index = sip ? sip + s * n * a.kept : nullptr;
       slice.sel_weight = swp ? swp + s * n * a.kept : nullptr;

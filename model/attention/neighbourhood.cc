@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -157,6 +160,19 @@ CandidateTable BuildCandidateTable(const Neighbourhood& nb, int64_t n) {
     std::copy(row.begin(), row.end(), t.index.begin() + i * t.width);
   }
   return t;
+}
+
+std::shared_ptr<const CandidateTable> CachedCandidateTable(const Neighbourhood& nb, int64_t n) {
+  static std::mutex mu;
+  static auto* tables = new std::map<std::string, std::shared_ptr<const CandidateTable>>();
+  const std::string key = absl::StrCat(nb.ToString(), "/", n);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = tables->find(key);
+  if (it != tables->end()) return it->second;
+  if (tables->size() >= 256) tables->clear();  // a bound, not a policy: real models use a few
+  auto table = std::make_shared<const CandidateTable>(BuildCandidateTable(nb, n));
+  tables->emplace(key, table);
+  return table;
 }
 
 }  // namespace krause

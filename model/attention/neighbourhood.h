@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -61,5 +62,8 @@ struct CandidateTable {
   std::vector<int64_t> count;  // [n]
 };
 CandidateTable BuildCandidateTable(const Neighbourhood& nb, int64_t n);
+// The same, built once per (neighbourhood, n) and kept (a few hundred at most): a classifier's
+// every forward reuses its layers' table instead of enumerating the grid again. Thread-safe.
+std::shared_ptr<const CandidateTable> CachedCandidateTable(const Neighbourhood& nb, int64_t n);
 
 }  // namespace krause

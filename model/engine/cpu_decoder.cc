@@ -12,6 +12,7 @@
 #include "model/attention/cpu_kernels.h"
 #include "model/engine/kv_cache.h"
 #include "model/karm.h"
+#include "model/util/threads.h"
 
 namespace krause {
 namespace {
@@ -345,9 +346,7 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
   if (static_cast<int64_t>(scratch.rows.size()) < need) scratch.rows.assign(need, 0.0f);
   const Rows b(*this, s, scratch.rows.data());
   const double min_task = tuning_.min_task_flops;
-  auto grain = [&](double flops_per_item) {
-    return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(min_task / flops_per_item)));
-  };
+  auto grain = [&](double flops_per_item) { return GrainForWork(flops_per_item, min_task); };
   auto linear = [&](const Linear& lin, const float* x, float* out) {
     const double per_chunk = 2.0 * s * lin.in * cpu::kScoreChunk;
     at::parallel_for(0, Chunks(lin), grain(per_chunk),

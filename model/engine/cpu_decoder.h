@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/util/threads.h"
 
 namespace krause {
 
@@ -56,7 +57,7 @@ struct CpuStepShape {
 // --modes table: a fork/join of the pool costs tens of microseconds when its threads sleep,
 // so a step parallelises only when each task gets at least `min_task_flops`.
 struct CpuStepTuning {
-  double min_task_flops = 1.0e6;
+  double min_task_flops = kMinTaskFlops;
   int64_t cache_resident_bytes = 512 << 10;  // weights at most this: kSequenceBlocks
 };
 

@@ -2,7 +2,10 @@
 
 #include <dlfcn.h>
 
+#include <omp.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <thread>
 
@@ -41,6 +44,21 @@ CpuThreads SetCpuThreads(int intra_op) {
   t.intra_op = at::get_num_threads();
   t.blas = BlasThreads();
   return t;
+}
+
+int64_t GrainForWork(double flops_per_item, double min_task_flops) {
+  if (!(flops_per_item > 0)) return 1;
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(min_task_flops / flops_per_item)));
+}
+
+ScopedIntraOpThreads::ScopedIntraOpThreads(int threads) : previous_(omp_get_max_threads()) {
+  omp_set_num_threads(std::max(1, threads));
+}
+
+ScopedIntraOpThreads::~ScopedIntraOpThreads() { omp_set_num_threads(previous_); }
+
+int ScopedIntraOpThreads::ForForward(double flops) {
+  return flops < kMinParallelForwardFlops ? 1 : omp_get_max_threads();
 }
 
 }  // namespace krause

@@ -10,6 +10,8 @@
 // Thread-safety: call once at start-up, before other threads run LibTorch code.
 #pragma once
 
+#include <cstdint>
+
 namespace krause {
 
 struct CpuThreads {
@@ -20,6 +22,39 @@ struct CpuThreads {
 
 // intra_op <= 0 means one thread per core.
 CpuThreads SetCpuThreads(int intra_op);
+
+// Sizing parallel work. A fork/join of the intra-op pool costs tens of microseconds when its
+// threads sleep (and their spinning takes the cores from the RPC threads), so work is split only
+// into tasks of at least kMinTaskFlops.
+constexpr double kMinTaskFlops = 1.0e6;
+// The grain for at::parallel_for over items of `flops_per_item` each: ranges of fewer than two
+// grains run inline on the calling thread.
+int64_t GrainForWork(double flops_per_item, double min_task_flops = kMinTaskFlops);
+
+// A whole forward (a classifier batch, a prefill, a Score chunk) made of LibTorch ops below this
+// many FLOPs runs on its worker's thread alone: most of its ops are too small to split (LibTorch
+// forks its pool for a layer norm of a few rows), BLAS runs single-threaded anyway, and the other
+// cores are the RPC threads'. Measured with krause-model-bench and the serving benchmark
+// (bench/serving_bench.py) on 2 cores: the bundled classifier (13.6 MFLOP per image) served 1.4x
+// the images at 32 concurrent calls on one thread per batch.
+constexpr double kMinParallelForwardFlops = 256.0e6;
+
+// While it lives, at::parallel_for and LibTorch's own kernels started from THIS thread use at most
+// `threads` threads (OpenMP's per-thread setting, which LibTorch's OpenMP backend reads); other
+// threads are unaffected. For a worker that decides per batch how much of the pool its work
+// deserves.
+class ScopedIntraOpThreads {
+ public:
+  explicit ScopedIntraOpThreads(int threads);
+  // One thread below kMinParallelForwardFlops, else the thread's current setting.
+  static int ForForward(double flops);
+  ~ScopedIntraOpThreads();
+  ScopedIntraOpThreads(const ScopedIntraOpThreads&) = delete;
+  ScopedIntraOpThreads& operator=(const ScopedIntraOpThreads&) = delete;
+
+ private:
+  int previous_;
+};
 
 // OpenBLAS's thread count (0 where OpenBLAS is not loaded) and a way to set it (no-op then);
 // the benchmark compares both settings.

@@ -1,0 +1,148 @@
+// krause-model-bench: a bundled model's own speed, without the server: the baseline the serving
+// benchmark (bench/serving_bench.py) compares the served figures with, measured in the same run.
+//
+//   krause-model-bench classify models/krause_vit_fmnist.safetensors --batches 1,32 [--seconds 3]
+//   krause-model-bench generate models/karm_fmnist.safetensors --streams 1,64 [--images 64]
+//
+// classify: what the classify batcher runs for a batch of B Fashion-MNIST test images (uint8 ->
+//   NormalizePixels -> Forward -> softmax), timed until --seconds have passed (at least 5 runs);
+//   reports the median seconds per batch and images/s.
+// generate: the decode engine (DecodeEngine, as the server's generator worker drives it) making
+//   --images images with S sequences in flight; reports images/s.
+// Threads: SetCpuThreads(--threads) as the server does. Output: one JSON record per line.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "model/data/datasets.h"
+#include "model/engine/decode_engine.h"
+#include "model/loader.h"
+#include "model/util/threads.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+int Usage() {
+  std::fprintf(stderr,
+               "usage: krause-model-bench classify CHECKPOINT [--batches 1,32] [--seconds 3]\n"
+               "       krause-model-bench generate CHECKPOINT [--streams 1,64] [--images N]\n"
+               "       [--threads T (0: one per core)]\n");
+  return 2;
+}
+
+std::vector<int64_t> Ints(const std::string& s) {
+  std::vector<int64_t> out;
+  for (absl::string_view p : absl::StrSplit(s, ',')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(p, &v) || v < 1) return {};
+    out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) return Usage();
+  const std::string what = argv[1], path = argv[2];
+  std::vector<int64_t> sizes = what == "classify" ? std::vector<int64_t>{1, 32}
+                                                  : std::vector<int64_t>{1, 64};
+  double seconds = 3;
+  int64_t images = 0;
+  int threads = 0;
+  for (int i = 3; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--batches" || flag == "--streams") {
+      sizes = Ints(value);
+      if (sizes.empty()) return Usage();
+    } else if (flag == "--seconds") {
+      if (!absl::SimpleAtod(value, &seconds)) return Usage();
+    } else if (flag == "--images") {
+      if (!absl::SimpleAtoi(value, &images)) return Usage();
+    } else if (flag == "--threads") {
+      if (!absl::SimpleAtoi(value, &threads)) return Usage();
+    } else {
+      return Usage();
+    }
+  }
+  if ((argc - 3) % 2 != 0 || (what != "classify" && what != "generate")) return Usage();
+  const krause::CpuThreads t = krause::SetCpuThreads(threads);
+  auto model = krause::LoadModel(path, "cpu");
+  if (!model.ok()) {
+    std::fprintf(stderr, "krause-model-bench: %s\n", model.status().ToString().c_str());
+    return 1;
+  }
+  const c10::InferenceMode inference;
+  if (what == "classify") {
+    if (!model->classifier()) return Usage();
+    auto ds = krause::LoadFashionMnist("/usr/share/datasets/fashion-mnist", false);
+    if (!ds.ok()) {
+      std::fprintf(stderr, "krause-model-bench: %s\n", ds.status().ToString().c_str());
+      return 1;
+    }
+    const krause::ViT& vit = *model->vit;
+    for (int64_t b : sizes) {
+      const at::Tensor pixels = ds->images.narrow(0, 0, b).contiguous();
+      auto run = [&] {
+        return at::softmax(vit.Forward(krause::NormalizePixels(vit.config(), pixels)), -1);
+      };
+      run();  // warm-up
+      std::vector<double> times;
+      const Clock::time_point start = Clock::now();
+      while (times.size() < 5 || Since(start) < seconds) {
+        const Clock::time_point t0 = Clock::now();
+        run();
+        times.push_back(Since(t0));
+      }
+      std::sort(times.begin(), times.end());
+      const double median = times[times.size() / 2];
+      std::printf(
+          "{\"what\":\"classify\",\"batch\":%lld,\"runs\":%zu,\"median_seconds\":%.6g,"
+          "\"images_per_second\":%.6g,\"threads\":%d}\n",
+          static_cast<long long>(b), times.size(), median, b / median, t.intra_op);
+      std::fflush(stdout);
+    }
+    return 0;
+  }
+  if (model->classifier()) return Usage();
+  const krause::Arm& arm = *model->arm;
+  for (int64_t s : sizes) {
+    const int64_t n = std::max(images, s);
+    krause::EngineOptions eo;
+    eo.max_sequences = s;
+    auto engine = krause::DecodeEngine::Create(&arm, eo);
+    if (!engine.ok()) {
+      std::fprintf(stderr, "krause-model-bench: %s\n", engine.status().ToString().c_str());
+      return 1;
+    }
+    int64_t finished = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      krause::GenerationRequest r;
+      r.sampling.seed = static_cast<uint64_t>(i);
+      r.on_done = [&finished](absl::Status, std::vector<uint8_t>) { ++finished; };
+      if (!(*engine)->Submit(std::move(r)).ok()) return 1;
+    }
+    const Clock::time_point t0 = Clock::now();
+    while ((*engine)->Busy()) (*engine)->Step();
+    const double sec = Since(t0);
+    std::printf(
+        "{\"what\":\"generate\",\"streams\":%lld,\"images\":%lld,\"seconds\":%.6g,"
+        "\"images_per_second\":%.6g,\"threads\":%d}\n",
+        static_cast<long long>(s), static_cast<long long>(finished), sec, finished / sec,
+        t.intra_op);
+    std::fflush(stdout);
+  }
+  return 0;
+}
