@@ -3,10 +3,12 @@
 //
 //   krause-model-bench classify models/krause_vit_fmnist.safetensors --batches 1,32 [--seconds 3]
 //   krause-model-bench generate models/karm_fmnist.safetensors --streams 1,64 [--images 64]
+//   krause-model-bench score models/karm_fmnist.safetensors --batches 1,16 [--seconds 3]
 //
 // classify: what the classify batcher runs for a batch of B Fashion-MNIST test images (uint8 ->
 //   NormalizePixels -> Forward -> softmax), timed until --seconds have passed (at least 5 runs);
 //   reports the median seconds per batch and images/s.
+// score: ScoreBitsPerDim (what a generator's worker runs for a Score chunk) over B test images.
 // generate: the decode engine (DecodeEngine, as the server's generator worker drives it) making
 //   --images images with S sequences in flight; reports images/s.
 // Threads: SetCpuThreads(--threads) as the server does. Output: one JSON record per line.
@@ -17,6 +19,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,6 +42,7 @@ int Usage() {
   std::fprintf(stderr,
                "usage: krause-model-bench classify CHECKPOINT [--batches 1,32] [--seconds 3]\n"
                "       krause-model-bench generate CHECKPOINT [--streams 1,64] [--images N]\n"
+               "       krause-model-bench score CHECKPOINT [--batches 1,16] [--seconds 3]\n"
                "       [--threads T (0: one per core)]\n");
   return 2;
 }
@@ -58,6 +63,7 @@ int main(int argc, char** argv) {
   if (argc < 3) return Usage();
   const std::string what = argv[1], path = argv[2];
   std::vector<int64_t> sizes = what == "classify" ? std::vector<int64_t>{1, 32}
+                               : what == "score"  ? std::vector<int64_t>{1, 16}
                                                   : std::vector<int64_t>{1, 64};
   double seconds = 3;
   int64_t images = 0;
@@ -77,7 +83,8 @@ int main(int argc, char** argv) {
       return Usage();
     }
   }
-  if ((argc - 3) % 2 != 0 || (what != "classify" && what != "generate")) return Usage();
+  if ((argc - 3) % 2 != 0 || (what != "classify" && what != "generate" && what != "score"))
+    return Usage();
   const krause::CpuThreads t = krause::SetCpuThreads(threads);
   auto model = krause::LoadModel(path, "cpu");
   if (!model.ok()) {
@@ -85,19 +92,27 @@ int main(int argc, char** argv) {
     return 1;
   }
   const c10::InferenceMode inference;
-  if (what == "classify") {
-    if (!model->classifier()) return Usage();
+  if (what == "classify" || what == "score") {
+    if (model->classifier() != (what == "classify")) return Usage();
     auto ds = krause::LoadFashionMnist("/usr/share/datasets/fashion-mnist", false);
     if (!ds.ok()) {
       std::fprintf(stderr, "krause-model-bench: %s\n", ds.status().ToString().c_str());
       return 1;
     }
-    const krause::ViT& vit = *model->vit;
     for (int64_t b : sizes) {
       const at::Tensor pixels = ds->images.narrow(0, 0, b).contiguous();
-      auto run = [&] {
-        return at::softmax(vit.Forward(krause::NormalizePixels(vit.config(), pixels)), -1);
-      };
+      std::function<void()> run;
+      if (what == "classify") {
+        const krause::ViT& vit = *model->vit;
+        run = [&] {
+          at::softmax(vit.Forward(krause::NormalizePixels(vit.config(), pixels)), -1);
+        };
+      } else {
+        const at::Tensor raster = pixels.permute({0, 2, 3, 1}).reshape({b, -1}).contiguous();
+        run = [&model, raster] {
+          if (!krause::ScoreBitsPerDim(*model->arm, raster).ok()) std::abort();
+        };
+      }
       run();  // warm-up
       std::vector<double> times;
       const Clock::time_point start = Clock::now();
@@ -109,9 +124,9 @@ int main(int argc, char** argv) {
       std::sort(times.begin(), times.end());
       const double median = times[times.size() / 2];
       std::printf(
-          "{\"what\":\"classify\",\"batch\":%lld,\"runs\":%zu,\"median_seconds\":%.6g,"
+          "{\"what\":\"%s\",\"batch\":%lld,\"runs\":%zu,\"median_seconds\":%.6g,"
           "\"images_per_second\":%.6g,\"threads\":%d}\n",
-          static_cast<long long>(b), times.size(), median, b / median, t.intra_op);
+          what.c_str(), static_cast<long long>(b), times.size(), median, b / median, t.intra_op);
       std::fflush(stdout);
     }
     return 0;

@@ -3,12 +3,16 @@
 //   krause-loadgen --workload classify --concurrency 32 --duration 20
 //   krause-loadgen --workload generate --concurrency 64 --requests 128
 //   krause-loadgen --mode open --rate 200 --arrivals poisson --workload mix --mix_classify 0.9
+//   krause-loadgen --workload complete --prompt_rows 14 --concurrency 64 --requests 64
+//   krause-loadgen --workload score --images_per_request 16 --concurrency 6 --duration 10
 //
 // Closed loop: --concurrency calls always in flight (each finished call starts the next).
 // Open loop: calls start at --rate per second (constant spacing or Poisson), however many are
 // in flight. Reports throughput, latency percentiles, time to first chunk and gaps between
 // chunks for streams, errors by status code; --metrics HOST:PORT also scrapes the server's
 // /metrics before and after and reports the server's view (FLOP savings, batch sizes).
+// SIGINT or SIGTERM ends the load early: no new calls, the ones in flight finish, the report
+// covers what was measured.
 #include <ATen/ATen.h>
 #include <grpcpp/grpcpp.h>
 
@@ -22,7 +26,9 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <csignal>
 #include <random>
+#include <sys/resource.h>
 #include <thread>
 #include <vector>
 
@@ -49,11 +55,15 @@ ABSL_FLAG(double, duration, 10,
 ABSL_FLAG(int64_t, requests, 0, "measured calls to make (0: run for --duration)");
 ABSL_FLAG(double, warmup, 2,
           "seconds of load before measuring (calls started then are not counted)");
-ABSL_FLAG(std::string, workload, "classify", "classify, generate or mix");
+ABSL_FLAG(std::string, workload, "classify",
+          "classify, generate, complete (Generate with the first --prompt_rows rows of a test "
+          "image as the prompt), score or mix (classify and generate)");
 ABSL_FLAG(double, mix_classify, 0.8, "mix: fraction of calls that are Classify");
 ABSL_FLAG(std::string, classify_model, "", "model for Classify (empty: the default classifier)");
 ABSL_FLAG(std::string, generate_model, "", "model for Generate (empty: the default generator)");
-ABSL_FLAG(int32_t, images_per_request, 1, "Classify: images per call");
+ABSL_FLAG(int32_t, images_per_request, 1, "Classify and Score: images per call");
+ABSL_FLAG(int32_t, prompt_rows, 14, "complete: rows of the prompt");
+ABSL_FLAG(int32_t, update_interval_ms, 50, "Generate: the stream's update interval");
 ABSL_FLAG(int32_t, generate_images, 1, "Generate: images per call");
 ABSL_FLAG(std::string, data, "fashion-mnist",
           "classify images: fashion-mnist (the Debian package's test set) or synthetic");
@@ -69,6 +79,10 @@ using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// SIGINT / SIGTERM: stop starting calls, let those in flight end, report what was measured.
+std::atomic<bool> g_interrupted{false};
+void OnSignal(int) { g_interrupted.store(true); }
 
 struct Stats {
   std::mutex mu;
@@ -110,6 +124,29 @@ class LoadGen {
       classify =
           std::uniform_real_distribution<double>(0, 1)(rng_) < absl::GetFlag(FLAGS_mix_classify);
     }
+    if (w == "score") {
+      struct Call {
+        grpc::ClientContext ctx;
+        v1::ScoreRequest req;
+        v1::ScoreResponse resp;
+        Clock::time_point start;
+      };
+      auto* c = new Call;
+      krause::client::PrepareContext(conn_, &c->ctx);
+      c->req.set_model(absl::GetFlag(FLAGS_generate_model));
+      const int k = std::max(1, absl::GetFlag(FLAGS_images_per_request));
+      for (int i = 0; i < k; ++i) *c->req.add_images() = images_[(n * k + i) % images_.size()];
+      c->start = Clock::now();
+      stub.async()->Score(&c->ctx, &c->req, &c->resp,
+                          [this, c, measured, k, done](grpc::Status st) {
+                            Record("Score", measured, st, Seconds(Clock::now() - c->start),
+                                   st.ok() ? k : 0);
+                            delete c;
+                            in_flight_.fetch_sub(1);
+                            done();
+                          });
+      return;
+    }
     if (classify) {
       struct Call {
         grpc::ClientContext ctx;
@@ -132,7 +169,8 @@ class LoadGen {
             done();
           });
     } else {
-      new GenerateCall(this, stub, n, measured, std::move(done));
+      const v1::Image* prompt = w == "complete" ? &images_[n % images_.size()] : nullptr;
+      new GenerateCall(this, stub, n, measured, prompt, std::move(done));
     }
   }
 
@@ -155,13 +193,17 @@ class LoadGen {
   class GenerateCall : public grpc::ClientReadReactor<v1::GenerateResponse> {
    public:
     GenerateCall(LoadGen* g, v1::KrauseService::Stub& stub, uint64_t n, bool measured,
-                 std::function<void()> done)
+                 const v1::Image* prompt, std::function<void()> done)
         : g_(g), measured_(measured), done_(std::move(done)) {
       krause::client::PrepareContext(g->conn_, &ctx_);
       req_.set_model(absl::GetFlag(FLAGS_generate_model));
       req_.set_num_images(static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_generate_images))));
       req_.set_seed(n * 1000);
-      req_.set_update_interval_ms(50);
+      req_.set_update_interval_ms(static_cast<uint32_t>(absl::GetFlag(FLAGS_update_interval_ms)));
+      if (prompt != nullptr) {
+        *req_.mutable_prompt() = *prompt;
+        req_.set_prompt_rows(static_cast<uint32_t>(absl::GetFlag(FLAGS_prompt_rows)));
+      }
       start_ = last_ = Clock::now();
       stub.async()->Generate(&ctx_, &req_, this);
       StartRead(&msg_);
@@ -280,8 +322,11 @@ int main(int argc, char** argv) {
   conn.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   const std::string mode = absl::GetFlag(FLAGS_mode), workload = absl::GetFlag(FLAGS_workload);
   if ((mode != "closed" && mode != "open") ||
-      (workload != "classify" && workload != "generate" && workload != "mix")) {
-    std::fprintf(stderr, "krause-loadgen: --mode closed|open, --workload classify|generate|mix\n");
+      (workload != "classify" && workload != "generate" && workload != "complete" &&
+       workload != "score" && workload != "mix")) {
+    std::fprintf(stderr,
+                 "krause-loadgen: --mode closed|open, --workload "
+                 "classify|generate|complete|score|mix\n");
     return 2;
   }
   std::vector<std::unique_ptr<v1::KrauseService::Stub>> stubs;
@@ -307,6 +352,8 @@ int main(int argc, char** argv) {
   }
 
   LoadGen gen(std::move(stubs), conn, LoadImages());
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
   const double warmup = absl::GetFlag(FLAGS_warmup), duration = absl::GetFlag(FLAGS_duration);
   const int64_t want = absl::GetFlag(FLAGS_requests);
   const Clock::time_point t0 = Clock::now();
@@ -318,7 +365,7 @@ int main(int argc, char** argv) {
   std::condition_variable cv;
   // Whether a call starting now is measured, and whether it may start at all.
   auto admit = [&](bool* measured) {
-    if (stop.load()) return false;
+    if (stop.load() || g_interrupted.load()) return false;
     const Clock::time_point now = Clock::now();
     *measured = now >= measure_from;
     if (!*measured) return true;
@@ -368,7 +415,8 @@ int main(int argc, char** argv) {
       done = gen.stats().measured_done;
     }
     const bool admitting =
-        want > 0 ? measured_started.load() < want
+        g_interrupted.load() ? false
+        : want > 0 ? measured_started.load() < want
                  : Clock::now() < measure_from + std::chrono::duration_cast<Clock::duration>(
                                                      std::chrono::duration<double>(duration));
     if (progress) {
@@ -410,6 +458,13 @@ int main(int argc, char** argv) {
     report["latency_seconds"][rpc] = Percentiles(s.latency[rpc]);
   }
   report["measured_seconds"] = measured_seconds;
+  // The load generator's own CPU time over the whole run (it shares the cores with the server).
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const double cpu = static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+                     1e-6 * static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+  report["cpu_seconds"] = cpu;
+  report["wall_seconds"] = Seconds(Clock::now() - t0);
   report["calls"] = calls;
   report["calls_per_second"] = calls / measured_seconds;
   report["images_per_second"] = s.images / measured_seconds;
@@ -423,6 +478,8 @@ int main(int argc, char** argv) {
   std::printf("%s loop, %s, %.1f s measured: %lld calls, %.2f calls/s, %.2f images/s\n",
               mode.c_str(), workload.c_str(), measured_seconds, static_cast<long long>(calls),
               calls / measured_seconds, s.images / measured_seconds);
+  std::printf("  load generator CPU: %.2f s over %.2f s of wall time\n", cpu,
+              report["wall_seconds"].get<double>());
   for (auto& [rpc, p] : report["latency_seconds"].items()) {
     if (p.empty()) continue;
     std::printf("  %-9s latency ms: p50 %.1f  p90 %.1f  p95 %.1f  p99 %.1f  max %.1f\n",

@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 tmp=$(mktemp -d)
 trap 'kill $(cat "$tmp"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$tmp"' EXIT
 
-# Two servers from one set of checkpoints: dynamic batching on (64 images, 5 ms) and off (1).
+# Two servers from one set of checkpoints: batching on (up to 64 images, natural batching) and off (1).
 manifest() {  # $1 = max_batch_size, $2 = max_queue_delay_ms
   cat <<JSON
 {"models": [
@@ -30,7 +30,7 @@ start() {  # $1 = name, $2 = max batch, $3 = delay
     --metrics_listen "127.0.0.1:$4" --quiet & echo $! > "$tmp/$1.pid"
   for _ in $(seq 600); do [ -s "$tmp/$1.port" ] && break; sleep 0.1; done
 }
-start batched 64 5 19461
+start batched 64 0 19461
 start unbatched 1 0 19462
 B=127.0.0.1:$(cat "$tmp/batched.port"); U=127.0.0.1:$(cat "$tmp/unbatched.port")
 

@@ -6,7 +6,6 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "model/util/threads.h"
 
 namespace krause::server {
 
@@ -158,7 +157,6 @@ void GeneratorWorker::Loop() {
   std::vector<std::shared_ptr<StepListener>> listeners;
   std::deque<RunningScore> scores;  // the oldest first; the front may be part done
   SideWorkCredit credit(options_.scheduling);
-  const double flops_per_image = model_->FlopsPerImage().executed_flops;
   double seconds_per_token = 0, seconds_per_image = 0;  // measured, smoothed
   auto smooth = [](double old, double now) { return old == 0 ? now : 0.7 * old + 0.3 * now; };
   for (;;) {
@@ -192,12 +190,7 @@ void GeneratorWorker::Loop() {
     if (plan.score_images > 0) {
       RunningScore& r = scores.front();
       const auto t0 = Clock::now();
-      absl::StatusOr<std::vector<double>> bits;
-      {
-        const ScopedIntraOpThreads threads(
-            ScopedIntraOpThreads::ForForward(plan.score_images * flops_per_image));
-        bits = ScoreBitsPerDim(*model_, r.job.images.narrow(0, r.done, plan.score_images));
-      }
+      auto bits = ScoreBitsPerDim(*model_, r.job.images.narrow(0, r.done, plan.score_images));
       e.score_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       e.score_images = plan.score_images;
       seconds_per_image = smooth(seconds_per_image, e.score_seconds / plan.score_images);

@@ -61,25 +61,28 @@ WorkerPlan PlanWorkerIteration(const WorkerState& s, const GeneratorSchedulingOp
   WorkerPlan plan;
   const bool idle = s.decoding == 0;
   if (idle || s.credit_seconds > 0) {
-    // With nothing decoding there is no one to be fair to: no budget but the Score chunk size.
-    const double budget = idle ? std::numeric_limits<double>::infinity() : s.credit_seconds;
+    // Idle, a slice at a time (so that the first admitted streams start decoding soon);
+    // else what the credit allows.
+    const double budget = idle ? std::max(o.side_slice_seconds, s.credit_seconds) : s.credit_seconds;
     double spent = 0;
     // Admissions first (they start streams), oldest first, at least one.
     const int64_t admissible =
         std::min<int64_t>(s.free_slots, static_cast<int64_t>(s.waiting_prefill_tokens.size()));
     for (int64_t i = 0; i < admissible; ++i) {
-      const double cost = static_cast<double>(s.waiting_prefill_tokens[i]) * s.seconds_per_prefill_token;
+      const double cost =
+          static_cast<double>(s.waiting_prefill_tokens[i]) * s.seconds_per_prefill_token;
       if (plan.admit > 0 && spent + cost > budget) break;
       ++plan.admit;
       spent += cost;
     }
-    if (s.score_images_left > 0 && spent < budget) {
-      // One chunk of about a slice (or what is left of the budget); while its cost is unknown,
-      // one image (which measures it).
-      const double target = std::min(o.side_slice_seconds, budget - spent);
+    if (s.score_images_left > 0 && idle && admissible == 0) {
+      plan.score_images = s.score_images_left;  // nobody waits: the whole job, batched
+    } else if (s.score_images_left > 0 && spent < budget) {
+      // One chunk of what is left of the budget; while its cost is unknown, one image (which
+      // measures it).
       int64_t images = 1;
       if (s.seconds_per_score_image > 0) {
-        images = static_cast<int64_t>(std::floor(target / s.seconds_per_score_image));
+        images = static_cast<int64_t>(std::floor((budget - spent) / s.seconds_per_score_image));
       }
       plan.score_images = std::clamp<int64_t>(images, 1, s.score_images_left);
     }

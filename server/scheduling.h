@@ -12,9 +12,11 @@
 //     requests are dropped before a batch forms, wherever they are in the queue.
 //   Generator: while sequences decode, side work (prefills and Score chunks) may use at most
 //     `side_share` of the worker's time, accounted by SideWorkCredit from measured durations;
-//     each side unit is bounded (a prefill; a Score chunk sized to about `side_slice`), so a
-//     burst of completion prompts or a stream of Score jobs slows running streams by a bounded
-//     factor instead of stalling them. With nothing decoding, side work runs flat out.
+//     each side unit is bounded (a prefill; a Score chunk sized to the credit), so a burst of
+//     completion prompts or a stream of Score jobs slows running streams by a bounded factor
+//     instead of stalling them. With nothing decoding, admissions take a slice per iteration (the
+//     first admitted streams start at once, the rest join under the credit) and a Score job with
+//     no one waiting runs whole, as one batch.
 //
 // Thread-safety: pure functions and value types.
 #pragma once
@@ -67,7 +69,8 @@ ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::
 struct GeneratorSchedulingOptions {
   // Share of the worker's time side work may take while sequences decode, in (0, 1].
   double side_share = 0.5;
-  // Largest side-work credit kept between bursts, and the time a Score chunk is sized to.
+  // Largest side-work credit kept between bursts, and the side work an idle worker does
+  // between two looks at its queues.
   double side_slice_seconds = 0.005;
 };
 

@@ -12,6 +12,7 @@
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -222,6 +223,24 @@ INSTANTIATE_TEST_SUITE_P(Models, CpuDecoderTest,
                            return std::string(info.param.first) +
                                   (info.param.second ? "_start" : "_nostart");
                          });
+
+TEST(CpuKernels, GeluMatchesTheErfFormulaInEveryVariant) {
+  // Lengths with and without a tail of fewer than 8; values across the whole useful range.
+  for (int v = 0; v < cpu::NumCpuKernelVariants(); ++v) {
+    ASSERT_TRUE(cpu::SetCpuKernelsForTesting(cpu::CpuKernelVariantName(v)));
+    for (int64_t n : {1, 7, 8, 13, 128, 1027}) {
+      std::vector<float> x(n), y(n);
+      for (int64_t i = 0; i < n; ++i) x[i] = -12.0f + 24.0f * static_cast<float>(i) / n;
+      cpu::CpuKernels().gelu(x.data(), n, y.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = 0.5 * x[i] * (1.0 + std::erf(x[i] / std::sqrt(2.0)));
+        ASSERT_NEAR(y[i], want, 2e-6 * std::max(1.0, std::abs(static_cast<double>(x[i]))))
+            << cpu::CpuKernelVariantName(v) << " x " << x[i];
+      }
+    }
+  }
+  cpu::SetCpuKernelsForTesting(nullptr);
+}
 
 TEST(SamplePixel, DrawsWhatTheReferenceDraws) {
   std::mt19937 rng(3);

@@ -102,20 +102,28 @@ TEST(SideWorkCredit, EarnsAShareOfDecodeTimeUpToTheSlice) {
   EXPECT_DOUBLE_EQ(all.seconds(), 0.006);
 }
 
-TEST(PlanWorkerIteration, WithNothingDecodingSideWorkRunsFlatOut) {
+TEST(PlanWorkerIteration, WithNothingDecodingAdmissionsTakeASliceAndScoreJobsRunWhole) {
   GeneratorSchedulingOptions o;
   o.side_slice_seconds = 0.010;
   WorkerState s;
   s.free_slots = 3;
   s.waiting_prefill_tokens = {400, 400, 400, 400};
-  s.seconds_per_prefill_token = 1e-5;  // 4 ms each: no budget applies when idle
-  s.credit_seconds = -1;
+  s.seconds_per_prefill_token = 1e-5;  // 4 ms each: two fit in the 10 ms slice
+  s.credit_seconds = -1;               // no credit needed while idle
   s.score_images_left = 16;
   s.seconds_per_score_image = 0.002;
-  const WorkerPlan p = PlanWorkerIteration(s, o);
-  EXPECT_EQ(p.admit, 3);         // every free slot
-  EXPECT_EQ(p.score_images, 5);  // one chunk of about a slice: 10 ms / 2 ms
+  WorkerPlan p = PlanWorkerIteration(s, o);
+  EXPECT_EQ(p.admit, 2);
+  EXPECT_EQ(p.score_images, 1);  // 2 ms left of the slice buys one image
   EXPECT_TRUE(p.step);
+  // Cheap admissions: all that fit the free slots.
+  s.seconds_per_prefill_token = 1e-7;
+  EXPECT_EQ(PlanWorkerIteration(s, o).admit, 3);
+  // No one waiting: the whole Score job as one batch.
+  s.waiting_prefill_tokens.clear();
+  p = PlanWorkerIteration(s, o);
+  EXPECT_EQ(p.score_images, 16);
+  EXPECT_FALSE(p.step);
   // Nothing at all: no step.
   EXPECT_FALSE(PlanWorkerIteration(WorkerState{}, o).step);
 }

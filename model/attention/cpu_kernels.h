@@ -95,6 +95,8 @@ struct CpuKernelTable {
   void (*prefill)(const PrefillSlice& slice, int64_t query_begin, int64_t query_end,
                   const Scratch& scratch);
   void (*decode)(const DecodeItem& item, const Scratch& scratch);
+  // y[0, n) = GELU(x) (exact erf form, erf to 1.5e-7; the decode step's MLP).
+  void (*gelu)(const float* x, int64_t n, float* y);
 };
 
 const CpuKernelTable& CpuKernels();

@@ -71,9 +71,18 @@ void LayerNormRow(const float* x, int64_t d, const float* w, const float* b, flo
   for (int64_t i = 0; i < d; ++i) y[i] = (x[i] - m) * inv * w[i] + b[i];
 }
 
-// Exact (erf) GELU, as torch.nn.GELU().
-void GeluRow(const float* x, int64_t n, float* y) {
-  for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * 0.70710678118654752f));
+// The erf GELU, as torch.nn.GELU() (vectorised, cpu_kernels.h).
+void GeluRow(const float* x, int64_t n, float* y) { cpu::CpuKernels().gelu(x, n, y); }
+
+// q . k in a fixed order: 8 interleaved partial sums (vectorised), added pairwise, then the tail.
+float Dot(const float* q, const float* k, int64_t d) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t t = 0;
+  for (; t + 8 <= d; t += 8)
+    for (int u = 0; u < 8; ++u) acc[u] += q[t + u] * k[t + u];
+  float dot = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; t < d; ++t) dot += q[t] * k[t];
+  return dot;
 }
 
 // Per-thread scratch that only grows: after the first steps a step allocates nothing.
@@ -277,10 +286,7 @@ void CpuDecoder::Attention(int64_t layer, const float* qkv, int64_t qkv_stride,
       float* score = scratch.floats.data();
       float row_max = -INFINITY;
       for (int64_t j = 0; j <= p; ++j) {
-        const float* kj = keys + j * dh;
-        float dot = 0.0f;
-        for (int64_t t = 0; t < dh; ++t) dot += q[t] * kj[t];
-        score[j] = dot * softmax_scale_;
+        score[j] = Dot(q, keys + j * dh, dh) * softmax_scale_;
         row_max = std::max(row_max, score[j]);
       }
       float total = 0.0f;
@@ -348,7 +354,9 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
   const double min_task = tuning_.min_task_flops;
   auto grain = [&](double flops_per_item) { return GrainForWork(flops_per_item, min_task); };
   auto linear = [&](const Linear& lin, const float* x, float* out) {
-    const double per_chunk = 2.0 * s * lin.in * cpu::kScoreChunk;
+    // A chunk's multiply-adds, and its weights streamed from memory (large models).
+    const double per_chunk = 2.0 * s * lin.in * cpu::kScoreChunk +
+                             kFlopsPerByte * sizeof(float) * lin.in * cpu::kScoreChunk;
     at::parallel_for(0, Chunks(lin), grain(per_chunk),
                      [&](int64_t c0, int64_t c1) { ApplyLinear(lin, x, s, out, c0, c1); });
   };

@@ -11,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "model/engine/cpu_decoder.h"
 #include "model/util/status_macros.h"
-#include "model/util/threads.h"
 
 namespace krause {
 
@@ -49,9 +48,7 @@ DecodeEngine::DecodeEngine(const Arm* model, ArmKvCache cache, int64_t slots,
       host_pos_(device_.HostBuffer({slots}, at::kLong)),
       host_slots_(device_.HostBuffer({slots}, at::kLong)),
       host_logits_(device_.HostBuffer({slots, 256}, at::kFloat)),
-      pool_(slots),
-      flops_per_token_(model->FlopsPerImage().executed_flops /
-                       static_cast<double>(model->config().seq_len())) {
+      pool_(slots) {
   if (options.cuda_graphs && DecodeGraphs::Supported(*model)) {
     graphs_ = std::make_unique<DecodeGraphs>(model, &cache_, &packed_, slots);
   }
@@ -108,9 +105,6 @@ absl::Status DecodeEngine::Admit(Sequence* s) {
   const int64_t prefix = static_cast<int64_t>(u.size()) - 1;
   try {
     if (prefix > 0) {
-      // A short prompt's prefill on the engine thread alone (threads.h).
-      const ScopedIntraOpThreads threads(ScopedIntraOpThreads::ForForward(
-          flops_per_token_ * static_cast<double>(prefix)));
       model_->Prefill(at::tensor(std::vector<int64_t>(u.begin(), u.end() - 1), at::kLong), s->slot,
                       &cache_);
     }

@@ -140,7 +140,6 @@ class DecodeEngine {
   SlotPool pool_;
   std::vector<std::unique_ptr<Sequence>> active_;
   std::vector<uint8_t> samples_;  // this step's draws, per active sequence
-  double flops_per_token_ = 0;    // of a prefill
 
   mutable std::mutex mu_;  // guards the two members below and next_id_
   std::deque<std::unique_ptr<Sequence>> pending_;

@@ -27,16 +27,21 @@ CpuThreads SetCpuThreads(int intra_op);
 // threads sleep (and their spinning takes the cores from the RPC threads), so work is split only
 // into tasks of at least kMinTaskFlops.
 constexpr double kMinTaskFlops = 1.0e6;
+// Memory traffic in the same currency: a weight byte streamed from memory costs a core about as
+// long as this many FLOPs (a decode step of one sequence over a large model reads every weight
+// once and is bound by memory bandwidth, which two cores draw more of than one).
+constexpr double kFlopsPerByte = 4.0;
 // The grain for at::parallel_for over items of `flops_per_item` each: ranges of fewer than two
 // grains run inline on the calling thread.
 int64_t GrainForWork(double flops_per_item, double min_task_flops = kMinTaskFlops);
 
-// A whole forward (a classifier batch, a prefill, a Score chunk) made of LibTorch ops below this
-// many FLOPs runs on its worker's thread alone: most of its ops are too small to split (LibTorch
-// forks its pool for a layer norm of a few rows), BLAS runs single-threaded anyway, and the other
-// cores are the RPC threads'. Measured with krause-model-bench and the serving benchmark
-// (bench/serving_bench.py) on 2 cores: the bundled classifier (13.6 MFLOP per image) served 1.4x
-// the images at 32 concurrent calls on one thread per batch.
+// A classifier batch below this many FLOPs runs on its batcher's thread alone: its ops are too
+// small to split well (LibTorch forks its pool for a layer norm of a few rows, grid attention rows
+// have a handful of candidates), BLAS runs single-threaded anyway, and the other cores are the
+// RPC threads'. Measured on 2 cores: the bundled classifier (13.6 MFLOP per image) ran batches of
+// up to 16 as fast on one thread as on two (krause-model-bench) and served 1.4x the images at 32
+// concurrent calls on one thread per batch. (Prefills and Score chunks are forwards over
+// hundreds of positions whose attention splits well: they keep the pool.)
 constexpr double kMinParallelForwardFlops = 256.0e6;
 
 // While it lives, at::parallel_for and LibTorch's own kernels started from THIS thread use at most
@@ -46,7 +51,8 @@ constexpr double kMinParallelForwardFlops = 256.0e6;
 class ScopedIntraOpThreads {
  public:
   explicit ScopedIntraOpThreads(int threads);
-  // One thread below kMinParallelForwardFlops, else the thread's current setting.
+  // One thread for a classifier batch below kMinParallelForwardFlops, else the thread's current
+  // setting.
   static int ForForward(double flops);
   ~ScopedIntraOpThreads();
   ScopedIntraOpThreads(const ScopedIntraOpThreads&) = delete;
