@@ -57,7 +57,8 @@ ABSL_FLAG(double, warmup, 2,
           "seconds of load before measuring (calls started then are not counted)");
 ABSL_FLAG(std::string, workload, "classify",
           "classify, generate, complete (Generate with the first --prompt_rows rows of a test "
-          "image as the prompt), score or mix (classify and generate)");
+          "image as the prompt), score, getmodel (the RPC floor: GetModel of "
+          "--classify_model, no model runs) or mix (classify and generate)");
 ABSL_FLAG(double, mix_classify, 0.8, "mix: fraction of calls that are Classify");
 ABSL_FLAG(std::string, classify_model, "", "model for Classify (empty: the default classifier)");
 ABSL_FLAG(std::string, generate_model, "", "model for Generate (empty: the default generator)");
@@ -123,6 +124,25 @@ class LoadGen {
       std::lock_guard<std::mutex> l(rng_mu_);
       classify =
           std::uniform_real_distribution<double>(0, 1)(rng_) < absl::GetFlag(FLAGS_mix_classify);
+    }
+    if (w == "getmodel") {  // the RPC floor: a call that runs no model
+      struct Call {
+        grpc::ClientContext ctx;
+        v1::GetModelRequest req;
+        v1::ModelInfo resp;
+        Clock::time_point start;
+      };
+      auto* c = new Call;
+      krause::client::PrepareContext(conn_, &c->ctx);
+      c->req.set_name(model_name_);
+      c->start = Clock::now();
+      stub.async()->GetModel(&c->ctx, &c->req, &c->resp, [this, c, measured, done](grpc::Status st) {
+        Record("GetModel", measured, st, Seconds(Clock::now() - c->start), 0);
+        delete c;
+        in_flight_.fetch_sub(1);
+        done();
+      });
+      return;
     }
     if (w == "score") {
       struct Call {
@@ -250,6 +270,9 @@ class LoadGen {
   std::vector<std::unique_ptr<v1::KrauseService::Stub>> stubs_;
   krause::client::ConnectionOptions conn_;
   std::vector<v1::Image> images_;
+  std::string model_name_ = absl::GetFlag(FLAGS_classify_model).empty()
+                                ? "krause-vit-fmnist"
+                                : absl::GetFlag(FLAGS_classify_model);
   std::atomic<uint64_t> counter_{0};
   std::atomic<int64_t> in_flight_{0};
   std::mutex rng_mu_;
@@ -323,10 +346,10 @@ int main(int argc, char** argv) {
   const std::string mode = absl::GetFlag(FLAGS_mode), workload = absl::GetFlag(FLAGS_workload);
   if ((mode != "closed" && mode != "open") ||
       (workload != "classify" && workload != "generate" && workload != "complete" &&
-       workload != "score" && workload != "mix")) {
+       workload != "score" && workload != "getmodel" && workload != "mix")) {
     std::fprintf(stderr,
                  "krause-loadgen: --mode closed|open, --workload "
-                 "classify|generate|complete|score|mix\n");
+                 "classify|generate|complete|score|getmodel|mix\n");
     return 2;
   }
   std::vector<std::unique_ptr<v1::KrauseService::Stub>> stubs;

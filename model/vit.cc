@@ -225,6 +225,10 @@ AttentionCost ViT::FlopsPerImage() const {
 
 at::Tensor NormalizePixels(const ViTConfig& c, const at::Tensor& pixels) {
   at::Tensor x = pixels.to(at::kFloat) / 255.0;
+  if (c.mean.size() == 1) {
+    // One channel: the same float arithmetic with scalars, without building two tensors per call.
+    return x.sub_(static_cast<float>(c.mean[0])).div_(static_cast<float>(c.std[0]));
+  }
   if (!c.mean.empty()) {
     const auto opts = at::TensorOptions().dtype(at::kFloat).device(pixels.device());
     const at::Tensor mean = at::tensor(c.mean, at::kDouble).to(opts).view({1, -1, 1, 1});

@@ -120,7 +120,7 @@ void ClassifyBatcher::Loop() {
     for (const Entry& e : batch) parts.push_back(e.job.images);
     absl::StatusOr<at::Tensor> probs;
     try {
-      at::Tensor pixels = at::cat(parts, 0);
+      at::Tensor pixels = parts.size() == 1 ? parts[0] : at::cat(parts, 0);
       if (ctx.cuda()) {
         if (!staging.defined() || staging.size(0) < pixels.size(0) ||
             staging.scalar_type() != pixels.scalar_type()) {

@@ -69,15 +69,16 @@ WorkerPlan PlanWorkerIteration(const WorkerState& s, const GeneratorSchedulingOp
     const int64_t admissible =
         std::min<int64_t>(s.free_slots, static_cast<int64_t>(s.waiting_prefill_tokens.size()));
     for (int64_t i = 0; i < admissible; ++i) {
-      const double cost =
-          static_cast<double>(s.waiting_prefill_tokens[i]) * s.seconds_per_prefill_token;
+      const int64_t tokens = s.waiting_prefill_tokens[i];
+      // A prefill of unknown cost (none measured yet) is the iteration's last: it measures it.
+      const bool unknown = tokens > 0 && s.seconds_per_prefill_token <= 0;
+      const double cost = static_cast<double>(tokens) * s.seconds_per_prefill_token;
       if (plan.admit > 0 && spent + cost > budget) break;
       ++plan.admit;
       spent += cost;
+      if (unknown) break;
     }
-    if (s.score_images_left > 0 && idle && admissible == 0) {
-      plan.score_images = s.score_images_left;  // nobody waits: the whole job, batched
-    } else if (s.score_images_left > 0 && spent < budget) {
+    if (s.score_images_left > 0 && spent < budget) {
       // One chunk of what is left of the budget; while its cost is unknown, one image (which
       // measures it).
       int64_t images = 1;

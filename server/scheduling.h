@@ -14,9 +14,11 @@
 //     `side_share` of the worker's time, accounted by SideWorkCredit from measured durations;
 //     each side unit is bounded (a prefill; a Score chunk sized to the credit), so a burst of
 //     completion prompts or a stream of Score jobs slows running streams by a bounded factor
-//     instead of stalling them. With nothing decoding, admissions take a slice per iteration (the
-//     first admitted streams start at once, the rest join under the credit) and a Score job with
-//     no one waiting runs whole, as one batch.
+//     instead of stalling them. With nothing decoding, side work takes a slice per iteration
+//     (admissions first: the first admitted streams start at once, the rest join under the
+//     credit; Score chunks of about a slice, so that a Generate arriving between two chunks waits
+//     for one chunk, not for a whole Score job; a chunk costs about as much per image as a whole
+//     job: krause-model-bench score).
 //
 // Thread-safety: pure functions and value types.
 #pragma once

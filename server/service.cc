@@ -634,8 +634,16 @@ grpc::ServerUnaryReactor* KrauseService::Classify(grpc::CallbackServerContext* c
     }
     call->Finish(absl::OkStatus());
   };
-  // The batcher thread only posts; the reply is built on the reply pool.
-  job.done = [this, reply = std::move(reply)](absl::StatusOr<at::Tensor> probs, double queue_s) {
+  // On the batcher thread. With requests queued, the reply goes to the reply pool so that the
+  // next batch starts at once; with none, nothing waits for this thread, and the hop to another
+  // thread would only add its wake-up to the call's latency (measured: 0.2-0.3 ms of a 2.5 ms
+  // call at concurrency 1), so the batcher replies itself.
+  job.done = [this, reply = std::move(reply), batcher = m->batcher.get()](
+                 absl::StatusOr<at::Tensor> probs, double queue_s) {
+    if (batcher->queued_images() == 0) {
+      reply(probs, queue_s);
+      return;
+    }
     replies_.Post([reply, probs = std::move(probs), queue_s] { reply(probs, queue_s); });
   };
   const absl::Status st = m->batcher->Enqueue(std::move(job));

@@ -1,7 +1,8 @@
 // krause.v1.KrauseService on gRPC's callback API. Handlers validate and hand work to the model's
 // worker (ClassifyBatcher / GeneratorWorker); they never run a model. The workers hand results to
 // the service's ReplyPool, whose threads build the reply messages (PNG encoding included) and
-// finish or write the calls; a model thread never serialises. Every call passes the Gate first:
+// finish or write the calls, so a model thread does not serialise while work waits for it (a
+// classify batcher with an empty queue replies itself: then the hop would only add latency). Every call passes the Gate first:
 // authentication, and refusal while loading or draining. Thread-safety: all handlers may run
 // concurrently.
 #pragma once

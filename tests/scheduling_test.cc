@@ -102,7 +102,7 @@ TEST(SideWorkCredit, EarnsAShareOfDecodeTimeUpToTheSlice) {
   EXPECT_DOUBLE_EQ(all.seconds(), 0.006);
 }
 
-TEST(PlanWorkerIteration, WithNothingDecodingAdmissionsTakeASliceAndScoreJobsRunWhole) {
+TEST(PlanWorkerIteration, WithNothingDecodingSideWorkTakesASlicePerIteration) {
   GeneratorSchedulingOptions o;
   o.side_slice_seconds = 0.010;
   WorkerState s;
@@ -119,10 +119,11 @@ TEST(PlanWorkerIteration, WithNothingDecodingAdmissionsTakeASliceAndScoreJobsRun
   // Cheap admissions: all that fit the free slots.
   s.seconds_per_prefill_token = 1e-7;
   EXPECT_EQ(PlanWorkerIteration(s, o).admit, 3);
-  // No one waiting: the whole Score job as one batch.
+  // No one waiting: a Score chunk of a slice (10 ms / 2 ms), so that a request arriving meanwhile
+  // waits for 5 images, not 16.
   s.waiting_prefill_tokens.clear();
   p = PlanWorkerIteration(s, o);
-  EXPECT_EQ(p.score_images, 16);
+  EXPECT_EQ(p.score_images, 5);
   EXPECT_FALSE(p.step);
   // Nothing at all: no step.
   EXPECT_FALSE(PlanWorkerIteration(WorkerState{}, o).step);
@@ -170,6 +171,14 @@ TEST(PlanWorkerIteration, WhileDecodingSideWorkSpendsOnlyTheCredit) {
   EXPECT_EQ(PlanWorkerIteration(s, o).admit, 3);
   // ... but never more than the free slots.
   s.free_slots = 2;
+  EXPECT_EQ(PlanWorkerIteration(s, o).admit, 2);
+  // A prefill whose cost was never measured goes alone (it measures the cost), idle or not.
+  s.free_slots = 8;
+  s.seconds_per_prefill_token = 0;
+  s.waiting_prefill_tokens = {0, 300, 300, 0};
+  s.credit_seconds = 0.005;
+  EXPECT_EQ(PlanWorkerIteration(s, o).admit, 2);  // the promptless one, then one prefill
+  s.decoding = 0;
   EXPECT_EQ(PlanWorkerIteration(s, o).admit, 2);
 }
 

@@ -138,11 +138,8 @@ int64_t MaxCandidates(const Neighbourhood& nb, int64_t n) {
       return std::min(n, nb.window);
     case Neighbourhood::Kind::kGlobal:
       return n;
-    case Neighbourhood::Kind::kGrid: {
-      int64_t best = 0;
-      for (int64_t i = 0; i < n; ++i) best = std::max(best, NumCandidates(nb, n, i));
-      return best;
-    }
+    case Neighbourhood::Kind::kGrid:
+      return CachedCandidateTable(nb, n)->width;  // enumerated once per (grid, n)
   }
   return 0;
 }
@@ -150,7 +147,7 @@ int64_t MaxCandidates(const Neighbourhood& nb, int64_t n) {
 CandidateTable BuildCandidateTable(const Neighbourhood& nb, int64_t n) {
   CandidateTable t;
   t.n = n;
-  t.width = MaxCandidates(nb, n);
+  for (int64_t i = 0; i < n; ++i) t.width = std::max(t.width, NumCandidates(nb, n, i));
   t.index.assign(static_cast<size_t>(n * t.width), -1);
   t.count.assign(static_cast<size_t>(n), 0);
   std::vector<int64_t> row;

@@ -50,7 +50,7 @@ void AppendCandidates(const Neighbourhood& nb, int64_t n, int64_t i, std::vector
 // |N(i)| without enumerating it.
 int64_t NumCandidates(const Neighbourhood& nb, int64_t n, int64_t i);
 
-// max_i |N(i)|.
+// max_i |N(i)| (grids: from CachedCandidateTable).
 int64_t MaxCandidates(const Neighbourhood& nb, int64_t n);
 
 // A dense table of candidates: row i holds N(i) in ascending order, padded with -1 to `width`
