@@ -10,8 +10,9 @@ What it measures (each a ratio of two figures taken in this run, on this machine
              peer's KV-cache sampler with a static batch of 1 and 64;
   paper      the paper's MNIST KARM (random weights) through the decode engine
              (krause-generate-bench, whole images) against the peer sampler at 1 and 64;
-  classify   krause-vit-fmnist through the server at concurrency 1 (p50 latency) and 32 (one image
-             per call) against the model's own forward at batch 1 and 32; the forward against
+  classify   krause-vit-fmnist through the server at concurrency 1 (p50 latency; beside it the
+             RPC floor, GetModel) and 32 (one image per call) against the model's own forward at
+             batch 1 and 32 (krause-model-bench, default threads); the forward against
              the peer's dense masked Krause ViT and plain ViT (and the peer's accuracy on the
              first 2,000 test images, to show it computes the same model);
   burst      the p99 gap between the chunks of 4 running streams, alone and while a burst of 64
@@ -187,7 +188,9 @@ class Bench:
         self.progress("starting krause-server on the bundled models", steps)
         self.start_server()
         try:
-            self.progress("Classify at concurrency 1", steps)
+            self.progress("the RPC floor (GetModel), then Classify at concurrency 1", steps)
+            self.loadgen("getmodel_c1", "--workload", "getmodel", "--concurrency", "1",
+                         "--duration", "3", "--warmup", "1")
             self.loadgen("classify_c1", "--workload", "classify", "--concurrency", "1",
                          "--duration", dur, "--warmup", "1")
             self.progress("Classify at concurrency 32", steps)
@@ -235,6 +238,11 @@ class Bench:
             r["peer_paper_b1"] = self.peer("sample", "--random", "paper-mnist", "--batch", "1")
             r["peer_paper_b64"] = self.peer("sample", "--random", "paper-mnist", "--batch", "64")
         self.progress("report", steps)
+        raw = os.path.join(self.tmp, "records.json")
+        with open(raw, "w") as f:
+            json.dump(self.records, f)
+        print(f"raw records: {raw} (bench/serving_bench.py --report {raw} reprints the report)",
+              file=sys.stderr)
         return self.report()
 
     # ----------------------------------------------------------------------------- report
@@ -262,7 +270,7 @@ class Bench:
                s64 / pb64 >= 1.5)
         if "paper_engine" in r:
             def eng(s):
-                recs = [x for x in r["paper_engine"] if x["attention"] == "krause" and
+                recs = [x for x in r["paper_engine"] if x["attention"] == "KARM" and
                         x["streams"] == s and x["method"] in ("full", "integrated")]
                 full = [x for x in recs if x["method"] == "full"]
                 return (full or recs)[0]["images_per_second"]
@@ -304,6 +312,8 @@ class Bench:
             f"{r['peer_classify_b32']['accuracy_images']} test images "
             f"{100 * r['peer_classify_b32']['accuracy']:.2f}%); vit-fmnist forward batch 32 "
             f"{ours_vit:.0f}/s, peer plain ViT {r['peer_vit_b32']['images_per_second']:.0f}/s",
+            f"- the RPC floor (GetModel at concurrency 1, no model): p50 "
+            f"{1e3 * p('getmodel_c1', 'GetModel', 'p50'):.2f} ms",
             f"- Classify served: c1 p50 {1e3 * c1:.2f} ms p99 "
             f"{1e3 * p('classify_c1', 'Classify', 'p99'):.2f} ms; c32 {c32:.0f}/s, p50 "
             f"{1e3 * p('classify_c32', 'Classify', 'p50'):.1f} ms, mean batch "
@@ -332,9 +342,15 @@ def main():
                     help="shorter loads, no paper-size model (about 2 minutes)")
     ap.add_argument("--json", default="", help="write the records and targets here")
     ap.add_argument("--text", default="", help="write the table here too")
+    ap.add_argument("--report", default="", help="only reprint the report of a run's raw records")
     args = ap.parse_args()
     bench = Bench(args)
-    text, data = bench.run()
+    if args.report:
+        with open(args.report) as f:
+            bench.records = json.load(f)
+        text, data = bench.report()
+    else:
+        text, data = bench.run()
     print(text)
     if args.json:
         with open(args.json, "w") as f:

@@ -14,7 +14,7 @@ v1::ModelInfo Describe(const ServedModel& m) {
   const auto summary = m.model.metadata.find("summary");
   if (summary != m.model.metadata.end()) info.set_summary(summary->second);
   info.set_parameters(static_cast<uint64_t>(m.model.NumParameters()));
-  const AttentionCost cost = m.model.FlopsPerImage();
+  const AttentionCost& cost = m.flops;
   info.set_flops_per_image_executed(cost.executed_flops);
   info.set_flops_per_image_dense_equivalent(cost.dense_equivalent_flops);
   info.set_height(static_cast<uint32_t>(m.shape.height));
@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Load(const std::vector<Model
       return absl::Status(loaded.status().code(),
                           absl::StrCat("model ", spec.name, ": ", loaded.status().message()));
     m->model = std::move(*loaded);
+    m->flops = m->model.FlopsPerImage();
     const std::string name = spec.name;
     if (m->model.classifier() && spec.kv_cache_dtype != "float32") {
       return absl::InvalidArgumentError(absl::StrCat(

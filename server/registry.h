@@ -21,6 +21,7 @@ namespace krause::server {
 struct ServedModel {
   ModelSpec spec;
   LoadedModel model;
+  AttentionCost flops;  // per image, computed once at load (the calls' FLOP figures)
   v1::ModelInfo info;
   ImageShape shape;
   int64_t max_images_per_request = 0;

@@ -11,7 +11,7 @@
 //     full then starts when its oldest request has waited that long. Expired and cancelled
 //     requests are dropped before a batch forms, wherever they are in the queue.
 //   Generator: while sequences decode, side work (prefills and Score chunks) may use at most
-//     `side_share` of the worker's time, accounted by SideWorkCredit from measured durations;
+//     `side_share` (a third) of the worker's time, accounted by SideWorkCredit from measured durations;
 //     each side unit is bounded (a prefill; a Score chunk sized to the credit), so a burst of
 //     completion prompts or a stream of Score jobs slows running streams by a bounded factor
 //     instead of stalling them. With nothing decoding, side work takes a slice per iteration
@@ -69,8 +69,10 @@ ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::
 // Generator worker
 
 struct GeneratorSchedulingOptions {
-  // Share of the worker's time side work may take while sequences decode, in (0, 1].
-  double side_share = 0.5;
+  // Share of the worker's time side work may take while sequences decode, in (0, 1]. A third:
+  // a running stream keeps two thirds of the worker (a 1-image Generate beside six clients
+  // sending Score back to back took 3.0x its idle time at one half, bench/serving_bench.py).
+  double side_share = 1.0 / 3.0;
   // Largest side-work credit kept between bursts, and the side work an idle worker does
   // between two looks at its queues.
   double side_slice_seconds = 0.005;

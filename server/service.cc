@@ -386,7 +386,7 @@ void GenerateState::Flush() {
         s->set_seconds(SecondsSince(start_));
         s->set_seconds_to_first_pixel(first_pixel_seconds_);
         s->set_seed(seed_);
-        const AttentionCost cost = model_->model.FlopsPerImage();
+        const AttentionCost& cost = model_->flops;
         s->set_flops_executed(cost.executed_flops * static_cast<double>(Total()));
         s->set_flops_dense_equivalent(cost.dense_equivalent_flops * static_cast<double>(Total()));
         if (CallObserver* obs = svc_->observer()) {
@@ -594,7 +594,7 @@ grpc::ServerUnaryReactor* KrauseService::Classify(grpc::CallbackServerContext* c
   const int64_t classes = m->model.vit->config().classes;
   const int64_t top_k = std::min<int64_t>(request->top_k() == 0 ? 5 : request->top_k(), classes);
   const bool full = request->return_probabilities();
-  const AttentionCost cost = m->model.FlopsPerImage();
+  const AttentionCost cost = m->flops;
   const std::vector<std::string> labels = m->model.vit->config().labels;
   ClassifyJob job;
   job.images = images;
@@ -668,7 +668,7 @@ grpc::ServerUnaryReactor* KrauseService::Score(grpc::CallbackServerContext* ctx,
   const at::Tensor images = resolved->images;
   const int64_t n = images.size(0);
   const ArmConfig& c = m->model.arm->config();
-  const AttentionCost cost = m->model.FlopsPerImage();
+  const AttentionCost cost = m->flops;
   ScoreJob job;
   job.images = images.permute({0, 2, 3, 1}).reshape({n, -1}).contiguous();
   job.deadline = SteadyDeadline(ctx);
