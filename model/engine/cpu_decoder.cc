@@ -12,107 +12,27 @@
 #include "model/attention/cpu_kernels.h"
 #include "model/engine/kv_cache.h"
 #include "model/karm.h"
+#include "model/nn/packed.h"
 #include "model/util/threads.h"
 
 namespace krause {
 namespace {
 
-using Linear = CpuDecoder::Linear;
+using nn::Dot;
+using nn::Floats;
+using nn::GeluRow;
+using nn::LayerNormRow;
+using nn::PackLinear;
+using nn::ThreadScratch;
+using Linear = nn::PackedLinear;
 
-std::vector<float> Floats(const at::Tensor& t) {
-  const at::Tensor c = t.detach().to(at::kCPU, at::kFloat).contiguous();
-  return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
-}
+ThreadScratch& Scratch() { return ThreadScratch::Get(); }
 
-// Linear layers stacked along their outputs (q, k, v -> one matrix), transposed and padded.
-Linear Pack(const ParameterStore& p, const std::vector<std::string>& prefixes) {
-  std::vector<at::Tensor> w, b;
-  for (const std::string& name : prefixes) {
-    w.push_back(p.Get(name + ".weight").detach().to(at::kCPU, at::kFloat));
-    b.push_back(p.Get(name + ".bias").detach().to(at::kCPU, at::kFloat));
-  }
-  const at::Tensor weight = at::cat(w, 0).contiguous(), bias = at::cat(b, 0).contiguous();
-  Linear l;
-  l.out = weight.size(0);
-  l.in = weight.size(1);
-  l.out_pad = cpu::RoundUpToChunk(l.out);
-  l.wt.assign(l.in * l.out_pad, 0.0f);
-  l.bias.assign(l.out_pad, 0.0f);
-  const float* wp = weight.data_ptr<float>();
-  for (int64_t j = 0; j < l.out; ++j) {
-    for (int64_t i = 0; i < l.in; ++i) l.wt[i * l.out_pad + j] = wp[j * l.in + i];
-    l.bias[j] = bias.data_ptr<float>()[j];
-  }
-  return l;
-}
+int64_t Chunks(const Linear& l) { return l.chunks(); }
 
-int64_t Chunks(const Linear& l) { return l.out_pad / cpu::kScoreChunk; }
-
-// out rows (stride l.out_pad) = x rows (stride l.in) W^T + b, for output column chunks [c0, c1).
 void ApplyLinear(const Linear& l, const float* x, int64_t rows, float* out, int64_t c0,
                  int64_t c1) {
-  const cpu::LinearRowsArgs a{x, l.wt.data(), l.bias.data(), out, rows, l.in, l.out_pad};
-  cpu::CpuKernels().linear_rows(a, c0, c1);
-}
-
-// y = (x - mean) / sqrt(var + 1e-5) * w + b over one row; moments in double, in index order.
-void LayerNormRow(const float* x, int64_t d, const float* w, const float* b, float* y) {
-  double mean = 0;
-  for (int64_t i = 0; i < d; ++i) mean += x[i];
-  mean /= static_cast<double>(d);
-  double var = 0;
-  for (int64_t i = 0; i < d; ++i) {
-    const double c = x[i] - mean;
-    var += c * c;
-  }
-  var /= static_cast<double>(d);
-  const float inv = static_cast<float>(1.0 / std::sqrt(var + 1e-5));
-  const float m = static_cast<float>(mean);
-  for (int64_t i = 0; i < d; ++i) y[i] = (x[i] - m) * inv * w[i] + b[i];
-}
-
-// The erf GELU, as torch.nn.GELU() (vectorised, cpu_kernels.h).
-void GeluRow(const float* x, int64_t n, float* y) { cpu::CpuKernels().gelu(x, n, y); }
-
-// q . k in a fixed order: 8 interleaved partial sums (vectorised), added pairwise, then the tail.
-float Dot(const float* q, const float* k, int64_t d) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t t = 0;
-  for (; t + 8 <= d; t += 8)
-    for (int u = 0; u < 8; ++u) acc[u] += q[t + u] * k[t + u];
-  float dot = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-  for (; t < d; ++t) dot += q[t] * k[t];
-  return dot;
-}
-
-// Per-thread scratch that only grows: after the first steps a step allocates nothing.
-struct ThreadScratch {
-  std::vector<float> rows;     // a task's row buffers (CpuDecoder::Rows)
-  std::vector<float> floats;   // attention: kernel scratch (cpu::Scratch) or ARM scores
-  std::vector<int32_t> ints;
-  std::vector<int64_t> keys;
-  std::vector<char> seen;      // Step's slot check
-  int64_t max_candidates = -1;
-  cpu::Scratch view{};
-
-  const cpu::Scratch& Kernel(int64_t candidates) {
-    if (candidates > max_candidates) {
-      const int64_t raw = cpu::ScratchFloats(candidates);
-      floats.assign(raw + 2 * candidates, 0.0f);
-      ints.assign(2 * candidates, 0);
-      keys.assign(candidates, 0);
-      view = cpu::Scratch{floats.data(),     floats.data() + raw, ints.data() + candidates,
-                          keys.data(),       ints.data(),         floats.data() + raw + candidates,
-                          raw / cpu::kQueryGroup};
-      max_candidates = candidates;
-    }
-    return view;
-  }
-};
-
-ThreadScratch& Scratch() {
-  thread_local ThreadScratch s;
-  return s;
+  l.Apply(x, rows, out, c0, c1);
 }
 
 }  // namespace
@@ -170,7 +90,7 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const Arm& model,
       layer.ln2_w = Floats(p.Get(b + "ln2.weight"));
       layer.ln2_b = Floats(p.Get(b + "ln2.bias"));
       if (dec->krause_) {
-        layer.qkv = Pack(p, {a + "W_q", a + "W_k", a + "W_v"});
+        layer.qkv = PackLinear(p, {a + "W_q", a + "W_k", a + "W_v"});
         // Validated as every decode step validates a log_sigma (DecodeScale).
         auto scale = DecodeScale::Create(p.Get(a + "log_sigma"), c.heads, at::Device(at::kCPU));
         if (!scale.ok()) {
@@ -179,11 +99,11 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const Arm& model,
         }
         layer.inv_var = Floats(scale->inv_var());
       } else {
-        layer.qkv = Pack(p, {a + "q_proj", a + "k_proj", a + "v_proj"});
+        layer.qkv = PackLinear(p, {a + "q_proj", a + "k_proj", a + "v_proj"});
       }
-      layer.out = Pack(p, {a + "out_proj"});
-      layer.mlp0 = Pack(p, {b + "mlp.0"});
-      layer.mlp2 = Pack(p, {b + "mlp.2"});
+      layer.out = PackLinear(p, {a + "out_proj"});
+      layer.mlp0 = PackLinear(p, {b + "mlp.0"});
+      layer.mlp2 = PackLinear(p, {b + "mlp.2"});
       for (const Linear* lin : {&layer.qkv, &layer.out, &layer.mlp0, &layer.mlp2}) {
         linear_macs += static_cast<double>(lin->in * lin->out);
         dec->weight_bytes_ += static_cast<int64_t>(sizeof(float)) * (lin->in + 1) * lin->out_pad;
@@ -192,7 +112,7 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const Arm& model,
     }
     dec->lnf_w_ = Floats(p.Get("ln_f.weight"));
     dec->lnf_b_ = Floats(p.Get("ln_f.bias"));
-    dec->head_ = Pack(p, {"head"});
+    dec->head_ = PackLinear(p, {"head"});
     if (dec->head_.out != 256 || dec->head_.out_pad != 256) {
       return absl::InvalidArgumentError("head must have 256 outputs");
     }
@@ -279,11 +199,7 @@ void CpuDecoder::Attention(int64_t layer, const float* qkv, int64_t qkv_stride,
       float* values = cache->values(layer).data_ptr<float>() + base * dh;
       std::copy(k, k + dh, keys + p * dh);
       std::copy(v, v + dh, values + p * dh);
-      if (static_cast<int64_t>(scratch.floats.size()) < seq_len_) {
-        scratch.floats.assign(seq_len_, 0.0f);
-        scratch.max_candidates = -1;  // the kernel view no longer fits these floats
-      }
-      float* score = scratch.floats.data();
+      float* score = scratch.Floats(seq_len_);
       float row_max = -INFINITY;
       for (int64_t j = 0; j <= p; ++j) {
         score[j] = Dot(q, keys + j * dh, dh) * softmax_scale_;
@@ -309,10 +225,7 @@ void CpuDecoder::Attention(int64_t layer, const float* qkv, int64_t qkv_stride,
 void CpuDecoder::RunRows(const int64_t* u, const int64_t* positions, const int64_t* slots,
                          int64_t begin, int64_t end, ArmKvCache* cache, float* logits) const {
   const int64_t n = end - begin, d = d_;
-  ThreadScratch& scratch = Scratch();
-  const int64_t need = Rows::Floats(*this, n);
-  if (static_cast<int64_t>(scratch.rows.size()) < need) scratch.rows.assign(need, 0.0f);
-  const Rows b(*this, n, scratch.rows.data());
+  const Rows b(*this, n, Scratch().Rows(Rows::Floats(*this, n)));
   u += begin;
   positions += begin;
   slots += begin;
@@ -347,10 +260,7 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
   // The same arithmetic as RunRows, op by op over all s rows; each op is split over the
   // threads where a task gets enough work, and runs inline otherwise.
   const int64_t d = d_;
-  ThreadScratch& scratch = Scratch();
-  const int64_t need = Rows::Floats(*this, s);
-  if (static_cast<int64_t>(scratch.rows.size()) < need) scratch.rows.assign(need, 0.0f);
-  const Rows b(*this, s, scratch.rows.data());
+  const Rows b(*this, s, Scratch().Rows(Rows::Floats(*this, s)));
   const double min_task = tuning_.min_task_flops;
   auto grain = [&](double flops_per_item) { return GrainForWork(flops_per_item, min_task); };
   auto linear = [&](const Linear& lin, const float* x, float* out) {

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/nn/packed.h"
 #include "model/util/threads.h"
 
 namespace krause {
@@ -88,11 +89,7 @@ class CpuDecoder {
   double flops_per_sequence() const { return flops_per_sequence_; }
   int64_t weight_bytes() const { return weight_bytes_; }
 
-  struct Linear {  // out = x W^T + b, packed as cpu_kernels.h's LinearRowsArgs wants
-    std::vector<float> wt;  // [in, out_pad]
-    std::vector<float> bias;  // [out_pad]
-    int64_t in = 0, out = 0, out_pad = 0;
-  };
+  using Linear = nn::PackedLinear;
   struct Layer {
     std::vector<float> ln1_w, ln1_b, ln2_w, ln2_b;
     Linear qkv;  // columns: q [0, D), k [D, 2D), v [2D, 3D)

@@ -1,0 +1,124 @@
+#include "model/nn/packed.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace krause::nn {
+
+void PackedLinear::Apply(const float* x, int64_t rows, float* out, int64_t c0, int64_t c1) const {
+  const cpu::LinearRowsArgs a{x, wt.data(), bias.data(), out, rows, in, out_pad};
+  cpu::CpuKernels().linear_rows(a, c0, c1);
+}
+
+PackedLinear PackLinear(const std::vector<at::Tensor>& weights,
+                        const std::vector<at::Tensor>& biases) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> w, b;
+  for (const at::Tensor& t : weights) {
+    w.push_back(t.detach().to(at::kCPU, at::kFloat).reshape({t.size(0), -1}));
+  }
+  for (const at::Tensor& t : biases) b.push_back(t.detach().to(at::kCPU, at::kFloat));
+  const at::Tensor weight = at::cat(w, 0).contiguous(), bias = at::cat(b, 0).contiguous();
+  PackedLinear l;
+  l.out = weight.size(0);
+  l.in = weight.size(1);
+  l.out_pad = cpu::RoundUpToChunk(l.out);
+  l.wt.assign(l.in * l.out_pad, 0.0f);
+  l.bias.assign(l.out_pad, 0.0f);
+  const float* wp = weight.data_ptr<float>();
+  for (int64_t j = 0; j < l.out; ++j) {
+    for (int64_t i = 0; i < l.in; ++i) l.wt[i * l.out_pad + j] = wp[j * l.in + i];
+    l.bias[j] = bias.data_ptr<float>()[j];
+  }
+  return l;
+}
+
+PackedLinear PackLinear(const ParameterStore& p, const std::vector<std::string>& prefixes) {
+  std::vector<at::Tensor> w, b;
+  for (const std::string& name : prefixes) {
+    w.push_back(p.Get(name + ".weight"));
+    b.push_back(p.Get(name + ".bias"));
+  }
+  return PackLinear(w, b);
+}
+
+std::vector<float> Floats(const at::Tensor& t) {
+  const at::Tensor c = t.detach().to(at::kCPU, at::kFloat).contiguous();
+  return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+}
+
+void LayerNormRow(const float* x, int64_t d, const float* w, const float* b, float* y) {
+  double mean = 0;
+  for (int64_t i = 0; i < d; ++i) mean += x[i];
+  mean /= static_cast<double>(d);
+  double var = 0;
+  for (int64_t i = 0; i < d; ++i) {
+    const double c = x[i] - mean;
+    var += c * c;
+  }
+  var /= static_cast<double>(d);
+  const float inv = static_cast<float>(1.0 / std::sqrt(var + 1e-5));
+  const float m = static_cast<float>(mean);
+  for (int64_t i = 0; i < d; ++i) y[i] = (x[i] - m) * inv * w[i] + b[i];
+}
+
+void GeluRow(const float* x, int64_t n, float* y) { cpu::CpuKernels().gelu(x, n, y); }
+
+float Dot(const float* q, const float* k, int64_t d) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t t = 0;
+  for (; t + 8 <= d; t += 8)
+    for (int u = 0; u < 8; ++u) acc[u] += q[t + u] * k[t + u];
+  float dot = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; t < d; ++t) dot += q[t] * k[t];
+  return dot;
+}
+
+void SoftmaxRow(const float* x, int64_t n, float* y) {
+  float row_max = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) row_max = std::max(row_max, x[i]);
+  float total = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = std::exp(x[i] - row_max);
+    total += y[i];
+  }
+  const float inv = 1.0f / total;
+  for (int64_t i = 0; i < n; ++i) y[i] *= inv;
+}
+
+ThreadScratch& ThreadScratch::Get() {
+  thread_local ThreadScratch s;
+  return s;
+}
+
+const cpu::Scratch& ThreadScratch::Kernel(int64_t candidates) {
+  if (candidates > max_candidates) {
+    const int64_t raw = cpu::ScratchFloats(candidates);
+    floats.assign(raw + 2 * candidates, 0.0f);
+    ints.assign(2 * candidates, 0);
+    keys.assign(candidates, 0);
+    view = cpu::Scratch{floats.data(),     floats.data() + raw, ints.data() + candidates,
+                        keys.data(),       ints.data(),         floats.data() + raw + candidates,
+                        raw / cpu::kQueryGroup};
+    max_candidates = candidates;
+  }
+  return view;
+}
+
+float* ThreadScratch::Floats(int64_t n) {
+  if (static_cast<int64_t>(floats.size()) < n) {
+    floats.assign(n, 0.0f);
+    max_candidates = -1;  // Kernel() must rebuild its view over the new floats
+  }
+  return floats.data();
+}
+
+float* ThreadScratch::Rows(int64_t n) {
+  if (static_cast<int64_t>(rows.size()) < n) rows.assign(n, 0.0f);
+  return rows.data();
+}
+
+}  // namespace krause::nn

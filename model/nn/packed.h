@@ -1,0 +1,72 @@
+// Building blocks of the packed CPU inference paths (engine/cpu_decoder.h, the KARM/ARM decode
+// step; vit_cpu.h, the classifier forward): weights copied once into the layouts of the fused CPU
+// kernels (cpu_kernels.h) and row operations with a fixed summation order, so a row's result has
+// the same bits whatever the other rows (batch invariance) and whatever the thread split.
+// Thread-safety: packed weights are immutable; the functions are pure over caller buffers, except
+// ThreadScratch::Get(), which is per thread.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/attention/cpu_kernels.h"
+#include "model/nn/parameters.h"
+
+namespace krause::nn {
+
+// out = x W^T + b, packed as cpu_kernels.h's LinearRowsArgs wants.
+struct PackedLinear {
+  std::vector<float> wt;    // [in, out_pad]
+  std::vector<float> bias;  // [out_pad]
+  int64_t in = 0, out = 0, out_pad = 0;
+
+  int64_t chunks() const { return out_pad / cpu::kScoreChunk; }
+  // out rows (stride out_pad) = x rows (stride in) W^T + b, output column chunks [c0, c1).
+  void Apply(const float* x, int64_t rows, float* out, int64_t c0, int64_t c1) const;
+  void Apply(const float* x, int64_t rows, float* out) const { Apply(x, rows, out, 0, chunks()); }
+};
+
+// Weights [out, in] (and biases [out]) of one or more layers, stacked along their outputs
+// (q, k, v -> one matrix); any dtype, fp32 copies. A weight of more dims is flattened to
+// [out, rest] (a convolution whose kernel equals its stride is a linear layer over patches).
+PackedLinear PackLinear(const std::vector<at::Tensor>& weights,
+                        const std::vector<at::Tensor>& biases);
+// The same from `prefix.weight` / `prefix.bias` of a store.
+PackedLinear PackLinear(const ParameterStore& p, const std::vector<std::string>& prefixes);
+
+// A tensor's values as fp32.
+std::vector<float> Floats(const at::Tensor& t);
+
+// y = (x - mean) / sqrt(var + 1e-5) * w + b over one row; moments in double, in index order.
+void LayerNormRow(const float* x, int64_t d, const float* w, const float* b, float* y);
+// The erf GELU, as torch.nn.GELU() (the vectorised kernel of cpu_kernels.h).
+void GeluRow(const float* x, int64_t n, float* y);
+// q . k in a fixed order: 8 interleaved partial sums (vectorised), added pairwise, then the tail.
+float Dot(const float* q, const float* k, int64_t d);
+// y = softmax(x) over n values (row max subtracted), in index order.
+void SoftmaxRow(const float* x, int64_t n, float* y);
+
+// Per-thread scratch that only grows: after the first calls a step allocates nothing.
+struct ThreadScratch {
+  std::vector<float> rows;    // a task's row buffers
+  std::vector<float> floats;  // the attention kernels' scratch (Kernel) or softmax scores
+  std::vector<int32_t> ints;
+  std::vector<int64_t> keys;
+  std::vector<char> seen;
+  int64_t max_candidates = -1;
+  cpu::Scratch view{};
+
+  // The calling thread's scratch.
+  static ThreadScratch& Get();
+  // Scratch for the fused kernels, rows of at most `candidates` candidates.
+  const cpu::Scratch& Kernel(int64_t candidates);
+  // `n` floats (invalidates Kernel()'s view).
+  float* Floats(int64_t n);
+  // `n` floats of row buffers.
+  float* Rows(int64_t n);
+};
+
+}  // namespace krause::nn
