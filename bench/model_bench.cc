@@ -5,9 +5,10 @@
 //   krause-model-bench generate models/karm_fmnist.safetensors --streams 1,64 [--images 64]
 //   krause-model-bench score models/karm_fmnist.safetensors --batches 1,16 [--seconds 3]
 //
-// classify: what the classify batcher runs for a batch of B Fashion-MNIST test images (uint8 ->
-//   NormalizePixels -> Forward -> softmax), timed until --seconds have passed (at least 5 runs);
-//   reports the median seconds per batch and images/s.
+// classify: what the classify batcher runs on the CPU for a batch of B Fashion-MNIST test images
+//   (the packed forward, vit_cpu.h: uint8 pixels in, probabilities out), timed until --seconds
+//   have passed (at least 5 runs); reports the median seconds per batch and images/s.
+//   --reference times the LibTorch forward instead (NormalizePixels -> ViT::Forward -> softmax).
 // score: ScoreBitsPerDim (what a generator's worker runs for a Score chunk) over B test images.
 // generate: the decode engine (DecodeEngine, as the server's generator worker drives it) making
 //   --images images with S sequences in flight; reports images/s.
@@ -21,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,7 @@
 #include "model/engine/decode_engine.h"
 #include "model/loader.h"
 #include "model/util/threads.h"
+#include "model/vit_cpu.h"
 
 namespace {
 
@@ -41,6 +44,7 @@ double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 int Usage() {
   std::fprintf(stderr,
                "usage: krause-model-bench classify CHECKPOINT [--batches 1,32] [--seconds 3]\n"
+               "       [--reference 1 (the LibTorch forward)]\n"
                "       krause-model-bench generate CHECKPOINT [--streams 1,64] [--images N]\n"
                "       krause-model-bench score CHECKPOINT [--batches 1,16] [--seconds 3]\n"
                "       [--threads T (0: one per core)]\n");
@@ -68,6 +72,7 @@ int main(int argc, char** argv) {
   double seconds = 3;
   int64_t images = 0;
   int threads = 0;
+  bool reference = false;
   for (int i = 3; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--batches" || flag == "--streams") {
@@ -77,6 +82,8 @@ int main(int argc, char** argv) {
       if (!absl::SimpleAtod(value, &seconds)) return Usage();
     } else if (flag == "--images") {
       if (!absl::SimpleAtoi(value, &images)) return Usage();
+    } else if (flag == "--reference") {
+      reference = value == "1";
     } else if (flag == "--threads") {
       if (!absl::SimpleAtoi(value, &threads)) return Usage();
     } else {
@@ -99,13 +106,28 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "krause-model-bench: %s\n", ds.status().ToString().c_str());
       return 1;
     }
+    std::unique_ptr<krause::CpuViT> packed;
+    std::vector<float> probs;
     for (int64_t b : sizes) {
       const at::Tensor pixels = ds->images.narrow(0, 0, b).contiguous();
       std::function<void()> run;
-      if (what == "classify") {
+      if (what == "classify" && reference) {
         const krause::ViT& vit = *model->vit;
         run = [&] {
           at::softmax(vit.Forward(krause::NormalizePixels(vit.config(), pixels)), -1);
+        };
+      } else if (what == "classify") {
+        if (!packed) {
+          auto p = krause::CpuViT::Create(*model->vit);
+          if (!p.ok()) {
+            std::fprintf(stderr, "krause-model-bench: %s\n", p.status().ToString().c_str());
+            return 1;
+          }
+          packed = std::move(*p);
+        }
+        probs.assign(static_cast<size_t>(b * packed->classes()), 0.0f);
+        run = [&] {
+          if (!packed->Forward(pixels.data_ptr<uint8_t>(), b, probs.data()).ok()) std::abort();
         };
       } else {
         const at::Tensor raster = pixels.permute({0, 2, 3, 1}).reshape({b, -1}).contiguous();
@@ -124,9 +146,10 @@ int main(int argc, char** argv) {
       std::sort(times.begin(), times.end());
       const double median = times[times.size() / 2];
       std::printf(
-          "{\"what\":\"%s\",\"batch\":%lld,\"runs\":%zu,\"median_seconds\":%.6g,"
-          "\"images_per_second\":%.6g,\"threads\":%d}\n",
-          what.c_str(), static_cast<long long>(b), times.size(), median, b / median, t.intra_op);
+          "{\"what\":\"%s\",\"impl\":\"%s\",\"batch\":%lld,\"runs\":%zu,"
+          "\"median_seconds\":%.6g,\"images_per_second\":%.6g,\"threads\":%d}\n",
+          what.c_str(), what == "score" ? "libtorch" : reference ? "libtorch" : "packed",
+          static_cast<long long>(b), times.size(), median, b / median, t.intra_op);
       std::fflush(stdout);
     }
     return 0;

@@ -8,15 +8,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/engine/device_context.h"
-#include "model/util/threads.h"
 #include "server/scheduling.h"
 
 namespace krause::server {
 
 ClassifyBatcher::ClassifyBatcher(std::shared_ptr<const ViT> model, std::string device,
                                  BatchingOptions options,
-                                 std::function<void(const BatchEvent&)> on_batch)
+                                 std::function<void(const BatchEvent&)> on_batch,
+                                 std::shared_ptr<const CpuViT> packed)
     : model_(std::move(model)),
+      packed_(std::move(packed)),
       device_(std::move(device)),
       options_(options),
       on_batch_(std::move(on_batch)) {
@@ -64,7 +65,6 @@ void ClassifyBatcher::Loop() {
   const std::shared_ptr<void> stream = ctx.Enter();
   const c10::InferenceMode inference;
   at::Tensor staging;
-  const double flops_per_image = model_->FlopsPerImage().executed_flops;
   for (;;) {
     std::vector<Entry> batch, dropped;
     std::vector<absl::Status> drop_status;
@@ -120,23 +120,28 @@ void ClassifyBatcher::Loop() {
     for (const Entry& e : batch) parts.push_back(e.job.images);
     absl::StatusOr<at::Tensor> probs;
     try {
-      at::Tensor pixels = parts.size() == 1 ? parts[0] : at::cat(parts, 0);
-      if (ctx.cuda()) {
-        if (!staging.defined() || staging.size(0) < pixels.size(0) ||
-            staging.scalar_type() != pixels.scalar_type()) {
-          std::vector<int64_t> shape = pixels.sizes().vec();
-          shape[0] = std::max(pixels.size(0), options_.max_batch_size);
-          staging = ctx.HostBuffer(shape, pixels.scalar_type());
+      at::Tensor pixels = parts.size() == 1 ? parts[0].contiguous() : at::cat(parts, 0);
+      if (packed_ != nullptr && !ctx.cuda()) {
+        // The packed CPU forward (vit_cpu.h): no LibTorch op per layer.
+        at::Tensor out = at::empty({pixels.size(0), packed_->classes()}, at::kFloat);
+        const absl::Status st =
+            packed_->Forward(pixels.data_ptr<uint8_t>(), pixels.size(0), out.data_ptr<float>());
+        probs = st.ok() ? absl::StatusOr<at::Tensor>(out) : absl::StatusOr<at::Tensor>(st);
+      } else {
+        if (ctx.cuda()) {
+          if (!staging.defined() || staging.size(0) < pixels.size(0) ||
+              staging.scalar_type() != pixels.scalar_type()) {
+            std::vector<int64_t> shape = pixels.sizes().vec();
+            shape[0] = std::max(pixels.size(0), options_.max_batch_size);
+            staging = ctx.HostBuffer(shape, pixels.scalar_type());
+          }
+          // Reused once this batch's results are back on the host (the copy below waits).
+          pixels = staging.narrow(0, 0, pixels.size(0)).copy_(pixels);
         }
-        // Reused once this batch's results are back on the host (the copy below waits).
-        pixels = staging.narrow(0, 0, pixels.size(0)).copy_(pixels);
+        const at::Tensor x =
+            NormalizePixels(model_->config(), pixels.to(ctx.device(), /*non_blocking=*/true));
+        probs = at::softmax(model_->Forward(x), -1).to(at::kCPU).contiguous();
       }
-      const at::Tensor x =
-          NormalizePixels(model_->config(), pixels.to(ctx.device(), /*non_blocking=*/true));
-      // Small batches on this thread alone (threads.h); on a GPU the setting does not matter.
-      const ScopedIntraOpThreads threads(ScopedIntraOpThreads::ForForward(
-          static_cast<double>(pixels.size(0)) * flops_per_image));
-      probs = at::softmax(model_->Forward(x), -1).to(at::kCPU).contiguous();
     } catch (const std::exception& e) {
       probs = absl::InternalError(absl::StrCat("classifier forward failed: ", e.what()));
     }

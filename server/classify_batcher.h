@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/vit.h"
+#include "model/vit_cpu.h"
 
 namespace krause::server {
 
@@ -55,8 +56,11 @@ struct BatchEvent {
 
 class ClassifyBatcher {
  public:
+  // `packed`: the model's packed CPU forward (vit_cpu.h), which a CPU batcher runs; null on a GPU
+  // (and for tests of the LibTorch path), where batches run ViT::Forward.
   ClassifyBatcher(std::shared_ptr<const ViT> model, std::string device, BatchingOptions options,
-                  std::function<void(const BatchEvent&)> on_batch = {});
+                  std::function<void(const BatchEvent&)> on_batch = {},
+                  std::shared_ptr<const CpuViT> packed = nullptr);
   ~ClassifyBatcher();
   ClassifyBatcher(const ClassifyBatcher&) = delete;
   ClassifyBatcher& operator=(const ClassifyBatcher&) = delete;
@@ -76,6 +80,7 @@ class ClassifyBatcher {
   void Loop();
 
   const std::shared_ptr<const ViT> model_;
+  const std::shared_ptr<const CpuViT> packed_;
   const std::string device_;
   const BatchingOptions options_;
   const std::function<void(const BatchEvent&)> on_batch_;

@@ -81,7 +81,16 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Load(const std::vector<Model
       std::function<void(const BatchEvent&)> on_batch;
       if (hooks.on_classify_batch)
         on_batch = [f = hooks.on_classify_batch, name](const BatchEvent& e) { f(name, e); };
-      m->batcher = std::make_unique<ClassifyBatcher>(m->model.vit, spec.device, b, on_batch);
+      std::shared_ptr<const CpuViT> packed;
+      if (at::Device(spec.device).is_cpu()) {  // the packed forward the CPU batcher runs
+        auto p = CpuViT::Create(*m->model.vit);
+        if (!p.ok())
+          return absl::Status(p.status().code(),
+                              absl::StrCat("model ", spec.name, ": ", p.status().message()));
+        packed = std::move(*p);
+      }
+      m->batcher =
+          std::make_unique<ClassifyBatcher>(m->model.vit, spec.device, b, on_batch, packed);
     } else {
       const ArmConfig& c = m->model.arm->config();
       m->shape = {c.height, c.width_px, c.channels};

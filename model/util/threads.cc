@@ -2,8 +2,6 @@
 
 #include <dlfcn.h>
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -49,16 +47,6 @@ CpuThreads SetCpuThreads(int intra_op) {
 int64_t GrainForWork(double flops_per_item, double min_task_flops) {
   if (!(flops_per_item > 0)) return 1;
   return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(min_task_flops / flops_per_item)));
-}
-
-ScopedIntraOpThreads::ScopedIntraOpThreads(int threads) : previous_(omp_get_max_threads()) {
-  omp_set_num_threads(std::max(1, threads));
-}
-
-ScopedIntraOpThreads::~ScopedIntraOpThreads() { omp_set_num_threads(previous_); }
-
-int ScopedIntraOpThreads::ForForward(double flops) {
-  return flops < kMinParallelForwardFlops ? 1 : omp_get_max_threads();
 }
 
 }  // namespace krause

@@ -35,32 +35,10 @@ constexpr double kFlopsPerByte = 4.0;
 // grains run inline on the calling thread.
 int64_t GrainForWork(double flops_per_item, double min_task_flops = kMinTaskFlops);
 
-// A classifier batch below this many FLOPs runs on its batcher's thread alone: its ops are too
-// small to split well (LibTorch forks its pool for a layer norm of a few rows, grid attention rows
-// have a handful of candidates), BLAS runs single-threaded anyway, and the other cores are the
-// RPC threads'. Measured on 2 cores: the bundled classifier (13.6 MFLOP per image) ran batches of
-// up to 16 as fast on one thread as on two (krause-model-bench) and served 1.4x the images at 32
-// concurrent calls on one thread per batch. (Prefills and Score chunks are forwards over
-// hundreds of positions whose attention splits well: they keep the pool.)
+// A classifier batch (vit_cpu.h) is split over the threads by images, in tasks of at least half
+// this many FLOPs: smaller batches run on the batcher's thread, leaving the other cores to the
+// RPC threads that meanwhile prepare the next batch's requests.
 constexpr double kMinParallelForwardFlops = 256.0e6;
-
-// While it lives, at::parallel_for and LibTorch's own kernels started from THIS thread use at most
-// `threads` threads (OpenMP's per-thread setting, which LibTorch's OpenMP backend reads); other
-// threads are unaffected. For a worker that decides per batch how much of the pool its work
-// deserves.
-class ScopedIntraOpThreads {
- public:
-  explicit ScopedIntraOpThreads(int threads);
-  // One thread for a classifier batch below kMinParallelForwardFlops, else the thread's current
-  // setting.
-  static int ForForward(double flops);
-  ~ScopedIntraOpThreads();
-  ScopedIntraOpThreads(const ScopedIntraOpThreads&) = delete;
-  ScopedIntraOpThreads& operator=(const ScopedIntraOpThreads&) = delete;
-
- private:
-  int previous_;
-};
 
 // OpenBLAS's thread count (0 where OpenBLAS is not loaded) and a way to set it (no-op then);
 // the benchmark compares both settings.

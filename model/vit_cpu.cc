@@ -1,0 +1,231 @@
+#include "model/vit_cpu.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "model/attention/cpu_kernels.h"
+#include "model/attention/decode.h"
+#include "model/util/threads.h"
+
+namespace krause {
+
+using nn::Floats;
+using nn::LayerNormRow;
+using nn::PackLinear;
+
+absl::StatusOr<std::unique_ptr<CpuViT>> CpuViT::Create(const ViT& model) {
+  const ViTConfig& c = model.config();
+  std::unique_ptr<CpuViT> v(new CpuViT());
+  try {
+    at::NoGradGuard no_grad;
+    const ParameterStore& p = model.parameters();
+    v->krause_ = c.attention == "krause";
+    v->cls_ = c.cls;
+    v->channels_ = c.channels;
+    v->size_ = c.image_size;
+    v->patch_ = c.patch;
+    v->grid_ = c.grid();
+    v->tokens_ = c.tokens();
+    v->d_ = c.width;
+    v->heads_ = c.heads;
+    v->head_dim_ = c.width / c.heads;
+    v->mlp_ = c.mlp;
+    v->classes_ = c.classes;
+    for (double m : c.mean) v->mean_.push_back(static_cast<float>(m));
+    for (double s : c.std) v->std_.push_back(static_cast<float>(s));
+    v->softmax_scale_ = static_cast<float>(1.0 / std::sqrt(static_cast<double>(v->head_dim_)));
+    v->patch_embed_ = PackLinear({p.Get("patch_embed.proj.weight")}, {p.Get("patch_embed.proj.bias")});
+    if (c.cls) v->cls_token_ = Floats(p.Get("cls_token"));
+    v->pos_embed_ = Floats(p.Get("pos_embed"));
+    const std::vector<int64_t> ks = c.TopKSchedule();
+    for (int64_t l = 0; l < c.depth; ++l) {
+      const std::string b = absl::StrCat("blocks.", l, ".");
+      const std::string a = b + "attention.";
+      Layer layer;
+      layer.qkv = PackLinear(p, {a + "W_q", a + "W_k", a + "W_v"});
+      layer.out = PackLinear(p, {a + "out_proj"});
+      layer.mlp0 = PackLinear(p, {b + "ffn.0"});
+      layer.mlp2 = PackLinear(p, {b + "ffn.3"});
+      layer.norm1_w = Floats(p.Get(b + "norm1.weight"));
+      layer.norm1_b = Floats(p.Get(b + "norm1.bias"));
+      layer.norm2_w = Floats(p.Get(b + "norm2.weight"));
+      layer.norm2_b = Floats(p.Get(b + "norm2.bias"));
+      if (v->krause_) {
+        // Validated as the attention operator validates a log_sigma.
+        auto scale = DecodeScale::Create(p.Get(a + "log_sigma"), c.heads, at::Device(at::kCPU));
+        if (!scale.ok()) {
+          return absl::Status(scale.status().code(),
+                              absl::StrCat("layer ", l, ": ", scale.status().message()));
+        }
+        layer.inv_var = Floats(scale->inv_var())[0];
+        layer.top_k = ks[l];
+      }
+      v->layers_.push_back(std::move(layer));
+    }
+    v->norm_w_ = Floats(p.Get("norm.weight"));
+    v->norm_b_ = Floats(p.Get("norm.bias"));
+    v->head_ = PackLinear(p, {"head"});
+    if (v->krause_) {
+      const Neighbourhood nb =
+          Neighbourhood::Grid(c.grid(), c.grid(), c.radius, c.metric, c.cls);
+      const absl::Status st = ValidateNeighbourhood(nb, c.tokens());
+      if (!st.ok()) return st;
+      v->table_ = CachedCandidateTable(nb, c.tokens());
+    }
+    v->flops_per_image_ = model.FlopsPerImage().executed_flops;
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("cannot pack the classifier: ", e.what()));
+  }
+  return v;
+}
+
+void CpuViT::Image(const uint8_t* pixels, float* probs) const {
+  const int64_t n = tokens_, d = d_, dh = head_dim_, g2 = grid_ * grid_;
+  const int64_t cpp = channels_ * patch_ * patch_;
+  const Layer& l0 = layers_[0];
+  const int64_t qkv_pad = l0.qkv.out_pad, d_pad = l0.out.out_pad, mlp_pad = l0.mlp0.out_pad;
+  nn::ThreadScratch& scratch = nn::ThreadScratch::Get();
+  // Row buffers of one image.
+  const int64_t per_head = 4 * n * dh + n;  // q, k, v, out, key biases
+  float* base = scratch.Rows(g2 * cpp + n * d + n * qkv_pad + heads_ * per_head + n * d +
+                             n * std::max(d_pad, head_.out_pad) + n * mlp_pad + n * mlp_ + n);
+  float* patches = base;             // [G*G, C*p*p]
+  float* x = patches + g2 * cpp;     // [N, D]
+  float* qkv = x + n * d;            // [N, 3D pad]
+  float* heads = qkv + n * qkv_pad;  // per head: q, k, v, out [N, dh], bias [N]
+  float* att = heads + heads_ * per_head;  // [N, D]
+  float* tmp = att + n * d;                // [N, D pad]
+  float* mid = tmp + n * std::max(d_pad, head_.out_pad);  // [N, MLP pad]
+  float* act = mid + n * mlp_pad;                         // [N, MLP]
+  float* scores = act + n * mlp_;                         // [N]
+
+  // Normalised pixels, gathered patch by patch in the convolution weight's order (c, y, x).
+  const int64_t hw = size_ * size_;
+  for (int64_t gr = 0; gr < grid_; ++gr) {
+    for (int64_t gc = 0; gc < grid_; ++gc) {
+      float* row = patches + (gr * grid_ + gc) * cpp;
+      for (int64_t c = 0; c < channels_; ++c) {
+        for (int64_t py = 0; py < patch_; ++py) {
+          const uint8_t* src = pixels + c * hw + (gr * patch_ + py) * size_ + gc * patch_;
+          for (int64_t px = 0; px < patch_; ++px) {
+            float v = static_cast<float>(src[px]) / 255.0f;
+            if (!mean_.empty()) v = (v - mean_[c]) / std_[c];
+            row[(c * patch_ + py) * patch_ + px] = v;
+          }
+        }
+      }
+    }
+  }
+  patch_embed_.Apply(patches, g2, tmp);
+  const int64_t first = cls_ ? 1 : 0;
+  if (cls_) {
+    for (int64_t i = 0; i < d; ++i) x[i] = cls_token_[i] + pos_embed_[i];
+  }
+  for (int64_t t = 0; t < g2; ++t) {
+    for (int64_t i = 0; i < d; ++i) {
+      x[(first + t) * d + i] = tmp[t * d_pad + i] + pos_embed_[(first + t) * d + i];
+    }
+  }
+
+  const cpu::CpuKernelTable& kernels = cpu::CpuKernels();
+  for (const Layer& L : layers_) {
+    L.qkv.Apply(x, n, qkv);
+    for (int64_t hh = 0; hh < heads_; ++hh) {
+      float* q = heads + hh * per_head;
+      float* k = q + n * dh;
+      float* v = k + n * dh;
+      float* o = v + n * dh;
+      float* bias = o + n * dh;
+      for (int64_t t = 0; t < n; ++t) {
+        const float* row = qkv + t * qkv_pad + hh * dh;
+        std::copy(row, row + dh, q + t * dh);
+        std::copy(row + d, row + d + dh, k + t * dh);
+        std::copy(row + 2 * d, row + 2 * d + dh, v + t * dh);
+      }
+      if (krause_) {
+        kernels.key_biases(k, n, dh, bias);
+        cpu::PrefillSlice s{};
+        s.q = q;
+        s.k = k;
+        s.kt = nullptr;  // a table's rows read k directly
+        s.bias = bias;
+        s.v = v;
+        s.inv_var = L.inv_var;
+        s.n = n;
+        s.d = dh;
+        s.top_k = L.top_k;
+        s.kind = 2;
+        s.table = table_->index.data();
+        s.table_count = table_->count.data();
+        s.table_width = table_->width;
+        s.out = o;
+        kernels.prefill(s, 0, n, scratch.Kernel(table_->width));
+      } else {
+        float* w = scratch.Floats(n);
+        for (int64_t t = 0; t < n; ++t) {
+          for (int64_t j = 0; j < n; ++j) scores[j] = nn::Dot(q + t * dh, k + j * dh, dh) * softmax_scale_;
+          nn::SoftmaxRow(scores, n, w);
+          float* out = o + t * dh;
+          std::fill(out, out + dh, 0.0f);
+          for (int64_t j = 0; j < n; ++j) {
+            for (int64_t e = 0; e < dh; ++e) out[e] += w[j] * v[j * dh + e];
+          }
+        }
+      }
+      for (int64_t t = 0; t < n; ++t) std::copy(o + t * dh, o + (t + 1) * dh, att + t * d + hh * dh);
+    }
+    // Post-LN blocks: x = norm1(x + attn(x)); x = norm2(x + ffn(x)).
+    L.out.Apply(att, n, tmp);
+    for (int64_t t = 0; t < n; ++t) {
+      float* xr = x + t * d;
+      for (int64_t i = 0; i < d; ++i) xr[i] += tmp[t * d_pad + i];
+      LayerNormRow(xr, d, L.norm1_w.data(), L.norm1_b.data(), xr);
+    }
+    L.mlp0.Apply(x, n, mid);
+    for (int64_t t = 0; t < n; ++t) nn::GeluRow(mid + t * mlp_pad, mlp_, act + t * mlp_);
+    L.mlp2.Apply(act, n, tmp);
+    for (int64_t t = 0; t < n; ++t) {
+      float* xr = x + t * d;
+      for (int64_t i = 0; i < d; ++i) xr[i] += tmp[t * d_pad + i];
+      LayerNormRow(xr, d, L.norm2_w.data(), L.norm2_b.data(), xr);
+    }
+  }
+  // The final norm and the head on CLS (or on the mean of the normed patch tokens).
+  float* pooled = att;
+  if (cls_) {
+    LayerNormRow(x, d, norm_w_.data(), norm_b_.data(), pooled);
+  } else {
+    std::fill(pooled, pooled + d, 0.0f);
+    for (int64_t t = 0; t < n; ++t) {
+      LayerNormRow(x + t * d, d, norm_w_.data(), norm_b_.data(), x + t * d);
+      for (int64_t i = 0; i < d; ++i) pooled[i] += x[t * d + i];
+    }
+    for (int64_t i = 0; i < d; ++i) pooled[i] /= static_cast<float>(n);
+  }
+  head_.Apply(pooled, 1, tmp);
+  nn::SoftmaxRow(tmp, classes_, probs);
+}
+
+absl::Status CpuViT::Forward(const uint8_t* pixels, int64_t images, float* probs) const {
+  if (images < 0) return absl::InvalidArgumentError(absl::StrCat("images must be >= 0, got ", images));
+  const int64_t image_bytes = channels_ * size_ * size_;
+  try {
+    // Tasks of whole images, of at least half the parallel threshold each.
+    at::parallel_for(0, images, GrainForWork(flops_per_image_, kMinParallelForwardFlops / 2),
+                     [&](int64_t i0, int64_t i1) {
+                       for (int64_t i = i0; i < i1; ++i)
+                         Image(pixels + i * image_bytes, probs + i * classes_);
+                     });
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("classifier forward failed: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace krause

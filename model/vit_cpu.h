@@ -1,0 +1,69 @@
+// The CPU inference forward of a classifier (Krause ViT or its softmax ViT baseline) without
+// LibTorch's op dispatch: what the classify batcher runs on the CPU.
+//
+// Why: the bundled classifier is small (d 64, 4 layers, 50 tokens): one image is 13.6 MFLOP, a
+// fraction of a millisecond of arithmetic, while ViT::Forward spends most of its ~2 ms at batch 1
+// in ~120 dispatched LibTorch ops (allocations, checks, thread fan-out of tiny ops). Here the
+// weights are packed once (nn/packed.h: q/k/v fused, the patch convolution as a linear layer over
+// patches) and each image runs as raw loops over per-thread scratch: the patch embedding, the
+// post-LN blocks (the Krause layers through the fused prefill kernel over the cached grid
+// candidate table, the softmax layers as dense rows), the final norm, the head and the softmax.
+//
+// Every image is computed on its own with the same kernels in the same order, so its
+// probabilities have the same bits alone or in any batch and on any thread split. A batch is split
+// over the threads by images, in tasks of at least kMinParallelForwardFlops / 2 (util/threads.h):
+// small batches run on the calling thread.
+//
+// Reference: ViT::Forward (LibTorch ops); tests compare the probabilities within 1e-5.
+// Thread-safety: immutable after Create; Forward may run concurrently (scratch is per thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/attention/neighbourhood.h"
+#include "model/nn/packed.h"
+#include "model/vit.h"
+
+namespace krause {
+
+class CpuViT {
+ public:
+  // Packs the model's current weights (any dtype on any device; fp32 CPU copies).
+  static absl::StatusOr<std::unique_ptr<CpuViT>> Create(const ViT& model);
+
+  // pixels: `images` images [C, H, W] uint8, contiguous, the model's shape, normalised as
+  // NormalizePixels does. Writes softmax probabilities [images, classes] (row-major) to `probs`.
+  // InvalidArgument for images < 0.
+  absl::Status Forward(const uint8_t* pixels, int64_t images, float* probs) const;
+
+  int64_t classes() const { return classes_; }
+  double flops_per_image() const { return flops_per_image_; }
+
+ private:
+  CpuViT() = default;
+  void Image(const uint8_t* pixels, float* probs) const;
+
+  struct Layer {
+    nn::PackedLinear qkv, out, mlp0, mlp2;
+    std::vector<float> norm1_w, norm1_b, norm2_w, norm2_b;
+    float inv_var = 1;  // Krause: 1 / sigma^2
+    int64_t top_k = 1;
+  };
+  bool krause_ = true, cls_ = true;
+  int64_t channels_ = 1, size_ = 28, patch_ = 4, grid_ = 7, tokens_ = 50;
+  int64_t d_ = 64, heads_ = 4, head_dim_ = 16, mlp_ = 128, classes_ = 10;
+  std::vector<float> mean_, std_;  // per channel; empty: none
+  nn::PackedLinear patch_embed_;   // [C * p * p] -> D
+  std::vector<float> cls_token_, pos_embed_;
+  std::vector<Layer> layers_;
+  std::vector<float> norm_w_, norm_b_;
+  nn::PackedLinear head_;
+  std::shared_ptr<const CandidateTable> table_;  // Krause: the grid's candidates
+  float softmax_scale_ = 1;                      // softmax: 1 / sqrt(head_dim)
+  double flops_per_image_ = 0;
+};
+
+}  // namespace krause
