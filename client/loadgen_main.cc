@@ -8,8 +8,8 @@
 //
 // Closed loop: --concurrency calls always in flight (each finished call starts the next).
 // Open loop: calls start at --rate per second (constant spacing or Poisson), however many are
-// in flight. Reports throughput, latency percentiles, time to first chunk and gaps between
-// chunks for streams, errors by status code; --metrics HOST:PORT also scrapes the server's
+// in flight. Reports throughput, latency percentiles, time to the first message and to the first
+// pixels and the gaps between a running stream's chunks, errors by status code; --metrics HOST:PORT also scrapes the server's
 // /metrics before and after and reports the server's view (FLOP savings, batch sizes).
 // SIGINT or SIGTERM ends the load early: no new calls, the ones in flight finish, the report
 // covers what was measured.
@@ -88,7 +88,7 @@ void OnSignal(int) { g_interrupted.store(true); }
 struct Stats {
   std::mutex mu;
   std::map<std::string, std::vector<double>> latency;  // rpc -> seconds (OK calls)
-  std::vector<double> first_chunk, chunk_gap;
+  std::vector<double> first_chunk, first_pixel, chunk_gap;
   std::map<std::string, std::map<std::string, int64_t>> codes;  // rpc -> code -> calls
   int64_t images = 0;
   int64_t measured_done = 0;
@@ -232,10 +232,15 @@ class LoadGen {
     void OnReadDone(bool ok) override {
       if (!ok) return;
       const Clock::time_point now = Clock::now();
-      if (chunks_++ == 0) {
-        first_ = Seconds(now - start_);
-      } else {
+      if (chunks_++ == 0) first_ = Seconds(now - start_);
+      // Gaps between the chunks of a running stream: from the first message with pixels on
+      // (before it, the images wait for a cache slot; that wait is the first pixel's time).
+      const bool has_pixels = msg_.progress().pixels_done() > 0 || msg_.images_size() > 0;
+      if (running_) {
         gaps_.push_back(Seconds(now - last_));
+      } else if (has_pixels) {
+        running_ = true;
+        first_pixel_ = Seconds(now - start_);
       }
       last_ = now;
       StartRead(&msg_);
@@ -246,6 +251,7 @@ class LoadGen {
       if (measured_ && st.ok()) {
         std::lock_guard<std::mutex> l(g_->stats_.mu);
         if (chunks_ > 0) g_->stats_.first_chunk.push_back(first_);
+        if (running_) g_->stats_.first_pixel.push_back(first_pixel_);
         g_->stats_.chunk_gap.insert(g_->stats_.chunk_gap.end(), gaps_.begin(), gaps_.end());
       }
       g_->in_flight_.fetch_sub(1);
@@ -262,8 +268,9 @@ class LoadGen {
     v1::GenerateRequest req_;
     v1::GenerateResponse msg_;
     Clock::time_point start_, last_;
-    double first_ = 0;
+    double first_ = 0, first_pixel_ = 0;
     int chunks_ = 0;
+    bool running_ = false;
     std::vector<double> gaps_;
   };
 
@@ -492,6 +499,7 @@ int main(int argc, char** argv) {
   report["calls_per_second"] = calls / measured_seconds;
   report["images_per_second"] = s.images / measured_seconds;
   report["generate_first_chunk_seconds"] = Percentiles(s.first_chunk);
+  report["generate_first_pixel_seconds"] = Percentiles(s.first_pixel);
   report["generate_chunk_gap_seconds"] = Percentiles(s.chunk_gap);
   if (!metrics.empty()) {
     auto after = krause::client::HttpGet(metrics, "/metrics");
@@ -513,8 +521,13 @@ int main(int argc, char** argv) {
   if (!s.first_chunk.empty()) {
     const json& f = report["generate_first_chunk_seconds"];
     const json& g = report["generate_chunk_gap_seconds"];
-    std::printf("  Generate  first chunk ms: p50 %.1f p99 %.1f; gaps ms: p50 %.1f p99 %.1f\n",
+    const json& fp = report["generate_first_pixel_seconds"];
+    std::printf(
+        "  Generate  first chunk ms: p50 %.1f p99 %.1f; first pixels ms: p50 %.1f p99 %.1f; "
+        "gaps of running streams ms: p50 %.1f p99 %.1f\n",
                 1e3 * f["p50"].get<double>(), 1e3 * f["p99"].get<double>(),
+                fp.empty() ? 0.0 : 1e3 * fp["p50"].get<double>(),
+                fp.empty() ? 0.0 : 1e3 * fp["p99"].get<double>(),
                 g.empty() ? 0.0 : 1e3 * g["p50"].get<double>(),
                 g.empty() ? 0.0 : 1e3 * g["p99"].get<double>());
   }
