@@ -314,6 +314,10 @@ class Bench:
             f"{ours_vit:.0f}/s, peer plain ViT {r['peer_vit_b32']['images_per_second']:.0f}/s",
             f"- the RPC floor (GetModel at concurrency 1, no model): p50 "
             f"{1e3 * p('getmodel_c1', 'GetModel', 'p50'):.2f} ms",
+            "- Classify at concurrency 1 inside the server (means, from /metrics): call "
+            f"{1e3 * lg('classify_c1')['server']['classify_call_mean_seconds']:.2f} ms, waiting for "
+            f"the batcher {1e3 * lg('classify_c1')['server']['classify_queue_mean_seconds']:.3f} ms,"
+            f" forward {1e3 * lg('classify_c1')['server']['classify_batch_compute_mean_seconds']:.2f} ms",
             f"- Classify served: c1 p50 {1e3 * c1:.2f} ms p99 "
             f"{1e3 * p('classify_c1', 'Classify', 'p99'):.2f} ms; c32 {c32:.0f}/s, p50 "
             f"{1e3 * p('classify_c32', 'Classify', 'p50'):.1f} ms, mean batch "

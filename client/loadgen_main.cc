@@ -333,6 +333,16 @@ json ServerView(const std::string& before, const std::string& after) {
   j["decode_steps"] = ds;
   j["decode_mean_batch_sequences"] = ds > 0 ? delta("krause_decode_batch_sequences_sum") / ds : 0.0;
   j["generated_pixels"] = delta("krause_generated_pixels_total");
+  // Where a Classify call's time went inside the server (means over the run): the whole call,
+  // waiting for its batch, and the batch's forward.
+  auto mean = [&](const std::string& name, const std::map<std::string, std::string>& l) {
+    const double n = delta(name + "_count", l);
+    return n > 0 ? delta(name + "_sum", l) / n : 0.0;
+  };
+  j["classify_call_mean_seconds"] = mean("krause_request_duration_seconds", {{"rpc", "Classify"}});
+  j["classify_queue_mean_seconds"] = mean("krause_queue_duration_seconds", {{"rpc", "Classify"}});
+  j["classify_batch_compute_mean_seconds"] =
+      mean("krause_compute_duration_seconds", {{"work", "classify_batch"}});
   return j;
 }
 

@@ -223,7 +223,13 @@ void Metrics::OnImages(const std::string& rpc, const std::string& model, int64_t
 }
 
 void Metrics::OnStreamChunk(const std::string& model, bool first, double seconds) {
-  (first ? first_chunk_ : chunk_gap_).Add({{"model", model}}, SecondsBuckets()).Observe(seconds);
+  // A stream's first chunk also creates the model's gap series, so a scrape shows a gap count of
+  // 0 (not a missing series) when every stream so far came in one chunk.
+  auto& gap = chunk_gap_.Add({{"model", model}}, SecondsBuckets());
+  if (first)
+    first_chunk_.Add({{"model", model}}, SecondsBuckets()).Observe(seconds);
+  else
+    gap.Observe(seconds);
 }
 
 }  // namespace krause::server
