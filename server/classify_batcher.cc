@@ -28,6 +28,7 @@ ClassifyBatcher::~ClassifyBatcher() { Stop(); }
 
 absl::Status ClassifyBatcher::Enqueue(ClassifyJob job) {
   const int64_t n = job.images.size(0);
+  bool here = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return absl::UnavailableError("the server is shutting down");
@@ -35,18 +36,55 @@ absl::Status ClassifyBatcher::Enqueue(ClassifyJob job) {
       return absl::UnavailableError(absl::StrCat("classify queue is full (", queued_images_,
                                                  " images queued, limit ",
                                                  options_.max_queued_images, "); retry later"));
-    queued_images_ += n;
-    queue_.push_back(Entry{std::move(job), Clock::now()});
+    ClassifyArrival arrival;
+    arrival.queue_empty = queue_.empty();
+    arrival.batch_running = running_;
+    arrival.stopping = stopping_;
+    arrival.caller_may_run = packed_ != nullptr && at::Device(device_).is_cpu();
+    arrival.max_queue_delay = options_.max_queue_delay;
+    arrival.images = n;
+    arrival.max_batch_size = options_.max_batch_size;
+    here = RunOnArrival(arrival);
+    if (here) {
+      running_ = on_arrival_ = true;
+    } else {
+      queued_images_ += n;
+      queue_.push_back(Entry{std::move(job), Clock::now()});
+    }
   }
-  cv_.notify_one();
+  if (!here) {
+    cv_.notify_one();
+    return absl::OkStatus();
+  }
+  // On the arriving thread (scheduling.h: RunOnArrival); the same expiry rule as a queued
+  // request's, then the same forward and replies as a batch of one request.
+  std::vector<Entry> batch;
+  batch.push_back(Entry{std::move(job), Clock::now()});
+  const ClassifyPlan plan =
+      PlanClassifyBatch({{n, batch[0].enqueued, batch[0].job.deadline,
+                          batch[0].job.cancelled && batch[0].job.cancelled()}},
+                        batch[0].enqueued, {options_.max_batch_size, options_.max_queue_delay});
+  if (!plan.drop.empty()) {
+    batch[0].job.done(plan.drop[0].why, 0.0);
+  } else {
+    static const DeviceContext kCpu{at::Device(at::kCPU)};
+    at::Tensor no_staging;
+    RunBatch(batch, kCpu, no_staging);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = on_arrival_ = false;
+  }
+  cv_.notify_all();  // the batcher thread (arrivals meanwhile), and Stop
   return absl::OkStatus();
 }
 
 void ClassifyBatcher::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
+    cv_.wait(lock, [&] { return !on_arrival_; });  // a run on an arriving thread ends first
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
@@ -72,6 +110,11 @@ void ClassifyBatcher::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       for (;;) {
+        // A batch running on an arriving thread: what queues meanwhile is the next batch.
+        if (running_ && !stopping_) {
+          cv_.wait(lock);
+          continue;
+        }
         // Snapshot, plan (scheduling.h), carry the plan out.
         std::vector<QueuedClassify> snapshot;
         snapshot.reserve(queue_.size());
@@ -101,6 +144,7 @@ void ClassifyBatcher::Loop() {
         }
         if (!dropped.empty() || !batch.empty() || stopping_) {
           stop = stopping_;
+          if (!batch.empty()) running_ = true;
           break;
         }
         if (plan.wake_at == Clock::time_point::max()) {
@@ -115,52 +159,61 @@ void ClassifyBatcher::Loop() {
       if (stop) return;
       continue;
     }
-    const Clock::time_point start = Clock::now();
-    std::vector<at::Tensor> parts;
-    for (const Entry& e : batch) parts.push_back(e.job.images);
-    absl::StatusOr<at::Tensor> probs;
-    try {
-      at::Tensor pixels = parts.size() == 1 ? parts[0].contiguous() : at::cat(parts, 0);
-      if (packed_ != nullptr && !ctx.cuda()) {
-        // The packed CPU forward (vit_cpu.h): no LibTorch op per layer.
-        at::Tensor out = at::empty({pixels.size(0), packed_->classes()}, at::kFloat);
-        const absl::Status st =
-            packed_->Forward(pixels.data_ptr<uint8_t>(), pixels.size(0), out.data_ptr<float>());
-        probs = st.ok() ? absl::StatusOr<at::Tensor>(out) : absl::StatusOr<at::Tensor>(st);
-      } else {
-        if (ctx.cuda()) {
-          if (!staging.defined() || staging.size(0) < pixels.size(0) ||
-              staging.scalar_type() != pixels.scalar_type()) {
-            std::vector<int64_t> shape = pixels.sizes().vec();
-            shape[0] = std::max(pixels.size(0), options_.max_batch_size);
-            staging = ctx.HostBuffer(shape, pixels.scalar_type());
-          }
-          // Reused once this batch's results are back on the host (the copy below waits).
-          pixels = staging.narrow(0, 0, pixels.size(0)).copy_(pixels);
+    RunBatch(batch, ctx, staging);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = false;
+    }
+  }
+}
+
+void ClassifyBatcher::RunBatch(std::vector<Entry>& batch, const DeviceContext& ctx,
+                               at::Tensor& staging) {
+  const Clock::time_point start = Clock::now();
+  std::vector<at::Tensor> parts;
+  for (const Entry& e : batch) parts.push_back(e.job.images);
+  absl::StatusOr<at::Tensor> probs;
+  try {
+    at::Tensor pixels = parts.size() == 1 ? parts[0].contiguous() : at::cat(parts, 0);
+    if (packed_ != nullptr && !ctx.cuda()) {
+      // The packed CPU forward (vit_cpu.h): no LibTorch op per layer.
+      at::Tensor out = at::empty({pixels.size(0), packed_->classes()}, at::kFloat);
+      const absl::Status st =
+          packed_->Forward(pixels.data_ptr<uint8_t>(), pixels.size(0), out.data_ptr<float>());
+      probs = st.ok() ? absl::StatusOr<at::Tensor>(out) : absl::StatusOr<at::Tensor>(st);
+    } else {
+      if (ctx.cuda()) {
+        if (!staging.defined() || staging.size(0) < pixels.size(0) ||
+            staging.scalar_type() != pixels.scalar_type()) {
+          std::vector<int64_t> shape = pixels.sizes().vec();
+          shape[0] = std::max(pixels.size(0), options_.max_batch_size);
+          staging = ctx.HostBuffer(shape, pixels.scalar_type());
         }
-        const at::Tensor x =
-            NormalizePixels(model_->config(), pixels.to(ctx.device(), /*non_blocking=*/true));
-        probs = at::softmax(model_->Forward(x), -1).to(at::kCPU).contiguous();
+        // Reused once this batch's results are back on the host (the copy below waits).
+        pixels = staging.narrow(0, 0, pixels.size(0)).copy_(pixels);
       }
-    } catch (const std::exception& e) {
-      probs = absl::InternalError(absl::StrCat("classifier forward failed: ", e.what()));
+      const at::Tensor x =
+          NormalizePixels(model_->config(), pixels.to(ctx.device(), /*non_blocking=*/true));
+      probs = at::softmax(model_->Forward(x), -1).to(at::kCPU).contiguous();
     }
-    const double compute = std::chrono::duration<double>(Clock::now() - start).count();
-    int64_t images = 0;
-    for (const Entry& e : batch) images += e.job.images.size(0);
-    // Reported before the replies go out, so whoever sees a reply also sees its batch counted.
-    if (on_batch_) on_batch_(BatchEvent{images, static_cast<int64_t>(batch.size()), compute});
-    int64_t offset = 0;
-    for (Entry& e : batch) {
-      const int64_t n = e.job.images.size(0);
-      const double queue_s = std::chrono::duration<double>(start - e.enqueued).count();
-      if (probs.ok()) {
-        e.job.done(probs->narrow(0, offset, n), queue_s);
-      } else {
-        e.job.done(probs.status(), queue_s);
-      }
-      offset += n;
+  } catch (const std::exception& e) {
+    probs = absl::InternalError(absl::StrCat("classifier forward failed: ", e.what()));
+  }
+  const double compute = std::chrono::duration<double>(Clock::now() - start).count();
+  int64_t images = 0;
+  for (const Entry& e : batch) images += e.job.images.size(0);
+  // Reported before the replies go out, so whoever sees a reply also sees its batch counted.
+  if (on_batch_) on_batch_(BatchEvent{images, static_cast<int64_t>(batch.size()), compute});
+  int64_t offset = 0;
+  for (Entry& e : batch) {
+    const int64_t n = e.job.images.size(0);
+    const double queue_s = std::chrono::duration<double>(start - e.enqueued).count();
+    if (probs.ok()) {
+      e.job.done(probs->narrow(0, offset, n), queue_s);
+    } else {
+      e.job.done(probs.status(), queue_s);
     }
+    offset += n;
   }
 }
 

@@ -3,13 +3,15 @@
 // batching (an idle batcher runs a request at once, requests arriving meanwhile form the next
 // batch, the oldest whole requests up to max_batch_size images), with max_queue_delay as an
 // opt-in wait for company. It runs ONE forward per batch and hands each request its rows of the
-// probabilities. RPC threads only enqueue.
+// probabilities. RPC threads enqueue; an idle CPU batcher without a queue delay runs an arriving
+// request on the arriving thread itself (RunOnArrival: no batch changes, one wake-up less).
 //
 // Requests whose deadline passed or whose caller cancelled are dropped before a batch forms
 // (DEADLINE_EXCEEDED / CANCELLED). A full queue refuses with UNAVAILABLE. Stop() fails what is
 // still queued with UNAVAILABLE and joins the thread.
 //
-// Thread-safety: Enqueue and the accessors from any thread; callbacks run on the worker thread.
+// Thread-safety: Enqueue and the accessors from any thread; callbacks run on the worker thread or
+// inside Enqueue.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -25,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/vit.h"
+#include "model/engine/device_context.h"
 #include "model/vit_cpu.h"
 
 namespace krause::server {
@@ -37,7 +40,7 @@ struct ClassifyJob {
   std::function<bool()> cancelled;  // polled before the job joins a batch (may be empty)
   // Softmax probabilities [n, classes] (float, CPU), or the reason the job did not run.
   // `queue_seconds`: time from Enqueue to the start of its batch's forward. Runs on the batcher
-  // thread: it should hand the reply to other threads (the service posts it to its ReplyPool).
+  // thread, or on the thread that called Enqueue (RunOnArrival), before Enqueue returns.
   std::function<void(absl::StatusOr<at::Tensor>, double queue_seconds)> done;
 };
 
@@ -78,6 +81,9 @@ class ClassifyBatcher {
     Clock::time_point enqueued;
   };
   void Loop();
+  // One forward for `batch` and its replies; on the batcher thread, or on an arriving thread
+  // (scheduling.h: RunOnArrival) with a CPU context.
+  void RunBatch(std::vector<Entry>& batch, const DeviceContext& ctx, at::Tensor& staging);
 
   const std::shared_ptr<const ViT> model_;
   const std::shared_ptr<const CpuViT> packed_;
@@ -90,6 +96,8 @@ class ClassifyBatcher {
   std::deque<Entry> queue_;
   int64_t queued_images_ = 0;
   bool stopping_ = false;
+  bool running_ = false;     // a batch is running (on the batcher thread or an arriving one)
+  bool on_arrival_ = false;  // ... on an arriving thread (Stop waits for it)
   std::thread thread_;
 };
 

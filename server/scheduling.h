@@ -65,6 +65,23 @@ struct ClassifyPlan {
 ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::time_point now,
                                const ClassifyPlanOptions& options, bool stopping = false);
 
+// An arriving Classify request: run it on the arriving (RPC) thread at once, or queue it for the
+// batcher thread. Running it here skips the batcher thread's wake-up (measured ~0.07 ms of a
+// ~1.2 ms call at concurrency 1) and changes no batch: it is only chosen when nothing is queued,
+// no batch is running, no queue delay asks to wait for company, and the batcher runs the packed
+// CPU forward (a GPU batcher keeps its own stream and thread). While it runs, arrivals queue and
+// form the next batch as usual (the batch counts as running).
+struct ClassifyArrival {
+  bool queue_empty = true;
+  bool batch_running = false;
+  bool stopping = false;
+  bool caller_may_run = false;  // the packed CPU forward
+  Clock::duration max_queue_delay{0};
+  int64_t images = 0;           // the arriving request's
+  int64_t max_batch_size = 64;
+};
+bool RunOnArrival(const ClassifyArrival& arrival);
+
 // ---------------------------------------------------------------------------------------------
 // Generator worker
 

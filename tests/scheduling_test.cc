@@ -81,6 +81,33 @@ TEST(PlanClassifyBatch, ExpiredAndCancelledRequestsLeaveWhereverTheyAre) {
   EXPECT_TRUE(stop.take.empty());
 }
 
+TEST(RunOnArrival, OnlyAnIdleCpuBatcherWithoutDelayRunsOnTheArrivingThread) {
+  ClassifyArrival idle;
+  idle.caller_may_run = true;
+  idle.images = 1;
+  EXPECT_TRUE(RunOnArrival(idle));
+  ClassifyArrival a = idle;
+  a.queue_empty = false;  // others wait: join them, do not overtake
+  EXPECT_FALSE(RunOnArrival(a));
+  a = idle;
+  a.batch_running = true;  // natural batching: arrivals form the next batch
+  EXPECT_FALSE(RunOnArrival(a));
+  a = idle;
+  a.stopping = true;
+  EXPECT_FALSE(RunOnArrival(a));
+  a = idle;
+  a.caller_may_run = false;  // a GPU batcher
+  EXPECT_FALSE(RunOnArrival(a));
+  a = idle;
+  a.max_queue_delay = ms(2);  // waits for company by request
+  EXPECT_FALSE(RunOnArrival(a));
+  a = idle;
+  a.images = 64;
+  EXPECT_TRUE(RunOnArrival(a));
+  a.images = 65;
+  EXPECT_FALSE(RunOnArrival(a));
+}
+
 TEST(SideWorkCredit, EarnsAShareOfDecodeTimeUpToTheSlice) {
   GeneratorSchedulingOptions o;
   o.side_share = 0.25;  // side work earns 1/3 of decode time
