@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "model/data/png.h"
 
@@ -12,28 +13,51 @@ namespace {
 
 std::string ShapeString(int64_t h, int64_t w, int64_t c) { return absl::StrCat(h, "x", w, "x", c); }
 
+// The one shape rule, applied to a header before decoding.
+absl::Status CheckBounds(int64_t h, int64_t w, int64_t c, const std::string& field,
+                         const ImageBounds& b) {
+  const ImageShape& s = b.shape;
+  if (!b.prompt) {
+    if (h == s.height && w == s.width && c == s.channels) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(field, ": image is ", ShapeString(h, w, c),
+                                                   " (HxWxC) but model ", b.model, " takes ",
+                                                   ShapeString(s.height, s.width, s.channels)));
+  }
+  if (w == s.width && c == s.channels && h >= 1 && h <= s.height) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": image is ", ShapeString(h, w, c), " (HxWxC) but model ", b.model,
+      " takes prompts of width ", s.width, ", ", s.channels, " channel(s) and at most ", s.height,
+      " rows"));
+}
+
 }  // namespace
 
-absl::StatusOr<at::Tensor> DecodeImage(const v1::Image& image, const std::string& field) {
+absl::StatusOr<at::Tensor> DecodeImage(const v1::Image& image, const std::string& field,
+                                       const ImageBounds& bounds) {
   switch (image.data_case()) {
     case v1::Image::kPng: {
       if (image.png().empty())
         return absl::InvalidArgumentError(absl::StrCat(field, ".png is empty"));
-      auto t = DecodePng(image.png());
-      if (!t.ok())
-        return absl::InvalidArgumentError(
+      auto t = DecodePng(image.png(), 0, [&](const PngInfo& info) {
+        return CheckBounds(info.height, info.width, info.channels, field, bounds);
+      });
+      if (!t.ok()) {
+        if (absl::IsInvalidArgument(t.status()) &&
+            absl::StartsWith(t.status().message(), field + ":"))
+          return t.status();  // the bounds: already names the field
+        return absl::Status(
+            t.status().code(),
             absl::StrCat(field, ".png is not a readable PNG: ", t.status().message()));
+      }
       return *t;
     }
     case v1::Image::kRaw: {
       const v1::RawImage& r = image.raw();
-      if (r.height() < 1 || r.width() < 1 || r.height() > 4096 || r.width() > 4096)
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, ".raw: height and width must be in [1, 4096], got ", r.height(),
-                         "x", r.width()));
       if (r.channels() != 1 && r.channels() != 3)
         return absl::InvalidArgumentError(
             absl::StrCat(field, ".raw.channels must be 1 or 3, got ", r.channels()));
+      absl::Status st = CheckBounds(r.height(), r.width(), r.channels(), field, bounds);
+      if (!st.ok()) return st;
       const int64_t want = int64_t{r.height()} * r.width() * r.channels();
       if (static_cast<int64_t>(r.pixels().size()) != want)
         return absl::InvalidArgumentError(absl::StrCat(
@@ -58,16 +82,6 @@ v1::Image EncodeRawImage(const at::Tensor& hwc) {
   raw->set_channels(static_cast<uint32_t>(c.size(2)));
   raw->set_pixels(c.data_ptr<uint8_t>(), static_cast<size_t>(c.numel()));
   return im;
-}
-
-absl::Status CheckShape(const at::Tensor& hwc, const ImageShape& shape, const std::string& field,
-                        const std::string& model) {
-  if (hwc.size(0) != shape.height || hwc.size(1) != shape.width || hwc.size(2) != shape.channels)
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": image is ", ShapeString(hwc.size(0), hwc.size(1), hwc.size(2)),
-                     " (HxWxC) but model ", model, " takes ",
-                     ShapeString(shape.height, shape.width, shape.channels)));
-  return absl::OkStatus();
 }
 
 }  // namespace krause::server

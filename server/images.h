@@ -16,15 +16,21 @@ struct ImageShape {
   int64_t height = 0, width = 0, channels = 0;
 };
 
-// Decodes `image` to [H, W, C] uint8 (CPU). `field` names it in errors ("images[3]").
-absl::StatusOr<at::Tensor> DecodeImage(const v1::Image& image, const std::string& field);
+// What a request image must be, checked from the PNG header (or the raw fields) before any pixel
+// is decoded or copied, so that a small file claiming a huge size costs nothing.
+struct ImageBounds {
+  ImageShape shape;        // the model's
+  std::string model;       // named in errors
+  bool prompt = false;     // a completion prompt: width and channels exact, height 1..shape.height
+};
+
+// Decodes `image` to [H, W, C] uint8 (CPU). `field` names it in errors ("images[3]"); an image
+// that is not within `bounds` is InvalidArgument naming the field, the size and what the model
+// takes ("images[3]: image is 32x32x3 (HxWxC) but model m takes 28x28x1").
+absl::StatusOr<at::Tensor> DecodeImage(const v1::Image& image, const std::string& field,
+                                       const ImageBounds& bounds);
 
 // The inverse of DecodeImage for raw pixels: hwc [H, W, C] uint8 (any layout, CPU) as an Image.
 v1::Image EncodeRawImage(const at::Tensor& hwc);
-
-// InvalidArgument unless hwc is exactly `shape` ("images[3]: image is 32x32x3 but model m takes
-// 28x28x1").
-absl::Status CheckShape(const at::Tensor& hwc, const ImageShape& shape, const std::string& field,
-                        const std::string& model);
 
 }  // namespace krause::server

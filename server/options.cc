@@ -31,6 +31,47 @@ absl::Status CheckRange(const std::string& field, int64_t v, int64_t lo, int64_t
   return absl::OkStatus();
 }
 
+// Reads m[key] into *out when present; a value of the wrong JSON type is InvalidArgument naming
+// the key, the type it needs and what it got (no conversion: 2.5 is not an integer, "1" is not a
+// number).
+absl::Status ReadKey(const nlohmann::json& m, const char* key, const std::string& where,
+                     std::string* out) {
+  const auto it = m.find(key);
+  if (it == m.end()) return absl::OkStatus();
+  if (!it->is_string())
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".", key, " must be a string, got ", it->type_name()));
+  *out = it->get<std::string>();
+  return absl::OkStatus();
+}
+absl::Status ReadKey(const nlohmann::json& m, const char* key, const std::string& where,
+                     bool* out) {
+  const auto it = m.find(key);
+  if (it == m.end()) return absl::OkStatus();
+  if (!it->is_boolean())
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".", key, " must be true or false, got ", it->type_name()));
+  *out = it->get<bool>();
+  return absl::OkStatus();
+}
+absl::Status ReadKey(const nlohmann::json& m, const char* key, const std::string& where,
+                     int64_t* out) {
+  const auto it = m.find(key);
+  if (it == m.end()) return absl::OkStatus();
+  if (it->is_number_unsigned()) {
+    const uint64_t u = it->get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX))
+      return absl::InvalidArgumentError(absl::StrCat(where, ".", key, " is too large: ", u));
+    *out = static_cast<int64_t>(u);
+    return absl::OkStatus();
+  }
+  if (!it->is_number_integer())
+    return absl::InvalidArgumentError(absl::StrCat(where, ".", key, " must be an integer, got ",
+                                                   it->type_name(), " ", it->dump()));
+  *out = it->get<int64_t>();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
@@ -62,21 +103,20 @@ absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
             where, ": unknown key \"", key, "\" (known: ", absl::StrJoin(kKeys, ", "), ")"));
     }
     ModelSpec s;
-    try {
-      s.name = m.value("name", "");
-      s.checkpoint = m.value("checkpoint", "");
-      s.device = m.value("device", s.device);
-      s.is_default = m.value("default", false);
-      s.max_batch_size = m.value("max_batch_size", s.max_batch_size);
-      s.max_queue_delay_ms = m.value("max_queue_delay_ms", s.max_queue_delay_ms);
-      s.max_queued_images = m.value("max_queued_images", s.max_queued_images);
-      s.max_sequences = m.value("max_sequences", s.max_sequences);
-      s.max_waiting = m.value("max_waiting", s.max_waiting);
-      s.cuda_graphs = m.value("cuda_graphs", s.cuda_graphs);
-      s.kv_cache_dtype = m.value("kv_cache_dtype", s.kv_cache_dtype);
-      s.max_images_per_request = m.value("max_images_per_request", s.max_images_per_request);
-    } catch (const std::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": ", e.what()));
+    for (absl::Status st : {ReadKey(m, "name", where, &s.name),
+                            ReadKey(m, "checkpoint", where, &s.checkpoint),
+                            ReadKey(m, "device", where, &s.device),
+                            ReadKey(m, "default", where, &s.is_default),
+                            ReadKey(m, "max_batch_size", where, &s.max_batch_size),
+                            ReadKey(m, "max_queue_delay_ms", where, &s.max_queue_delay_ms),
+                            ReadKey(m, "max_queued_images", where, &s.max_queued_images),
+                            ReadKey(m, "max_sequences", where, &s.max_sequences),
+                            ReadKey(m, "max_waiting", where, &s.max_waiting),
+                            ReadKey(m, "cuda_graphs", where, &s.cuda_graphs),
+                            ReadKey(m, "kv_cache_dtype", where, &s.kv_cache_dtype),
+                            ReadKey(m, "max_images_per_request", where,
+                                    &s.max_images_per_request)}) {
+      if (!st.ok()) return st;
     }
     if (!ValidName(s.name))
       return absl::InvalidArgumentError(

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -41,7 +42,9 @@ struct ModelSpec {
   // A KARM on a GPU: "float32", "bfloat16" or "float16" ring caches (keys and values).
   std::string kv_cache_dtype = "float32";
   // Images per Classify / Generate / Score request (0: max_batch_size for classifiers, 16 for
-  // generators).
+  // generators). A classifier's may not exceed its max_batch_size (a request is never split).
+  // Every value must have its JSON type (integers, booleans, strings: no conversion); a wrong
+  // type is an error naming the entry and the key.
   int64_t max_images_per_request = 0;
 };
 
@@ -60,6 +63,8 @@ struct ServerOptions {
   std::string auth_tokens_file;  // one token per line ('#' comments); empty: no auth
   std::string metrics_listen;    // host:port for Prometheus /metrics; empty: off
   bool quiet = false;
+  // Tests only (no flag): see KrauseService's fault hook.
+  std::function<void(const char* point)> fault_hook_for_test;
 };
 
 // Parses a manifest; relative checkpoint paths are resolved against `base_dir`.

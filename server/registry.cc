@@ -71,9 +71,14 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Load(const std::vector<Model
     if (m->model.classifier()) {
       const ViTConfig& c = m->model.vit->config();
       m->shape = {c.image_size, c.image_size, c.channels};
-      m->max_images_per_request = spec.max_images_per_request > 0
-                                      ? std::min(spec.max_images_per_request, spec.max_batch_size)
-                                      : spec.max_batch_size;
+      // Requests are never split over batches, so one holds at most a batch.
+      if (spec.max_images_per_request > spec.max_batch_size)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model ", spec.name, ": max_images_per_request (", spec.max_images_per_request,
+            ") is over max_batch_size (", spec.max_batch_size,
+            "); a request is never split over batches, so lower it or raise max_batch_size"));
+      m->max_images_per_request =
+          spec.max_images_per_request > 0 ? spec.max_images_per_request : spec.max_batch_size;
       BatchingOptions b;
       b.max_batch_size = spec.max_batch_size;
       b.max_queue_delay = std::chrono::milliseconds(spec.max_queue_delay_ms);

@@ -7,6 +7,7 @@
 #include <optional>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "model/data/png.h"
 #include "server/images.h"
@@ -48,6 +49,7 @@ class CallBook {
   // needed afterwards is copied first.
   template <typename Reactor>
   void Finish(Reactor* reactor, const absl::Status& st) {
+    if (finished_.exchange(true)) return;  // a barrier's error after a normal finish
     const grpc::Status g = ToGrpcStatus(st);
     if (svc_->observer())
       svc_->observer()->OnCallDone(rpc_, model_, g.error_code(), SecondsSince(start_));
@@ -63,6 +65,7 @@ class CallBook {
   const Clock::time_point start_;
   std::string model_;
   bool entered_ = false;
+  std::atomic<bool> finished_{false};
 };
 
 // A unary call on the default reactor.
@@ -88,7 +91,7 @@ class UnaryCall {
 
 // Decodes request images of one model into [n, C, H, W] uint8.
 absl::StatusOr<at::Tensor> DecodeBatch(const google::protobuf::RepeatedPtrField<v1::Image>& images,
-                                       const ServedModel& m) {
+                                       const ServedModel& m, const KrauseService& svc) {
   if (images.empty()) return absl::InvalidArgumentError("images is empty (send 1 or more images)");
   if (images.size() > m.max_images_per_request)
     return absl::InvalidArgumentError(absl::StrCat("images has ", images.size(), " images; model ",
@@ -98,10 +101,9 @@ absl::StatusOr<at::Tensor> DecodeBatch(const google::protobuf::RepeatedPtrField<
   out.reserve(images.size());
   for (int i = 0; i < images.size(); ++i) {
     const std::string field = absl::StrCat("images[", i, "]");
-    auto t = DecodeImage(images[i], field);
+    svc.Fault("decode");
+    auto t = DecodeImage(images[i], field, ImageBounds{m.shape, m.spec.name});
     if (!t.ok()) return t.status();
-    absl::Status st = CheckShape(*t, m.shape, field, m.spec.name);
-    if (!st.ok()) return st;
     out.push_back(t->permute({2, 0, 1}));
   }
   return at::stack(out, 0).contiguous();
@@ -112,24 +114,16 @@ struct ResolvedCall {
   at::Tensor images;  // [n, C, H, W] uint8
 };
 
-// The common start of Classify and Score: enter the gate, find the model of `kind`, decode the
-// images. On failure the call is finished and nothing is returned.
-std::optional<ResolvedCall> ResolveImageCall(
-    UnaryCall* call, const grpc::CallbackServerContext* ctx, const Gate* gate,
-    const std::string& model, v1::ModelInfo::Kind kind,
+// The common start of Classify and Score (after the gate): find the model of `kind`, decode the
+// images.
+absl::StatusOr<ResolvedCall> ResolveImageCall(
+    UnaryCall* call, const KrauseService& svc, const std::string& model, v1::ModelInfo::Kind kind,
     const google::protobuf::RepeatedPtrField<v1::Image>& images) {
-  if (!call->Enter(ctx)) return std::nullopt;
-  auto found = gate->registry()->Find(model, kind);
-  if (!found.ok()) {
-    call->Finish(found.status());
-    return std::nullopt;
-  }
+  auto found = svc.gate()->registry()->Find(model, kind);
+  if (!found.ok()) return found.status();
   call->set_model((*found)->spec.name);
-  auto decoded = DecodeBatch(images, **found);
-  if (!decoded.ok()) {
-    call->Finish(decoded.status());
-    return std::nullopt;
-  }
+  auto decoded = DecodeBatch(images, **found, svc);
+  if (!decoded.ok()) return decoded.status();
   return ResolvedCall{*found, *decoded};
 }
 
@@ -254,6 +248,7 @@ class GenerateState : public StepListener, public std::enable_shared_from_this<G
   void Flush();
 
  private:
+  void FlushOnce();
   int64_t Total() const { return static_cast<int64_t>(images_.size()); }
   absl::Status FinalStatus() const;  // mu_ held; all images done
 
@@ -285,7 +280,7 @@ class GenerateCall : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   GenerateCall(KrauseService* svc, grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req)
       : svc_(svc), book_(svc, "Generate") {
     absl::Status st = book_.Enter(ctx);
-    if (st.ok()) st = Start(ctx, *req);
+    if (st.ok()) st = Guarded("Generate", [&] { return Start(ctx, *req); });
     if (!st.ok()) FinishCall(st);
   }
 
@@ -326,6 +321,31 @@ absl::Status GenerateState::FinalStatus() const {
 }
 
 void GenerateState::Flush() {
+  const absl::Status st = Guarded("Generate", [&] {
+    FlushOnce();
+    return absl::OkStatus();
+  });
+  if (st.ok()) return;
+  // The flush threw before its write started (StartWrite is its last step): the images still
+  // running stop, and the call ends with the error.
+  std::vector<int64_t> ids;
+  bool finish = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    write_in_flight_ = false;
+    for (Image& im : images_)
+      if (im.status.ok()) im.status = st;
+    if (!finish_called_) {
+      finish_called_ = finish = true;
+      ids = ids_;
+    }
+  }
+  for (int64_t id : ids) model_->generator->Cancel(id);
+  if (finish) reactor_->FinishCall(st);
+}
+
+void GenerateState::FlushOnce() {
+  svc_->Fault("flush");
   absl::Status finish;
   bool do_finish = false, do_write = false;
   std::vector<std::pair<int64_t, std::vector<uint8_t>>> encode;  // (image, pixels) to PNG
@@ -459,13 +479,10 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
         absl::StrCat("update_interval_ms must be 0 (100) or in [10, 10000], got ", interval));
   std::vector<uint8_t> prompt;
   if (req.has_prompt()) {
-    auto t = DecodeImage(req.prompt(), "prompt");
+    svc_->Fault("decode");
+    auto t = DecodeImage(req.prompt(), "prompt",
+                         ImageBounds{m->shape, m->spec.name, /*prompt=*/true});
     if (!t.ok()) return t.status();
-    if (t->size(1) != m->shape.width || t->size(2) != m->shape.channels)
-      return absl::InvalidArgumentError(absl::StrCat("prompt: image is ", t->size(0), "x",
-                                                     t->size(1), "x", t->size(2), " but model ",
-                                                     m->spec.name, " needs width ", m->shape.width,
-                                                     " and ", m->shape.channels, " channel(s)"));
     const int64_t rows = req.prompt_rows();
     if (rows < 1 || rows >= m->shape.height)
       return absl::InvalidArgumentError(absl::StrCat(
@@ -521,8 +538,10 @@ absl::Status Gate::Enter(const grpc::CallbackServerContext* ctx) {
     bool ok = false;
     if (it != md.end()) {
       const std::string value(it->second.data(), it->second.size());
-      constexpr char kBearer[] = "Bearer ";
-      if (value.rfind(kBearer, 0) == 0) ok = tokens_.count(value.substr(sizeof(kBearer) - 1)) > 0;
+      // The scheme is case-insensitive (RFC 7235); the token is not.
+      constexpr char kBearer[] = "bearer ";
+      if (absl::StartsWithIgnoreCase(value, kBearer))
+        ok = tokens_.count(value.substr(sizeof(kBearer) - 1)) > 0;
     }
     if (!ok)
       return absl::UnauthenticatedError(
@@ -540,7 +559,7 @@ void Gate::Leave() {
   if (--in_flight_ == 0) idle_.notify_all();
 }
 
-bool Gate::WaitIdle(std::chrono::steady_clock::time_point deadline) {
+bool Gate::WaitIdle(std::chrono::steady_clock::time_point deadline) const {
   std::unique_lock<std::mutex> lock(mu_);
   return idle_.wait_until(lock, deadline, [&] { return in_flight_ == 0; });
 }
@@ -558,8 +577,10 @@ grpc::ServerUnaryReactor* KrauseService::ListModels(grpc::CallbackServerContext*
                                                     v1::ListModelsResponse* response) {
   UnaryCall call(this, ctx, "ListModels");
   if (!call.Enter(ctx)) return call.reactor();
-  for (const auto& m : gate_->registry()->models()) *response->add_models() = m->info;
-  call.Finish(absl::OkStatus());
+  call.Finish(Guarded("ListModels", [&] {
+    for (const auto& m : gate_->registry()->models()) *response->add_models() = m->info;
+    return absl::OkStatus();
+  }));
   return call.reactor();
 }
 
@@ -568,16 +589,14 @@ grpc::ServerUnaryReactor* KrauseService::GetModel(grpc::CallbackServerContext* c
                                                   v1::ModelInfo* response) {
   UnaryCall call(this, ctx, "GetModel");
   if (!call.Enter(ctx)) return call.reactor();
-  if (request->name().empty()) {
-    call.Finish(absl::InvalidArgumentError("name is required"));
-    return call.reactor();
-  }
-  auto m = gate_->registry()->FindAny(request->name());
-  if (m.ok()) {
+  call.Finish(Guarded("GetModel", [&]() -> absl::Status {
+    if (request->name().empty()) return absl::InvalidArgumentError("name is required");
+    auto m = gate_->registry()->FindAny(request->name());
+    if (!m.ok()) return m.status();
     call.set_model((*m)->spec.name);
     *response = (*m)->info;
-  }
-  call.Finish(m.status());
+    return absl::OkStatus();
+  }));
   return call.reactor();
 }
 
@@ -586,67 +605,71 @@ grpc::ServerUnaryReactor* KrauseService::Classify(grpc::CallbackServerContext* c
                                                   v1::ClassifyResponse* response) {
   auto call = std::make_shared<UnaryCall>(this, ctx, "Classify");
   grpc::ServerUnaryReactor* reactor = call->reactor();
-  auto resolved = ResolveImageCall(call.get(), ctx, gate_, request->model(),
-                                   v1::ModelInfo::CLASSIFIER, request->images());
-  if (!resolved) return reactor;
-  ServedModel* m = resolved->model;
-  const at::Tensor images = resolved->images;
-  const int64_t classes = m->model.vit->config().classes;
-  const int64_t top_k = std::min<int64_t>(request->top_k() == 0 ? 5 : request->top_k(), classes);
-  const bool full = request->return_probabilities();
-  const AttentionCost cost = m->flops;
-  const std::vector<std::string> labels = m->model.vit->config().labels;
-  ClassifyJob job;
-  job.images = images;
-  job.deadline = SteadyDeadline(ctx);
-  job.cancelled = [ctx] { return ctx->IsCancelled(); };
-  auto reply = [this, call, response, top_k, full, cost, labels, name = m->spec.name](
-                   absl::StatusOr<at::Tensor> probs, double queue_seconds) {
-    if (observer_ && queue_seconds > 0) observer_->OnQueued("Classify", name, queue_seconds);
-    if (!probs.ok()) {
-      call->Finish(probs.status());
-      return;
-    }
-    const int64_t n = probs->size(0), k = probs->size(1);
-    const float* p = probs->data_ptr<float>();
-    response->set_model(name);
-    std::vector<int64_t> order(k);
-    for (int64_t i = 0; i < n; ++i) {
-      const float* row = p + i * k;
-      std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(),
-                       [row](int64_t a, int64_t b) { return row[a] > row[b]; });
-      v1::Classification* c = response->add_results();
-      for (int64_t j = 0; j < top_k; ++j) {
-        v1::ClassScore* s = c->add_top();
-        s->set_index(static_cast<uint32_t>(order[j]));
-        if (order[j] < static_cast<int64_t>(labels.size())) s->set_label(labels[order[j]]);
-        s->set_probability(row[order[j]]);
+  if (!call->Enter(ctx)) return reactor;
+  const absl::Status st = Guarded("Classify", [&]() -> absl::Status {
+    auto resolved = ResolveImageCall(call.get(), *this, request->model(),
+                                     v1::ModelInfo::CLASSIFIER, request->images());
+    if (!resolved.ok()) return resolved.status();
+    ServedModel* m = resolved->model;
+    const int64_t classes = m->model.vit->config().classes;
+    const int64_t top_k =
+        std::min<int64_t>(request->top_k() == 0 ? 5 : request->top_k(), classes);
+    const bool full = request->return_probabilities();
+    const AttentionCost cost = m->flops;
+    const std::vector<std::string> labels = m->model.vit->config().labels;
+    ClassifyJob job;
+    job.images = resolved->images;
+    job.deadline = SteadyDeadline(ctx);
+    job.cancelled = [ctx] { return ctx->IsCancelled(); };
+    auto reply = [this, call, response, top_k, full, cost, labels, name = m->spec.name](
+                     absl::StatusOr<at::Tensor> probs, double queue_seconds) {
+      if (observer_ && queue_seconds > 0) observer_->OnQueued("Classify", name, queue_seconds);
+      call->Finish(Guarded("Classify", [&]() -> absl::Status {
+        Fault("reply");
+        if (!probs.ok()) return probs.status();
+        const int64_t n = probs->size(0), k = probs->size(1);
+        const float* p = probs->data_ptr<float>();
+        response->set_model(name);
+        std::vector<int64_t> order(k);
+        for (int64_t i = 0; i < n; ++i) {
+          const float* row = p + i * k;
+          std::iota(order.begin(), order.end(), 0);
+          std::stable_sort(order.begin(), order.end(),
+                           [row](int64_t a, int64_t b) { return row[a] > row[b]; });
+          v1::Classification* c = response->add_results();
+          for (int64_t j = 0; j < top_k; ++j) {
+            v1::ClassScore* s = c->add_top();
+            s->set_index(static_cast<uint32_t>(order[j]));
+            if (order[j] < static_cast<int64_t>(labels.size())) s->set_label(labels[order[j]]);
+            s->set_probability(row[order[j]]);
+          }
+          if (full) c->mutable_probabilities()->Add(row, row + k);
+        }
+        response->set_flops_executed(cost.executed_flops * static_cast<double>(n));
+        response->set_flops_dense_equivalent(cost.dense_equivalent_flops *
+                                             static_cast<double>(n));
+        if (observer_) {
+          observer_->OnFlops("Classify", name, response->flops_executed(),
+                             response->flops_dense_equivalent());
+          observer_->OnImages("Classify", name, n);
+        }
+        return absl::OkStatus();
+      }));
+    };
+    // On the batcher thread. With requests queued, the reply goes to the reply pool so that the
+    // next batch starts at once; with none, nothing waits for this thread, and the hop to another
+    // thread would only add its wake-up to the call's latency (measured: 0.2-0.3 ms of a 2.5 ms
+    // call at concurrency 1), so the batcher replies itself.
+    job.done = [this, reply = std::move(reply), batcher = m->batcher.get()](
+                   absl::StatusOr<at::Tensor> probs, double queue_s) {
+      if (batcher->queued_images() == 0) {
+        reply(probs, queue_s);
+        return;
       }
-      if (full) c->mutable_probabilities()->Add(row, row + k);
-    }
-    response->set_flops_executed(cost.executed_flops * static_cast<double>(n));
-    response->set_flops_dense_equivalent(cost.dense_equivalent_flops * static_cast<double>(n));
-    if (observer_) {
-      observer_->OnFlops("Classify", name, response->flops_executed(),
-                         response->flops_dense_equivalent());
-      observer_->OnImages("Classify", name, n);
-    }
-    call->Finish(absl::OkStatus());
-  };
-  // On the batcher thread. With requests queued, the reply goes to the reply pool so that the
-  // next batch starts at once; with none, nothing waits for this thread, and the hop to another
-  // thread would only add its wake-up to the call's latency (measured: 0.2-0.3 ms of a 2.5 ms
-  // call at concurrency 1), so the batcher replies itself.
-  job.done = [this, reply = std::move(reply), batcher = m->batcher.get()](
-                 absl::StatusOr<at::Tensor> probs, double queue_s) {
-    if (batcher->queued_images() == 0) {
-      reply(probs, queue_s);
-      return;
-    }
-    replies_.Post([reply, probs = std::move(probs), queue_s] { reply(probs, queue_s); });
-  };
-  const absl::Status st = m->batcher->Enqueue(std::move(job));
+      replies_.Post([reply, probs = std::move(probs), queue_s] { reply(probs, queue_s); });
+    };
+    return m->batcher->Enqueue(std::move(job));
+  });
   if (!st.ok()) call->Finish(st);
   return reactor;
 }
@@ -661,46 +684,50 @@ grpc::ServerUnaryReactor* KrauseService::Score(grpc::CallbackServerContext* ctx,
                                                v1::ScoreResponse* response) {
   auto call = std::make_shared<UnaryCall>(this, ctx, "Score");
   grpc::ServerUnaryReactor* reactor = call->reactor();
-  auto resolved = ResolveImageCall(call.get(), ctx, gate_, request->model(),
-                                   v1::ModelInfo::GENERATOR, request->images());
-  if (!resolved) return reactor;
-  ServedModel* m = resolved->model;
-  const at::Tensor images = resolved->images;
-  const int64_t n = images.size(0);
-  const ArmConfig& c = m->model.arm->config();
-  const AttentionCost cost = m->flops;
-  ScoreJob job;
-  job.images = images.permute({0, 2, 3, 1}).reshape({n, -1}).contiguous();
-  job.deadline = SteadyDeadline(ctx);
-  job.cancelled = [ctx] { return ctx->IsCancelled(); };
-  auto reply = [this, call, response, n, cost, name = m->spec.name,
-                scored = c.seq_len() - (c.start_token ? 0 : 1)](
-                   const absl::StatusOr<std::vector<double>>& bpd) {
-    if (!bpd.ok()) {
-      call->Finish(bpd.status());
-      return;
-    }
-    response->set_model(name);
-    double sum = 0;
-    for (double b : *bpd) {
-      response->add_bits_per_dim(b);
-      sum += b;
-    }
-    response->set_mean_bits_per_dim(sum / static_cast<double>(n));
-    response->set_scored_subpixels_per_image(static_cast<uint32_t>(scored));
-    response->set_flops_executed(cost.executed_flops * static_cast<double>(n));
-    response->set_flops_dense_equivalent(cost.dense_equivalent_flops * static_cast<double>(n));
-    if (observer_) {
-      observer_->OnFlops("Score", name, response->flops_executed(),
-                         response->flops_dense_equivalent());
-      observer_->OnImages("Score", name, n);
-    }
-    call->Finish(absl::OkStatus());
-  };
-  job.done = [this, reply = std::move(reply)](absl::StatusOr<std::vector<double>> bpd) {
-    replies_.Post([reply, bpd = std::move(bpd)] { reply(bpd); });
-  };
-  const absl::Status st = m->generator->EnqueueScore(std::move(job));
+  if (!call->Enter(ctx)) return reactor;
+  const absl::Status st = Guarded("Score", [&]() -> absl::Status {
+    auto resolved = ResolveImageCall(call.get(), *this, request->model(),
+                                     v1::ModelInfo::GENERATOR, request->images());
+    if (!resolved.ok()) return resolved.status();
+    ServedModel* m = resolved->model;
+    const at::Tensor& images = resolved->images;
+    const int64_t n = images.size(0);
+    const ArmConfig& c = m->model.arm->config();
+    const AttentionCost cost = m->flops;
+    ScoreJob job;
+    job.images = images.permute({0, 2, 3, 1}).reshape({n, -1}).contiguous();
+    job.deadline = SteadyDeadline(ctx);
+    job.cancelled = [ctx] { return ctx->IsCancelled(); };
+    auto reply = [this, call, response, n, cost, name = m->spec.name,
+                  scored = c.seq_len() - (c.start_token ? 0 : 1)](
+                     const absl::StatusOr<std::vector<double>>& bpd) {
+      call->Finish(Guarded("Score", [&]() -> absl::Status {
+        Fault("reply");
+        if (!bpd.ok()) return bpd.status();
+        response->set_model(name);
+        double sum = 0;
+        for (double b : *bpd) {
+          response->add_bits_per_dim(b);
+          sum += b;
+        }
+        response->set_mean_bits_per_dim(sum / static_cast<double>(n));
+        response->set_scored_subpixels_per_image(static_cast<uint32_t>(scored));
+        response->set_flops_executed(cost.executed_flops * static_cast<double>(n));
+        response->set_flops_dense_equivalent(cost.dense_equivalent_flops *
+                                             static_cast<double>(n));
+        if (observer_) {
+          observer_->OnFlops("Score", name, response->flops_executed(),
+                             response->flops_dense_equivalent());
+          observer_->OnImages("Score", name, n);
+        }
+        return absl::OkStatus();
+      }));
+    };
+    job.done = [this, reply = std::move(reply)](absl::StatusOr<std::vector<double>> bpd) {
+      replies_.Post([reply, bpd = std::move(bpd)] { reply(bpd); });
+    };
+    return m->generator->EnqueueScore(std::move(job));
+  });
   if (!st.ok()) call->Finish(st);
   return reactor;
 }

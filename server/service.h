@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -52,7 +53,7 @@ class Gate {
   absl::Status Enter(const grpc::CallbackServerContext* ctx);
   void Leave();
   // Waits until no call is in flight or `deadline`; true when idle.
-  bool WaitIdle(std::chrono::steady_clock::time_point deadline);
+  bool WaitIdle(std::chrono::steady_clock::time_point deadline) const;
   int64_t in_flight() const;
   const Registry* registry() const { return registry_.load(); }
   bool draining() const { return draining_.load(); }
@@ -62,14 +63,19 @@ class Gate {
   std::atomic<const Registry*> registry_{nullptr};
   std::atomic<bool> draining_{false};
   mutable std::mutex mu_;
-  std::condition_variable idle_;
+  mutable std::condition_variable idle_;
   int64_t in_flight_ = 0;
 };
 
 class KrauseService final : public v1::KrauseService::CallbackService {
  public:
-  explicit KrauseService(Gate* gate, CallObserver* observer = nullptr, int reply_threads = 1)
-      : gate_(gate), observer_(observer), replies_(reply_threads) {}
+  // fault_hook (tests only): called at named points of a call ("decode": before each request
+  // image or prompt is decoded; "reply": before a Classify or Score reply is built; "flush":
+  // before a Generate message is built), e.g. to throw and check that the call still ends with
+  // INTERNAL, is counted and leaves the gate.
+  explicit KrauseService(Gate* gate, CallObserver* observer = nullptr, int reply_threads = 1,
+                         std::function<void(const char* point)> fault_hook = nullptr)
+      : gate_(gate), observer_(observer), fault_(std::move(fault_hook)), replies_(reply_threads) {}
 
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* ctx,
                                        const v1::ListModelsRequest* request,
@@ -85,6 +91,10 @@ class KrauseService final : public v1::KrauseService::CallbackService {
   grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* ctx, const v1::ScoreRequest* request,
                                   v1::ScoreResponse* response) override;
 
+  void Fault(const char* point) const {
+    if (fault_) fault_(point);
+  }
+
   Gate* gate() const { return gate_; }
   CallObserver* observer() const { return observer_; }
   ReplyPool* replies() { return &replies_; }
@@ -92,6 +102,7 @@ class KrauseService final : public v1::KrauseService::CallbackService {
  private:
   Gate* const gate_;
   CallObserver* const observer_;
+  const std::function<void(const char*)> fault_;  // before replies_: its tasks may call it
   ReplyPool replies_;
 };
 

@@ -4,12 +4,30 @@
 
 #include <grpcpp/support/status.h>
 
+#include <exception>
+#include <string>
+
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace krause::server {
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 // The gRPC code's canonical name ("OK", "INVALID_ARGUMENT", ...), for logs and metrics labels.
 const char* GrpcCodeName(grpc::StatusCode code);
+
+// The barrier around every handler body and every reply built for a call: runs `body` (returning
+// absl::Status) and turns any exception it throws into INTERNAL naming `what` and the exception,
+// so that a call always ends with a status and leaves the gate.
+template <typename F>
+absl::Status Guarded(const char* what, F&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(what, ": internal error: ", e.what()));
+  } catch (...) {
+    return absl::InternalError(absl::StrCat(what, ": internal error (unknown exception)"));
+  }
+}
 
 }  // namespace krause::server

@@ -78,6 +78,78 @@ TEST(Safetensors, CorruptAndTruncatedFilesGiveClearErrors) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unsupported safetensors dtype")));
 }
 
+// A safetensors file from a header (JSON text) and `data_bytes` zero bytes of data.
+std::string Safetensors(const std::string& header, size_t data_bytes) {
+  std::string out(8, '\0');
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out + header + std::string(data_bytes, '\0');
+}
+
+// Hostile headers: each is refused with a message naming the problem, before any tensor is
+// allocated (the sizes claimed here would need exabytes).
+TEST(Safetensors, HostileHeadersAreRefusedBeforeAllocating) {
+  struct Case {
+    std::string header;
+    size_t data;
+    const char* error;
+  };
+  const std::vector<Case> cases = {
+      // Shapes whose product wraps 2^64 to a small number, and shapes over the file.
+      {R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,4],"data_offsets":[0,0]}})", 0,
+       "has 0 bytes, but shape x dtype needs over 2^64"},
+      {R"({"w":{"dtype":"F32","shape":[1000000,1000000],"data_offsets":[0,16]}})", 16,
+       "has 16 bytes, but shape x dtype needs 4000000000000"},
+      {R"({"w":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,4]}})", 4,
+       "bad shape"},
+      {R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4, "bad shape"},
+      // Offsets past the end, reversed, or not numbers.
+      {R"({"w":{"dtype":"U8","shape":[4],"data_offsets":[100,104]}})", 4, "lies outside"},
+      {R"({"w":{"dtype":"U8","shape":[0],"data_offsets":[3,2]}})", 4, "lies outside"},
+      {R"({"w":{"dtype":"U8","shape":[4],"data_offsets":["0",4]}})", 4, "bad offsets"},
+      // Overlapping tensors (many could claim the same bytes), holes, bytes left over.
+      {R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},)"
+       R"("b":{"dtype":"U8","shape":[8],"data_offsets":[0,8]}})",
+       8, "overlapping tensors"},
+      {R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+       R"("b":{"dtype":"U8","shape":[2],"data_offsets":[6,8]}})",
+       8, "(a hole)"},
+      {R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})", 8,
+       "the tensors cover 4 of the 8 data bytes"},
+      // A size that does not match shape x dtype; a bad dtype; wrong JSON types.
+      {R"({"w":{"dtype":"F16","shape":[3],"data_offsets":[0,8]}})", 8, "shape x dtype needs 6"},
+      {R"({"w":{"dtype":"F3","shape":[1],"data_offsets":[0,4]}})", 4,
+       "unsupported safetensors dtype \"F3\""},
+      {R"({"w":{"dtype":5,"shape":[1],"data_offsets":[0,4]}})", 4, "needs dtype, shape"},
+      {R"({"w":{"dtype":"F32","shape":{"a":1},"data_offsets":[0,4]}})", 4, "needs dtype, shape"},
+      {R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", 4, "needs dtype, shape"},
+      {R"({"w":[1,2,3]})", 4, "needs dtype, shape"},
+      {R"({"__metadata__":{"k":1}})", 0, "is not a string"},
+      {R"({"__metadata__":[]})", 0, "is not an object"},
+      {R"([1,2])", 0, "not a JSON object"},
+      {R"({"w":)", 0, "not a JSON object"},
+      {std::string(200000, '[') + std::string(200000, ']'), 0, "not a JSON object"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.header.substr(0, 120));
+    const auto r = ParseSafetensors(Safetensors(c.header, c.data));
+    ASSERT_FALSE(r.ok());
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.error));
+  }
+  // A header length far beyond the file, and beyond the 100 MiB header limit.
+  std::string huge = Safetensors("{}", 0);
+  huge[7] = 0x40;
+  EXPECT_THAT(ParseSafetensors(huge).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("does not fit the file")));
+  // Empty tensors (a zero dimension) are fine, at any offset the others leave.
+  KRAUSE_ASSERT_OK_AND_ASSIGN(
+      SafetensorsContents ok,
+      ParseSafetensors(Safetensors(R"({"e":{"dtype":"F32","shape":[0,1000000],"data_offsets":[0,0]},)"
+                                   R"("w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
+                                   2)));
+  ASSERT_EQ(ok.tensors.size(), 2u);
+}
+
 TEST(ParameterStore, StrictLoadListsEveryProblemAndChangesNothing) {
   ParameterStore p;
   p.Add("a", at::zeros({2, 3}));

@@ -6,6 +6,7 @@
 
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "model/data/datasets.h"
 #include "model/data/png.h"
 #include "tests/test_util.h"
@@ -104,6 +105,40 @@ TEST(Png, GrayAndRgbRoundTripAndCorruptData) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a valid PNG")));
   EXPECT_THAT(EncodePng(at::zeros({4, 4, 2}, at::kByte)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[H, W, 1 or 3]")));
+}
+
+// The header is checked before anything is decoded: a caller's check sees the header's size and
+// the channels it would get, and its refusal (or the absolute limit) comes back as is.
+TEST(Png, TheHeaderIsCheckedBeforeDecoding) {
+  KRAUSE_ASSERT_OK_AND_ASSIGN(std::string bytes, EncodePng(at::zeros({5, 7, 3}, at::kByte)));
+  PngInfo seen;
+  KRAUSE_ASSERT_OK_AND_ASSIGN(at::Tensor gray, DecodePng(bytes, 1, [&](const PngInfo& info) {
+                                seen = info;
+                                return absl::OkStatus();
+                              }));
+  EXPECT_EQ(seen.height, 5);
+  EXPECT_EQ(seen.width, 7);
+  EXPECT_EQ(seen.channels, 1);
+  EXPECT_EQ(gray.size(2), 1);
+  EXPECT_THAT(DecodePng(bytes, 0,
+                        [](const PngInfo& info) {
+                          return absl::InvalidArgumentError(absl::StrCat("no ", info.channels));
+                        })
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "no 3"));
+  // A header claiming 100000 x 100000 (IHDR rewritten, CRC fixed) is refused by the limit.
+  std::string liar = bytes;
+  auto put32 = [&](size_t at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) liar[at + i] = static_cast<char>((v >> (24 - 8 * i)) & 0xff);
+  };
+  put32(16, 100000);
+  put32(20, 100000);
+  put32(29, static_cast<uint32_t>(
+                crc32(0, reinterpret_cast<const Bytef*>(liar.data() + 12), 4 + 13)));
+  EXPECT_THAT(DecodePng(liar).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("claims 100000x100000x3 = 30000000000 bytes decoded, over the "
+                                 "limit of 67108864")));
 }
 
 TEST(FashionMnist, TheDebianPackageLoads) {

@@ -548,7 +548,7 @@ TEST_F(ServerTest, GenerateValidation) {
          *r->mutable_prompt() = RawImage(wide);
          r->set_prompt_rows(2);
        },
-       grpc::StatusCode::INVALID_ARGUMENT, "needs width 6"},
+       grpc::StatusCode::INVALID_ARGUMENT, "takes prompts of width 6"},
       {[&](v1::GenerateRequest* r) {
          *r->mutable_prompt() = RawImage(ok);
          r->set_prompt_rows(6);
@@ -710,6 +710,10 @@ TEST_F(ServerTest, TokenAuthentication) {
   EXPECT_EQ(call("secret-one"), grpc::StatusCode::UNAUTHENTICATED);  // no "Bearer "
   EXPECT_EQ(call("Bearer secret-one"), grpc::StatusCode::OK);
   EXPECT_EQ(call("Bearer secret-two"), grpc::StatusCode::OK);
+  // The scheme is case-insensitive, the token is not.
+  EXPECT_EQ(call("bearer secret-one"), grpc::StatusCode::OK);
+  EXPECT_EQ(call("BEARER secret-two"), grpc::StatusCode::OK);
+  EXPECT_EQ(call("bearer SECRET-ONE"), grpc::StatusCode::UNAUTHENTICATED);
   // Streams too, and nothing ran: no slot was taken.
   v1::GenerateRequest req;
   EXPECT_EQ(RunGenerate(*stub_, req, 0, "bad").status.error_code(),

@@ -59,7 +59,13 @@ absl::StatusOr<SafetensorsContents> ParseSafetensors(std::string_view bytes) {
     return absl::DataLossError("safetensors: the header is not a JSON object");
   }
   SafetensorsContents out;
-  std::vector<std::pair<uint64_t, std::pair<std::string, at::Tensor>>> by_offset;
+  struct Pending {  // a tensor checked against the file, not yet allocated
+    uint64_t begin, nbytes;
+    std::string name;
+    std::vector<int64_t> shape;
+    at::ScalarType type;
+  };
+  std::vector<Pending> by_offset;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
     const nlohmann::json& entry = it.value();
@@ -83,38 +89,70 @@ absl::StatusOr<SafetensorsContents> ParseSafetensors(std::string_view bytes) {
           absl::StrCat("safetensors: tensor \"", name, "\" needs dtype, shape and data_offsets"));
     }
     ASSIGN_OR_RETURN(const at::ScalarType type, TypeOf(entry["dtype"].get<std::string>()));
+    // Sizes are checked against the file before anything is allocated: no product may wrap, and
+    // a tensor's bytes must be its data range, which lies within the file.
+    if (entry["shape"].size() > 64)
+      return absl::DataLossError(absl::StrCat("safetensors: tensor \"", name, "\" has ",
+                                              entry["shape"].size(), " dimensions (at most 64)"));
     std::vector<int64_t> shape;
-    uint64_t numel = 1;
+    uint64_t nbytes = c10::elementSize(type);
+    bool wraps = false, zero = false;
     for (const auto& s : entry["shape"]) {
-      if (!s.is_number_unsigned()) {
+      if (!s.is_number_unsigned() || s.get<uint64_t>() > (uint64_t{1} << 48)) {
         return absl::DataLossError(absl::StrCat("safetensors: tensor \"", name, "\": bad shape"));
       }
-      shape.push_back(s.get<int64_t>());
-      numel *= s.get<uint64_t>();
+      const uint64_t dim = s.get<uint64_t>();
+      shape.push_back(static_cast<int64_t>(dim));
+      zero = zero || dim == 0;
+      wraps = wraps || __builtin_mul_overflow(nbytes, dim, &nbytes);
+    }
+    if (zero) {
+      nbytes = 0;
+      wraps = false;
     }
     const auto& offs = entry["data_offsets"];
     if (!offs[0].is_number_unsigned() || !offs[1].is_number_unsigned()) {
       return absl::DataLossError(absl::StrCat("safetensors: tensor \"", name, "\": bad offsets"));
     }
     const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
-    const uint64_t nbytes = numel * c10::elementSize(type);
     if (begin > end || end > data.size()) {
       return absl::DataLossError(absl::StrCat("safetensors: tensor \"", name, "\" data [", begin,
                                               ", ", end, ") lies outside the ", data.size(),
                                               " data bytes (truncated file?)"));
     }
-    if (end - begin != nbytes) {
+    if (wraps || end - begin != nbytes) {
       return absl::DataLossError(absl::StrCat("safetensors: tensor \"", name, "\" has ",
                                               end - begin, " bytes, but shape x dtype needs ",
-                                              nbytes));
+                                              wraps ? "over 2^64" : absl::StrCat(nbytes)));
     }
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
-    if (nbytes > 0) std::memcpy(t.data_ptr(), data.data() + begin, nbytes);
-    by_offset.push_back({begin, {name, std::move(t)}});
+    by_offset.push_back({begin, nbytes, name, std::move(shape), type});
   }
   std::stable_sort(by_offset.begin(), by_offset.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (auto& [offset, named] : by_offset) out.tensors.push_back(std::move(named));
+                   [](const Pending& a, const Pending& b) { return a.begin < b.begin; });
+  // The data is indexed entirely, without overlaps or holes (the format's rule): each tensor
+  // starts where the previous one ends. Checked before any allocation, so the tensors together
+  // never take more than the file's bytes.
+  uint64_t expect = 0;
+  for (const Pending& p : by_offset) {
+    if (p.begin != expect)
+      return absl::DataLossError(absl::StrCat(
+          "safetensors: tensor \"", p.name, "\" starts at data byte ", p.begin, ", but ",
+          p.begin < expect ? "the previous tensor ends at " : "the data before it ends at ",
+          expect, p.begin < expect ? " (overlapping tensors)" : " (a hole)"));
+    expect = p.begin + p.nbytes;
+  }
+  if (expect != data.size())
+    return absl::DataLossError(absl::StrCat("safetensors: the tensors cover ", expect, " of the ",
+                                            data.size(), " data bytes"));
+  try {
+    for (const Pending& p : by_offset) {
+      at::Tensor t = at::empty(p.shape, at::TensorOptions().dtype(p.type));
+      if (p.nbytes > 0) std::memcpy(t.data_ptr(), data.data() + p.begin, p.nbytes);
+      out.tensors.push_back({p.name, std::move(t)});
+    }
+  } catch (const std::exception& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("safetensors: ", e.what()));
+  }
   return out;
 }
 

@@ -13,21 +13,44 @@
 
 namespace krause {
 
-absl::StatusOr<at::Tensor> DecodePng(std::string_view bytes, int channels) {
+absl::StatusOr<at::Tensor> DecodePng(std::string_view bytes, int channels,
+                                     const PngHeaderCheck& check) {
   if (channels != 0 && channels != 1 && channels != 3) {
     return absl::InvalidArgumentError(absl::StrCat("channels must be 0, 1 or 3, got ", channels));
   }
   png_image image;
   std::memset(&image, 0, sizeof(image));
   image.version = PNG_IMAGE_VERSION;
+  // Reads the signature and the header chunks only: nothing is decompressed yet.
   if (!png_image_begin_read_from_memory(&image, bytes.data(), bytes.size())) {
     const std::string msg = image.message;
     png_image_free(&image);
     return absl::InvalidArgumentError(absl::StrCat("not a valid PNG: ", msg));
   }
   if (channels == 0) channels = (image.format & PNG_FORMAT_FLAG_COLOR) ? 3 : 1;
+  const PngInfo info{static_cast<int64_t>(image.height), static_cast<int64_t>(image.width),
+                     channels};
+  // The caller's check first (its message is the more specific one), then the absolute limit.
+  absl::Status st = check ? check(info) : absl::OkStatus();
+  const int64_t decoded = info.height * info.width * info.channels;  // < 2^64: 32-bit sides
+  if (st.ok() && decoded > kMaxPngDecodedBytes) {
+    st = absl::InvalidArgumentError(absl::StrCat(
+        "the PNG header claims ", info.height, "x", info.width, "x", info.channels, " = ", decoded,
+        " bytes decoded, over the limit of ", kMaxPngDecodedBytes));
+  }
+  if (!st.ok()) {
+    png_image_free(&image);
+    return st;
+  }
   image.format = channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
-  at::Tensor out = at::empty({image.height, image.width, channels}, at::kByte);
+  at::Tensor out;
+  try {
+    out = at::empty({info.height, info.width, channels}, at::kByte);
+  } catch (const std::exception& e) {
+    png_image_free(&image);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", decoded, " bytes for a PNG: ", e.what()));
+  }
   if (!png_image_finish_read(&image, nullptr, out.data_ptr(), 0, nullptr)) {
     const std::string msg = image.message;
     png_image_free(&image);
