@@ -40,7 +40,8 @@ PackedLinear PackLinear(const ParameterStore& p, const std::vector<std::string>&
 // A tensor's values as fp32.
 std::vector<float> Floats(const at::Tensor& t);
 
-// y = (x - mean) / sqrt(var + 1e-5) * w + b over one row; moments in double, in index order.
+// y = (x - mean) / sqrt(var + 1e-5) * w + b over one row; moments in double, summed in a fixed
+// order (8 interleaved lanes, then a tree), the same for every row.
 void LayerNormRow(const float* x, int64_t d, const float* w, const float* b, float* y);
 // The erf GELU, as torch.nn.GELU() (the vectorised kernel of cpu_kernels.h).
 void GeluRow(const float* x, int64_t n, float* y);
