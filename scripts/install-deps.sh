@@ -11,7 +11,7 @@ PACKAGES=(
   libtorch-dev libopenblas0-pthread
   # gRPC, protobuf, Abseil, Prometheus
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
-  prometheus-cpp-dev
+  prometheus-cpp-dev libcivetweb-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   # the TLS tests make throw-away certificates

@@ -1,39 +1,52 @@
-// A minimal HTTP/1.0 endpoint serving one GET path (Prometheus /metrics): one thread accepting
-// on a listening socket, one response per connection. Anything but GET of that path gets 404.
-// Thread-safety: the body callback runs on the endpoint's thread.
+// The HTTP endpoint of one GET path (Prometheus /metrics), on civetweb (Debian's libcivetweb, the
+// server prometheus-cpp's own Exposer uses): a pool of worker threads, so that one slow or idle
+// client holds one thread, not the endpoint, and a bounded time to read a request's headers, so
+// that it holds it for at most `request_timeout_ms`. Optional bearer tokens. Anything but GET (or
+// HEAD) of the path gets 404 / 405.
+// Thread-safety: the body callback runs on the endpoint's worker threads, concurrently.
 #pragma once
 
-#include <atomic>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 
+class CivetServer;
+
 namespace krause::server {
+
+struct HttpEndpointOptions {
+  // "host:port" (port 0: any free port; host empty or 0.0.0.0: every IPv4 interface; [::1]:p for
+  // IPv6).
+  std::string address;
+  std::string path = "/metrics";
+  std::string content_type = "text/plain; version=0.0.4";
+  std::function<std::string()> body;
+  // Non-empty: a request needs "Authorization: Bearer <one of these>" (the scheme in any case),
+  // else 401.
+  std::set<std::string> tokens;
+  int threads = 32;                 // connections served at once
+  int request_timeout_ms = 2000;    // to read a request's headers (a slow client's limit)
+};
 
 class HttpEndpoint {
  public:
-  // address "host:port" (port 0: any free port; host empty or 0.0.0.0: every interface).
-  static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Start(const std::string& address,
-                                                             std::string path,
-                                                             std::string content_type,
-                                                             std::function<std::string()> body);
+  static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Start(HttpEndpointOptions options);
   ~HttpEndpoint();
   int port() const { return port_; }
 
  private:
+  class Handler;
   HttpEndpoint() = default;
-  void Loop();
-  void Serve(int fd);
 
-  int listen_fd_ = -1;
-  int wake_[2] = {-1, -1};  // a pipe that ends the accept loop
+  HttpEndpointOptions options_;
+  std::unique_ptr<Handler> handler_;
+  std::unique_ptr<CivetServer> server_;
   int port_ = 0;
-  std::string path_, content_type_;
-  std::function<std::string()> body_;
-  std::thread thread_;
+  std::string wake_host_;  // where a local connection reaches the listener (close)
+  int wake_family_ = 0;
 };
 
 }  // namespace krause::server

@@ -40,7 +40,12 @@ ABSL_FLAG(std::string, tls_client_ca, "",
 ABSL_FLAG(std::string, auth_tokens, "",
           "file of bearer tokens, one per line: calls need 'authorization: Bearer <token>'");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
-          "address:port for Prometheus text metrics at /metrics (empty: off)");
+          "address:port for Prometheus text metrics at /metrics (empty: off); every interface "
+          "by default, so that Prometheus can scrape the pod: use 127.0.0.1:9464 or "
+          "--metrics_tokens to keep it private");
+ABSL_FLAG(std::string, metrics_tokens, "",
+          "file of bearer tokens, one per line: scrapes need 'Authorization: Bearer <token>' "
+          "(separate from --auth_tokens)");
 ABSL_FLAG(bool, quiet, false, "no log lines on stderr");
 ABSL_FLAG(std::string, port_file, "",
           "once serving, write the port listened on to this file (for scripts and --listen :0)");
@@ -89,6 +94,7 @@ int main(int argc, char** argv) {
   o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   o.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.metrics_tokens_file = absl::GetFlag(FLAGS_metrics_tokens);
   o.quiet = absl::GetFlag(FLAGS_quiet);
   if (o.reply_threads < 1 || o.reply_threads > 64) {
     std::fprintf(stderr, "krause-server: --reply_threads must be in [1, 64], got %d\n",

@@ -166,9 +166,12 @@ Metrics::Metrics()
 
 Metrics::~Metrics() { http_.reset(); }
 
-absl::StatusOr<int> Metrics::Listen(const std::string& address) {
-  auto http = HttpEndpoint::Start(address, "/metrics", "text/plain; version=0.0.4",
-                                  [this] { return Scrape(); });
+absl::StatusOr<int> Metrics::Listen(const std::string& address, std::set<std::string> tokens) {
+  HttpEndpointOptions o;
+  o.address = address;
+  o.body = [this] { return Scrape(); };
+  o.tokens = std::move(tokens);
+  auto http = HttpEndpoint::Start(std::move(o));
   if (!http.ok())
     return absl::Status(http.status().code(), absl::StrCat("metrics: ", http.status().message()));
   http_ = std::move(*http);

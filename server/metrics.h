@@ -1,5 +1,5 @@
 // Prometheus metrics of krause-server (prometheus-cpp's metric types and text format), served on
-// `/metrics` on their own port by a small HTTP/1.0 endpoint (server/http_endpoint.h). Names follow
+// `/metrics` on their own port by civetweb (server/http_endpoint.h). Names follow
 // Prometheus conventions (base units, _total, _seconds, _bytes); labels are model (a served model's
 // name, or "" when the request named none that exists), rpc and code, so cardinality is bounded by
 // the manifest. Gauges of queues, sequences and caches are read from the registry at scrape time.
@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/status/status.h"
@@ -26,8 +27,9 @@ class Metrics : public CallObserver {
   Metrics();
   ~Metrics() override;
 
-  // Serves /metrics on host:port (port 0: any free port). Returns the port.
-  absl::StatusOr<int> Listen(const std::string& address);
+  // Serves /metrics on host:port (port 0: any free port); with `tokens`, a scrape needs
+  // "Authorization: Bearer <token>". Returns the port.
+  absl::StatusOr<int> Listen(const std::string& address, std::set<std::string> tokens = {});
   // The registry whose queues and caches the gauges report (null: none yet).
   void SetRegistry(const Registry* registry);
   // Worker hooks feeding the batch, step and generation metrics.

@@ -62,6 +62,7 @@ struct ServerOptions {
   std::string tls_cert, tls_key, tls_client_ca;
   std::string auth_tokens_file;  // one token per line ('#' comments); empty: no auth
   std::string metrics_listen;    // host:port for Prometheus /metrics; empty: off
+  std::string metrics_tokens_file;  // tokens a scrape must send as a bearer token; empty: none
   bool quiet = false;
   // Tests only (no flag): see KrauseService's fault hook.
   std::function<void(const char* point)> fault_hook_for_test;

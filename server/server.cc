@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -74,9 +75,16 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   auto creds = Credentials(options);
   if (!creds.ok()) return creds.status();
 
+  std::set<std::string> metrics_tokens;
+  if (!options.metrics_tokens_file.empty()) {
+    auto tokens = ReadTokens(options.metrics_tokens_file);
+    if (!tokens.ok()) return tokens.status();
+    metrics_tokens.insert(tokens->begin(), tokens->end());
+  }
+
   s->metrics_ = std::make_unique<Metrics>();
   if (!options.metrics_listen.empty()) {
-    auto port = s->metrics_->Listen(options.metrics_listen);
+    auto port = s->metrics_->Listen(options.metrics_listen, std::move(metrics_tokens));
     if (!port.ok()) return port.status();
     s->metrics_port_ = *port;
   }

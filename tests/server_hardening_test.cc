@@ -3,7 +3,11 @@
 // to huge sizes are refused from their header before anything is allocated.
 #include <ATen/ATen.h>
 #include <grpcpp/generic/generic_stub.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <png.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <map>
@@ -321,6 +325,113 @@ TEST_F(HardeningTest, AnUnparseableRequestIsRefusedByGrpcAndChangesNothing) {
   cq.Shutdown();
   while (cq.Next(&tag, &ok)) {
   }
+}
+
+// A TCP connection to 127.0.0.1:port (or -1).
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Sends `request` as is and returns everything the server sends until it closes (5 s at most).
+std::string RawHttp(int port, const std::string& request) {
+  const int fd = Connect(port);
+  if (fd < 0) return "";
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  EXPECT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(request.size()));
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return out;
+}
+
+// /metrics is served by a pool: a client trickling its request a byte every 1.5 s, and 66 idle
+// connections, hold at most their own threads (each until the 2 s request timeout), so a scrape
+// beside them still answers within Prometheus' default 10 s scrape timeout (the old
+// one-connection-at-a-time endpoint delayed it by 23 s, or timed it out).
+TEST_F(HardeningTest, SlowAndIdleMetricsClientsDoNotBlindTheScrape) {
+  Start();
+  const int port = server_->metrics_port();
+  std::atomic<bool> stop{false};
+  std::thread slow([&] {
+    const int fd = Connect(port);
+    const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
+    for (size_t i = 0; i < request.size() && !stop.load(); ++i) {
+      if (send(fd, request.data() + i, 1, MSG_NOSIGNAL) != 1) break;  // closed by the timeout
+      for (int t = 0; t < 15 && !stop.load(); ++t)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    close(fd);
+  });
+  std::vector<int> idle;
+  for (int i = 0; i < 66; ++i) idle.push_back(Connect(port));
+  for (int fd : idle) EXPECT_GE(fd, 0);
+  auto text = client::HttpGet("127.0.0.1:" + std::to_string(port), "/metrics", 10);
+  EXPECT_TRUE(text.ok()) << text.status();
+  if (text.ok()) {
+    EXPECT_NE(text->find("krause_build_info"), std::string::npos);
+  }
+  stop = true;
+  slow.join();
+  for (int fd : idle) close(fd);
+  // Other paths and methods.
+  EXPECT_NE(RawHttp(port, "GET /other HTTP/1.0\r\n\r\n").find(" 404 "), std::string::npos);
+  EXPECT_NE(RawHttp(port, "POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n").find(" 405 "),
+            std::string::npos);
+}
+
+// With --metrics_tokens a scrape needs a bearer token (the scheme in any case).
+TEST_F(HardeningTest, MetricsTokensAreRequiredWhenConfigured) {
+  WriteText(models_.dir + "/scrape-tokens", "# Prometheus\nscrape-secret\n");
+  server::ServerOptions o = LoopbackOptions(models_.manifest);
+  o.metrics_listen = "127.0.0.1:0";
+  o.metrics_tokens_file = models_.dir + "/scrape-tokens";
+  auto s = server::KrauseServer::Start(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  server_ = std::move(*s);
+  const int port = server_->metrics_port();
+  auto get = [&](const std::string& auth) {
+    return RawHttp(port, "GET /metrics HTTP/1.0\r\n" +
+                             (auth.empty() ? "" : "Authorization: " + auth + "\r\n") + "\r\n");
+  };
+  EXPECT_NE(get("").find("401 Unauthorized"), std::string::npos);
+  EXPECT_NE(get("Bearer wrong").find("401 Unauthorized"), std::string::npos);
+  EXPECT_NE(get("Basic c2NyYXBlLXNlY3JldA==").find("401 Unauthorized"), std::string::npos);
+  const std::string ok = get("Bearer scrape-secret");
+  EXPECT_NE(ok.find("200 OK"), std::string::npos) << ok.substr(0, 200);
+  EXPECT_NE(ok.find("krause_build_info"), std::string::npos);
+  EXPECT_NE(get("bearer scrape-secret").find("200 OK"), std::string::npos);
+  EXPECT_FALSE(client::HttpGet("127.0.0.1:" + std::to_string(port), "/metrics").ok());
+}
+
+// An idle server with a connected client stops at once: nothing is in flight, so the drain and
+// gRPC's own shutdown have nothing to wait for (it took 2 s, gRPC's shutdown deadline, while a
+// client kept its connection open).
+TEST_F(HardeningTest, AnIdleServerWithAConnectedClientStopsAtOnce) {
+  Start();
+  ASSERT_TRUE(Classify(Raw8(3)).ok());  // the client's channel stays connected
+  ASSERT_TRUE(server_->gate().WaitIdle(std::chrono::steady_clock::now() + std::chrono::seconds(5)));
+  const auto t0 = std::chrono::steady_clock::now();
+  server_->Shutdown();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(seconds, 1.0) << "Shutdown of an idle server took " << seconds << " s";
+  server_.reset();
 }
 
 // Prompts are bounded too: the model's width and channels, at most its height.
