@@ -34,25 +34,25 @@ absl::Status CheckRange(const std::string& field, int64_t v, int64_t lo, int64_t
 // Reads m[key] into *out when present; a value of the wrong JSON type is InvalidArgument naming
 // the key, the type it needs and what it got (no conversion: 2.5 is not an integer, "1" is not a
 // number).
-absl::Status ReadKey(const nlohmann::json& m, const char* key, const std::string& where,
-                     std::string* out) {
+template <typename T>
+absl::Status ReadTyped(const nlohmann::json& m, const char* key, const std::string& where,
+                       bool (nlohmann::json::*has_type)() const noexcept, const char* want,
+                       T* out) {
   const auto it = m.find(key);
   if (it == m.end()) return absl::OkStatus();
-  if (!it->is_string())
+  if (!((*it).*has_type)())
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ".", key, " must be a string, got ", it->type_name()));
-  *out = it->get<std::string>();
+        absl::StrCat(where, ".", key, " must be ", want, ", got ", it->type_name()));
+  *out = it->get<T>();
   return absl::OkStatus();
 }
 absl::Status ReadKey(const nlohmann::json& m, const char* key, const std::string& where,
+                     std::string* out) {
+  return ReadTyped(m, key, where, &nlohmann::json::is_string, "a string", out);
+}
+absl::Status ReadKey(const nlohmann::json& m, const char* key, const std::string& where,
                      bool* out) {
-  const auto it = m.find(key);
-  if (it == m.end()) return absl::OkStatus();
-  if (!it->is_boolean())
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ".", key, " must be true or false, got ", it->type_name()));
-  *out = it->get<bool>();
-  return absl::OkStatus();
+  return ReadTyped(m, key, where, &nlohmann::json::is_boolean, "true or false", out);
 }
 absl::Status ReadKey(const nlohmann::json& m, const char* key, const std::string& where,
                      int64_t* out) {
