@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs every Debian package that krause-serve's build, tests, benchmarks and tools use.
 # Idempotent: packages already present are left alone; safe to run on every build.
-# Usage: scripts/install-deps.sh            (as root, or with sudo available)
+# Usage: scripts/install-deps.sh [--fuzz]   (as root, or with sudo available)
+#   --fuzz: also clang-14 with libFuzzer and the sanitizer runtimes (scripts/fuzz.sh; kept out of
+#           the default set so that images built with this script do not carry a compiler twice)
 set -euo pipefail
 
 PACKAGES=(
@@ -27,6 +29,12 @@ PACKAGES=(
   # PyTorch for the checkpoint converter and its test
   python3 python3-torch python3-numpy
 )
+if [ "${1:-}" = --fuzz ]; then
+  PACKAGES+=(clang-14 libclang-rt-14-dev libomp-14-dev)
+elif [ -n "${1:-}" ]; then
+  echo "install-deps: unknown argument $1 (usage: install-deps.sh [--fuzz])" >&2
+  exit 2
+fi
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi

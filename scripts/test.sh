@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what it needs, builds, and runs every ctest test (labels unit,
-# parity, e2e; gpu tests skip themselves without a GPU). Extra arguments go to ctest, e.g.
+# The whole test suite: installs what it needs, builds, runs every ctest test (labels unit,
+# parity, e2e; gpu tests skip themselves without a GPU), then the fuzzers for 30 s each
+# (scripts/fuzz.sh; FUZZ_SECONDS=0 skips them). Extra arguments go to ctest, e.g.
 #   scripts/test.sh -L parity
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/build.sh
 BUILD_DIR=${BUILD_DIR:-build}
-cd "$BUILD_DIR"
-ctest --output-on-failure -j "$(nproc)" --timeout 900 "$@"
+(cd "$BUILD_DIR" && ctest --output-on-failure -j "$(nproc)" --timeout 900 "$@")
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+if [ "$FUZZ_SECONDS" != 0 ]; then
+  scripts/fuzz.sh "$FUZZ_SECONDS"
+fi
