@@ -28,6 +28,8 @@ PACKAGES=(
   dataset-fashion-mnist
   # PyTorch for the checkpoint converter and its test
   python3 python3-torch python3-numpy
+  # the soak's clients (tests/soak.py: gRPC from Python, messages from the .proto at run time)
+  python3-grpcio python3-protobuf
 )
 if [ "${1:-}" = --fuzz ]; then
   PACKAGES+=(clang-14 libclang-rt-14-dev libomp-14-dev)

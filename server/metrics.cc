@@ -60,6 +60,10 @@ class Metrics::Gauges : public prometheus::Collectable {
     std::lock_guard<std::mutex> l(mu_);
     registry_ = r;
   }
+  void SetGate(const Gate* g) {
+    std::lock_guard<std::mutex> l(mu_);
+    gate_ = g;
+  }
   std::vector<prometheus::MetricFamily> Collect() const override {
     using prometheus::MetricType;
     auto queued = Family("krause_queued_images",
@@ -77,7 +81,16 @@ class Metrics::Gauges : public prometheus::Collectable {
     auto bytes_used =
         Family("krause_kv_cache_bytes_in_use",
                "Bytes of the generator's KV cache held by active sequences.", MetricType::Gauge);
+    auto calls = Family("krause_calls_in_flight",
+                        "KrauseService calls in flight: past the gate (token, drain), not yet "
+                        "finished. 0 when the server is idle.",
+                        MetricType::Gauge);
     std::lock_guard<std::mutex> l(mu_);
+    if (gate_ != nullptr) {
+      prometheus::ClientMetric m;
+      m.gauge.value = static_cast<double>(gate_->in_flight());
+      calls.metric.push_back(std::move(m));
+    }
     if (registry_ != nullptr) {
       for (const auto& m : registry_->models()) {
         const std::string& name = m->spec.name;
@@ -95,12 +108,13 @@ class Metrics::Gauges : public prometheus::Collectable {
         }
       }
     }
-    return {queued, active, slots, used, bytes, bytes_used};
+    return {calls, queued, active, slots, used, bytes, bytes_used};
   }
 
  private:
   mutable std::mutex mu_;
   const Registry* registry_ = nullptr;
+  const Gate* gate_ = nullptr;
 };
 
 Metrics::Metrics()
@@ -179,6 +193,7 @@ absl::StatusOr<int> Metrics::Listen(const std::string& address, std::set<std::st
 }
 
 void Metrics::SetRegistry(const Registry* registry) { gauges_->Set(registry); }
+void Metrics::SetGate(const Gate* gate) { gauges_->SetGate(gate); }
 
 std::string Metrics::Scrape() const {
   std::vector<prometheus::MetricFamily> families = prom_->Collect();

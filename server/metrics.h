@@ -32,6 +32,8 @@ class Metrics : public CallObserver {
   absl::StatusOr<int> Listen(const std::string& address, std::set<std::string> tokens = {});
   // The registry whose queues and caches the gauges report (null: none yet).
   void SetRegistry(const Registry* registry);
+  // The gate whose calls in flight krause_calls_in_flight reports (null: none).
+  void SetGate(const Gate* gate);
   // Worker hooks feeding the batch, step and generation metrics.
   WorkerHooks Hooks();
   // The text exposition (what /metrics serves), for tests and debugging.

@@ -83,6 +83,7 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   }
 
   s->metrics_ = std::make_unique<Metrics>();
+  s->metrics_->SetGate(&s->gate_);  // the gate outlives the metrics (declared first)
   if (!options.metrics_listen.empty()) {
     auto port = s->metrics_->Listen(options.metrics_listen, std::move(metrics_tokens));
     if (!port.ok()) return port.status();
