@@ -11,10 +11,11 @@ EACH=${1:-60}
 BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
 scripts/install-deps.sh --fuzz
 start=$(date +%s)
+mkdir -p "$BUILD"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKRAUSE_FUZZ=ON -DKRAUSE_BUILD_TESTS=OFF \
-  -DKRAUSE_BUILD_BENCH=OFF -DKRAUSE_USE_PCH=OFF -DKRAUSE_WITH_CUDA=OFF > "$BUILD.configure.log" 2>&1 ||
-  { cat "$BUILD.configure.log" >&2; exit 1; }
+  -DKRAUSE_BUILD_BENCH=OFF -DKRAUSE_USE_PCH=OFF -DKRAUSE_WITH_CUDA=OFF > "$BUILD/configure.log" 2>&1 ||
+  { cat "$BUILD/configure.log" >&2; exit 1; }
 targets=(png image safetensors manifest)
 ninja -C "$BUILD" $(printf 'fuzz_%s ' "${targets[@]}")
 echo "fuzz: built in $(( $(date +%s) - start )) s; ${EACH} s per target"
