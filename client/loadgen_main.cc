@@ -125,73 +125,58 @@ class LoadGen {
       classify =
           std::uniform_real_distribution<double>(0, 1)(rng_) < absl::GetFlag(FLAGS_mix_classify);
     }
+    const int k = std::max(1, absl::GetFlag(FLAGS_images_per_request));
     if (w == "getmodel") {  // the RPC floor: a call that runs no model
-      struct Call {
-        grpc::ClientContext ctx;
-        v1::GetModelRequest req;
-        v1::ModelInfo resp;
-        Clock::time_point start;
-      };
-      auto* c = new Call;
-      krause::client::PrepareContext(conn_, &c->ctx);
-      c->req.set_name(model_name_);
-      c->start = Clock::now();
-      stub.async()->GetModel(&c->ctx, &c->req, &c->resp, [this, c, measured, done](grpc::Status st) {
-        Record("GetModel", measured, st, Seconds(Clock::now() - c->start), 0);
-        delete c;
-        in_flight_.fetch_sub(1);
-        done();
-      });
+      v1::GetModelRequest req;
+      req.set_name(model_name_);
+      Unary<v1::ModelInfo>("GetModel", std::move(req), 0, measured, std::move(done),
+                           [&stub](auto&&... a) { stub.async()->GetModel(a...); });
       return;
     }
     if (w == "score") {
-      struct Call {
-        grpc::ClientContext ctx;
-        v1::ScoreRequest req;
-        v1::ScoreResponse resp;
-        Clock::time_point start;
-      };
-      auto* c = new Call;
-      krause::client::PrepareContext(conn_, &c->ctx);
-      c->req.set_model(absl::GetFlag(FLAGS_generate_model));
-      const int k = std::max(1, absl::GetFlag(FLAGS_images_per_request));
-      for (int i = 0; i < k; ++i) *c->req.add_images() = images_[(n * k + i) % images_.size()];
-      c->start = Clock::now();
-      stub.async()->Score(&c->ctx, &c->req, &c->resp,
-                          [this, c, measured, k, done](grpc::Status st) {
-                            Record("Score", measured, st, Seconds(Clock::now() - c->start),
-                                   st.ok() ? k : 0);
-                            delete c;
-                            in_flight_.fetch_sub(1);
-                            done();
-                          });
+      v1::ScoreRequest req;
+      req.set_model(absl::GetFlag(FLAGS_generate_model));
+      for (int i = 0; i < k; ++i) *req.add_images() = images_[(n * k + i) % images_.size()];
+      Unary<v1::ScoreResponse>("Score", std::move(req), k, measured, std::move(done),
+                               [&stub](auto&&... a) { stub.async()->Score(a...); });
       return;
     }
     if (classify) {
-      struct Call {
-        grpc::ClientContext ctx;
-        v1::ClassifyRequest req;
-        v1::ClassifyResponse resp;
-        Clock::time_point start;
-      };
-      auto* c = new Call;
-      krause::client::PrepareContext(conn_, &c->ctx);
-      c->req.set_model(absl::GetFlag(FLAGS_classify_model));
-      c->req.set_top_k(1);
-      const int k = std::max(1, absl::GetFlag(FLAGS_images_per_request));
-      for (int i = 0; i < k; ++i) *c->req.add_images() = images_[(n * k + i) % images_.size()];
-      c->start = Clock::now();
-      stub.async()->Classify(
-          &c->ctx, &c->req, &c->resp, [this, c, measured, k, done](grpc::Status st) {
-            Record("Classify", measured, st, Seconds(Clock::now() - c->start), st.ok() ? k : 0);
-            delete c;
-            in_flight_.fetch_sub(1);
-            done();
-          });
+      v1::ClassifyRequest req;
+      req.set_model(absl::GetFlag(FLAGS_classify_model));
+      req.set_top_k(1);
+      for (int i = 0; i < k; ++i) *req.add_images() = images_[(n * k + i) % images_.size()];
+      Unary<v1::ClassifyResponse>("Classify", std::move(req), k, measured, std::move(done),
+                                  [&stub](auto&&... a) { stub.async()->Classify(a...); });
     } else {
       const v1::Image* prompt = w == "complete" ? &images_[n % images_.size()] : nullptr;
       new GenerateCall(this, stub, n, measured, prompt, std::move(done));
     }
+  }
+
+  // One asynchronous unary call of `req`, started by `start(ctx, req, resp, callback)` (the
+  // stub's async method); when it ends it is recorded under `rpc`, with `images` counted if OK.
+  template <typename Resp, typename Req, typename Start>
+  void Unary(const char* rpc, Req req, int64_t images, bool measured, std::function<void()> done,
+             Start start) {
+    struct Call {
+      grpc::ClientContext ctx;
+      Req req;
+      Resp resp;
+      Clock::time_point start;
+    };
+    auto* c = new Call;
+    krause::client::PrepareContext(conn_, &c->ctx);
+    c->req = std::move(req);
+    c->start = Clock::now();
+    start(&c->ctx, &c->req, &c->resp,
+          std::function<void(grpc::Status)>(
+              [this, c, rpc, images, measured, done = std::move(done)](grpc::Status st) {
+                Record(rpc, measured, st, Seconds(Clock::now() - c->start), st.ok() ? images : 0);
+                delete c;
+                in_flight_.fetch_sub(1);
+                done();
+              }));
   }
 
   void Record(const char* rpc, bool measured, const grpc::Status& st, double seconds,
