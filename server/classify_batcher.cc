@@ -19,6 +19,7 @@ ClassifyBatcher::ClassifyBatcher(std::shared_ptr<const ViT> model, std::string d
     : model_(std::move(model)),
       packed_(std::move(packed)),
       device_(std::move(device)),
+      packed_cpu_(packed_ != nullptr && at::Device(device_).is_cpu()),
       options_(options),
       on_batch_(std::move(on_batch)) {
   thread_ = std::thread([this] { Loop(); });
@@ -40,7 +41,7 @@ absl::Status ClassifyBatcher::Enqueue(ClassifyJob job) {
     arrival.queue_empty = queue_.empty();
     arrival.batch_running = running_;
     arrival.stopping = stopping_;
-    arrival.caller_may_run = packed_ != nullptr && at::Device(device_).is_cpu();
+    arrival.caller_may_run = packed_cpu_;
     arrival.max_queue_delay = options_.max_queue_delay;
     arrival.images = n;
     arrival.max_batch_size = options_.max_batch_size;

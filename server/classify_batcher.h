@@ -88,6 +88,7 @@ class ClassifyBatcher {
   const std::shared_ptr<const ViT> model_;
   const std::shared_ptr<const CpuViT> packed_;
   const std::string device_;
+  const bool packed_cpu_;  // the packed CPU forward runs batches (and may run them on arrival)
   const BatchingOptions options_;
   const std::function<void(const BatchEvent&)> on_batch_;
 
