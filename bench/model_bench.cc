@@ -148,7 +148,10 @@ int main(int argc, char** argv) {
       std::printf(
           "{\"what\":\"%s\",\"impl\":\"%s\",\"batch\":%lld,\"runs\":%zu,"
           "\"median_seconds\":%.6g,\"images_per_second\":%.6g,\"threads\":%d}\n",
-          what.c_str(), what == "score" ? "libtorch" : reference ? "libtorch" : "packed",
+          what.c_str(),
+          what == "score" ? "libtorch"
+          : reference     ? "libtorch"
+                          : "packed",
           static_cast<long long>(b), times.size(), median, b / median, t.intra_op);
       std::fflush(stdout);
     }

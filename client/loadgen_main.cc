@@ -9,10 +9,10 @@
 // Closed loop: --concurrency calls always in flight (each finished call starts the next).
 // Open loop: calls start at --rate per second (constant spacing or Poisson), however many are
 // in flight. Reports throughput, latency percentiles, time to the first message and to the first
-// pixels and the gaps between a running stream's chunks, errors by status code; --metrics HOST:PORT also scrapes the server's
-// /metrics before and after and reports the server's view (FLOP savings, batch sizes).
-// SIGINT or SIGTERM ends the load early: no new calls, the ones in flight finish, the report
-// covers what was measured.
+// pixels and the gaps between a running stream's chunks, errors by status code; --metrics HOST:PORT
+// also scrapes the server's /metrics before and after and reports the server's view (FLOP savings,
+// batch sizes). SIGINT or SIGTERM ends the load early: no new calls, the ones in flight finish, the
+// report covers what was measured.
 #include <ATen/ATen.h>
 #include <grpcpp/grpcpp.h>
 
@@ -520,11 +520,11 @@ int main(int argc, char** argv) {
     std::printf(
         "  Generate  first chunk ms: p50 %.1f p99 %.1f; first pixels ms: p50 %.1f p99 %.1f; "
         "gaps of running streams ms: p50 %.1f p99 %.1f\n",
-                1e3 * f["p50"].get<double>(), 1e3 * f["p99"].get<double>(),
-                fp.empty() ? 0.0 : 1e3 * fp["p50"].get<double>(),
-                fp.empty() ? 0.0 : 1e3 * fp["p99"].get<double>(),
-                g.empty() ? 0.0 : 1e3 * g["p50"].get<double>(),
-                g.empty() ? 0.0 : 1e3 * g["p99"].get<double>());
+        1e3 * f["p50"].get<double>(), 1e3 * f["p99"].get<double>(),
+        fp.empty() ? 0.0 : 1e3 * fp["p50"].get<double>(),
+        fp.empty() ? 0.0 : 1e3 * fp["p99"].get<double>(),
+        g.empty() ? 0.0 : 1e3 * g["p50"].get<double>(),
+        g.empty() ? 0.0 : 1e3 * g["p99"].get<double>());
   }
   for (auto& [rpc, codes] : s.codes)
     for (auto& [code, n] : codes)

@@ -13,8 +13,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
   for (int channels : {0, 1, 3}) {
     auto t = krause::DecodePng(bytes, channels, [](const krause::PngInfo& info) {
-      if (info.height > 64 || info.width > 64)
-        return absl::InvalidArgumentError("over 64 x 64");
+      if (info.height > 64 || info.width > 64) return absl::InvalidArgumentError("over 64 x 64");
       return absl::OkStatus();
     });
     if (!t.ok()) continue;

@@ -40,7 +40,8 @@ absl::StatusOr<std::unique_ptr<CpuViT>> CpuViT::Create(const ViT& model) {
     for (double m : c.mean) v->mean_.push_back(static_cast<float>(m));
     for (double s : c.std) v->std_.push_back(static_cast<float>(s));
     v->softmax_scale_ = static_cast<float>(1.0 / std::sqrt(static_cast<double>(v->head_dim_)));
-    v->patch_embed_ = PackLinear({p.Get("patch_embed.proj.weight")}, {p.Get("patch_embed.proj.bias")});
+    v->patch_embed_ =
+        PackLinear({p.Get("patch_embed.proj.weight")}, {p.Get("patch_embed.proj.bias")});
     if (c.cls) v->cls_token_ = Floats(p.Get("cls_token"));
     v->pos_embed_ = Floats(p.Get("pos_embed"));
     const std::vector<int64_t> ks = c.TopKSchedule();
@@ -72,8 +73,7 @@ absl::StatusOr<std::unique_ptr<CpuViT>> CpuViT::Create(const ViT& model) {
     v->norm_b_ = Floats(p.Get("norm.bias"));
     v->head_ = PackLinear(p, {"head"});
     if (v->krause_) {
-      const Neighbourhood nb =
-          Neighbourhood::Grid(c.grid(), c.grid(), c.radius, c.metric, c.cls);
+      const Neighbourhood nb = Neighbourhood::Grid(c.grid(), c.grid(), c.radius, c.metric, c.cls);
       const absl::Status st = ValidateNeighbourhood(nb, c.tokens());
       if (!st.ok()) return st;
       v->table_ = CachedCandidateTable(nb, c.tokens());
@@ -95,10 +95,10 @@ void CpuViT::Image(const uint8_t* pixels, float* probs) const {
   const int64_t per_head = 4 * n * dh + n;  // q, k, v, out, key biases
   float* base = scratch.Rows(g2 * cpp + n * d + n * qkv_pad + heads_ * per_head + n * d +
                              n * std::max(d_pad, head_.out_pad) + n * mlp_pad + n * mlp_ + n);
-  float* patches = base;             // [G*G, C*p*p]
-  float* x = patches + g2 * cpp;     // [N, D]
-  float* qkv = x + n * d;            // [N, 3D pad]
-  float* heads = qkv + n * qkv_pad;  // per head: q, k, v, out [N, dh], bias [N]
+  float* patches = base;                   // [G*G, C*p*p]
+  float* x = patches + g2 * cpp;           // [N, D]
+  float* qkv = x + n * d;                  // [N, 3D pad]
+  float* heads = qkv + n * qkv_pad;        // per head: q, k, v, out [N, dh], bias [N]
   float* att = heads + heads_ * per_head;  // [N, D]
   float* tmp = att + n * d;                // [N, D pad]
   float* mid = tmp + n * std::max(d_pad, head_.out_pad);  // [N, MLP pad]
@@ -169,7 +169,8 @@ void CpuViT::Image(const uint8_t* pixels, float* probs) const {
       } else {
         float* w = scratch.Floats(n);
         for (int64_t t = 0; t < n; ++t) {
-          for (int64_t j = 0; j < n; ++j) scores[j] = nn::Dot(q + t * dh, k + j * dh, dh) * softmax_scale_;
+          for (int64_t j = 0; j < n; ++j)
+            scores[j] = nn::Dot(q + t * dh, k + j * dh, dh) * softmax_scale_;
           nn::SoftmaxRow(scores, n, w);
           float* out = o + t * dh;
           std::fill(out, out + dh, 0.0f);
@@ -178,7 +179,8 @@ void CpuViT::Image(const uint8_t* pixels, float* probs) const {
           }
         }
       }
-      for (int64_t t = 0; t < n; ++t) std::copy(o + t * dh, o + (t + 1) * dh, att + t * d + hh * dh);
+      for (int64_t t = 0; t < n; ++t)
+        std::copy(o + t * dh, o + (t + 1) * dh, att + t * d + hh * dh);
     }
     // Post-LN blocks: x = norm1(x + attn(x)); x = norm2(x + ffn(x)).
     L.out.Apply(att, n, tmp);
@@ -213,7 +215,8 @@ void CpuViT::Image(const uint8_t* pixels, float* probs) const {
 }
 
 absl::Status CpuViT::Forward(const uint8_t* pixels, int64_t images, float* probs) const {
-  if (images < 0) return absl::InvalidArgumentError(absl::StrCat("images must be >= 0, got ", images));
+  if (images < 0)
+    return absl::InvalidArgumentError(absl::StrCat("images must be >= 0, got ", images));
   const int64_t image_bytes = channels_ * size_ * size_;
   try {
     // Tasks of whole images, of at least half the parallel threshold each.

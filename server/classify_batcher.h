@@ -26,8 +26,8 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "model/vit.h"
 #include "model/engine/device_context.h"
+#include "model/vit.h"
 #include "model/vit_cpu.h"
 
 namespace krause::server {

@@ -78,8 +78,7 @@ absl::StatusOr<Listen> ListeningPorts(const std::string& address) {
               sizeof(text));
     out.ports = absl::StrCat("[", text, "]:", port);
   } else {
-    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, text,
-              sizeof(text));
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, text, sizeof(text));
     out.ports = absl::StrCat(text, ":", port);
   }
   out.wake_host = text;
@@ -108,8 +107,7 @@ class HttpEndpoint::Handler : public CivetHandler {
 
  private:
   bool NotAllowed(mg_connection* conn) {
-    Reply(conn, "405 Method Not Allowed", "Allow: GET, HEAD\r\n", "text/plain", "GET only\n",
-          true);
+    Reply(conn, "405 Method Not Allowed", "Allow: GET, HEAD\r\n", "text/plain", "GET only\n", true);
     return true;
   }
   bool Authorized(mg_connection* conn) const {
@@ -152,10 +150,10 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(HttpEndpointOp
   e->wake_host_ = ports->wake_host;
   e->wake_family_ = ports->family;
   const std::vector<std::string> civet = {
-      "listening_ports", ports->ports,
-      "num_threads", std::to_string(e->options_.threads),
+      "listening_ports",    ports->ports,
+      "num_threads",        std::to_string(e->options_.threads),
       "request_timeout_ms", std::to_string(e->options_.request_timeout_ms),
-      "enable_keep_alive", "no",
+      "enable_keep_alive",  "no",
   };
   CivetCallbacks callbacks;
   callbacks.log_message = LogMessage;

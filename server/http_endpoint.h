@@ -27,8 +27,8 @@ struct HttpEndpointOptions {
   // Non-empty: a request needs "Authorization: Bearer <one of these>" (the scheme in any case),
   // else 401.
   std::set<std::string> tokens;
-  int threads = 32;                 // connections served at once
-  int request_timeout_ms = 2000;    // to read a request's headers (a slow client's limit)
+  int threads = 32;               // connections served at once
+  int request_timeout_ms = 2000;  // to read a request's headers (a slow client's limit)
 };
 
 class HttpEndpoint {

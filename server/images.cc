@@ -24,10 +24,10 @@ absl::Status CheckBounds(int64_t h, int64_t w, int64_t c, const std::string& fie
                                                    ShapeString(s.height, s.width, s.channels)));
   }
   if (w == s.width && c == s.channels && h >= 1 && h <= s.height) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, ": image is ", ShapeString(h, w, c), " (HxWxC) but model ", b.model,
-      " takes prompts of width ", s.width, ", ", s.channels, " channel(s) and at most ", s.height,
-      " rows"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": image is ", ShapeString(h, w, c), " (HxWxC) but model ", b.model,
+                   " takes prompts of width ", s.width, ", ", s.channels,
+                   " channel(s) and at most ", s.height, " rows"));
 }
 
 }  // namespace

@@ -19,9 +19,9 @@ struct ImageShape {
 // What a request image must be, checked from the PNG header (or the raw fields) before any pixel
 // is decoded or copied, so that a small file claiming a huge size costs nothing.
 struct ImageBounds {
-  ImageShape shape;        // the model's
-  std::string model;       // named in errors
-  bool prompt = false;     // a completion prompt: width and channels exact, height 1..shape.height
+  ImageShape shape;     // the model's
+  std::string model;    // named in errors
+  bool prompt = false;  // a completion prompt: width and channels exact, height 1..shape.height
 };
 
 // Decodes `image` to [H, W, C] uint8 (CPU). `field` names it in errors ("images[3]"); an image

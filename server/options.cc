@@ -103,19 +103,17 @@ absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
             where, ": unknown key \"", key, "\" (known: ", absl::StrJoin(kKeys, ", "), ")"));
     }
     ModelSpec s;
-    for (absl::Status st : {ReadKey(m, "name", where, &s.name),
-                            ReadKey(m, "checkpoint", where, &s.checkpoint),
-                            ReadKey(m, "device", where, &s.device),
-                            ReadKey(m, "default", where, &s.is_default),
-                            ReadKey(m, "max_batch_size", where, &s.max_batch_size),
-                            ReadKey(m, "max_queue_delay_ms", where, &s.max_queue_delay_ms),
-                            ReadKey(m, "max_queued_images", where, &s.max_queued_images),
-                            ReadKey(m, "max_sequences", where, &s.max_sequences),
-                            ReadKey(m, "max_waiting", where, &s.max_waiting),
-                            ReadKey(m, "cuda_graphs", where, &s.cuda_graphs),
-                            ReadKey(m, "kv_cache_dtype", where, &s.kv_cache_dtype),
-                            ReadKey(m, "max_images_per_request", where,
-                                    &s.max_images_per_request)}) {
+    for (absl::Status st :
+         {ReadKey(m, "name", where, &s.name), ReadKey(m, "checkpoint", where, &s.checkpoint),
+          ReadKey(m, "device", where, &s.device), ReadKey(m, "default", where, &s.is_default),
+          ReadKey(m, "max_batch_size", where, &s.max_batch_size),
+          ReadKey(m, "max_queue_delay_ms", where, &s.max_queue_delay_ms),
+          ReadKey(m, "max_queued_images", where, &s.max_queued_images),
+          ReadKey(m, "max_sequences", where, &s.max_sequences),
+          ReadKey(m, "max_waiting", where, &s.max_waiting),
+          ReadKey(m, "cuda_graphs", where, &s.cuda_graphs),
+          ReadKey(m, "kv_cache_dtype", where, &s.kv_cache_dtype),
+          ReadKey(m, "max_images_per_request", where, &s.max_images_per_request)}) {
       if (!st.ok()) return st;
     }
     if (!ValidName(s.name))

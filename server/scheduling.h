@@ -11,10 +11,10 @@
 //     full then starts when its oldest request has waited that long. Expired and cancelled
 //     requests are dropped before a batch forms, wherever they are in the queue.
 //   Generator: while sequences decode, side work (prefills and Score chunks) may use at most
-//     `side_share` (a third) of the worker's time, accounted by SideWorkCredit from measured durations;
-//     each side unit is bounded (a prefill; a Score chunk sized to the credit), so a burst of
-//     completion prompts or a stream of Score jobs slows running streams by a bounded factor
-//     instead of stalling them. With nothing decoding, side work takes a slice per iteration
+//     `side_share` (a third) of the worker's time, accounted by SideWorkCredit from measured
+//     durations; each side unit is bounded (a prefill; a Score chunk sized to the credit), so a
+//     burst of completion prompts or a stream of Score jobs slows running streams by a bounded
+//     factor instead of stalling them. With nothing decoding, side work takes a slice per iteration
 //     (admissions first: the first admitted streams start at once, the rest join under the
 //     credit; Score chunks of about a slice, so that a Generate arriving between two chunks waits
 //     for one chunk, not for a whole Score job; a chunk costs about as much per image as a whole
@@ -77,7 +77,7 @@ struct ClassifyArrival {
   bool stopping = false;
   bool caller_may_run = false;  // the packed CPU forward
   Clock::duration max_queue_delay{0};
-  int64_t images = 0;           // the arriving request's
+  int64_t images = 0;  // the arriving request's
   int64_t max_batch_size = 64;
 };
 bool RunOnArrival(const ClassifyArrival& arrival);

@@ -106,9 +106,8 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  s->service_ =
-      std::make_unique<KrauseService>(&s->gate_, s->metrics_.get(), options.reply_threads,
-                                     options.fault_hook_for_test);
+  s->service_ = std::make_unique<KrauseService>(&s->gate_, s->metrics_.get(), options.reply_threads,
+                                                options.fault_hook_for_test);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, *creds, &s->port_);
   builder.RegisterService(s->service_.get());

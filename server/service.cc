@@ -480,8 +480,8 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
   std::vector<uint8_t> prompt;
   if (req.has_prompt()) {
     svc_->Fault("decode");
-    auto t = DecodeImage(req.prompt(), "prompt",
-                         ImageBounds{m->shape, m->spec.name, /*prompt=*/true});
+    auto t =
+        DecodeImage(req.prompt(), "prompt", ImageBounds{m->shape, m->spec.name, /*prompt=*/true});
     if (!t.ok()) return t.status();
     const int64_t rows = req.prompt_rows();
     if (rows < 1 || rows >= m->shape.height)
@@ -607,13 +607,12 @@ grpc::ServerUnaryReactor* KrauseService::Classify(grpc::CallbackServerContext* c
   grpc::ServerUnaryReactor* reactor = call->reactor();
   if (!call->Enter(ctx)) return reactor;
   const absl::Status st = Guarded("Classify", [&]() -> absl::Status {
-    auto resolved = ResolveImageCall(call.get(), *this, request->model(),
-                                     v1::ModelInfo::CLASSIFIER, request->images());
+    auto resolved = ResolveImageCall(call.get(), *this, request->model(), v1::ModelInfo::CLASSIFIER,
+                                     request->images());
     if (!resolved.ok()) return resolved.status();
     ServedModel* m = resolved->model;
     const int64_t classes = m->model.vit->config().classes;
-    const int64_t top_k =
-        std::min<int64_t>(request->top_k() == 0 ? 5 : request->top_k(), classes);
+    const int64_t top_k = std::min<int64_t>(request->top_k() == 0 ? 5 : request->top_k(), classes);
     const bool full = request->return_probabilities();
     const AttentionCost cost = m->flops;
     const std::vector<std::string> labels = m->model.vit->config().labels;
@@ -646,8 +645,7 @@ grpc::ServerUnaryReactor* KrauseService::Classify(grpc::CallbackServerContext* c
           if (full) c->mutable_probabilities()->Add(row, row + k);
         }
         response->set_flops_executed(cost.executed_flops * static_cast<double>(n));
-        response->set_flops_dense_equivalent(cost.dense_equivalent_flops *
-                                             static_cast<double>(n));
+        response->set_flops_dense_equivalent(cost.dense_equivalent_flops * static_cast<double>(n));
         if (observer_) {
           observer_->OnFlops("Classify", name, response->flops_executed(),
                              response->flops_dense_equivalent());
@@ -686,8 +684,8 @@ grpc::ServerUnaryReactor* KrauseService::Score(grpc::CallbackServerContext* ctx,
   grpc::ServerUnaryReactor* reactor = call->reactor();
   if (!call->Enter(ctx)) return reactor;
   const absl::Status st = Guarded("Score", [&]() -> absl::Status {
-    auto resolved = ResolveImageCall(call.get(), *this, request->model(),
-                                     v1::ModelInfo::GENERATOR, request->images());
+    auto resolved = ResolveImageCall(call.get(), *this, request->model(), v1::ModelInfo::GENERATOR,
+                                     request->images());
     if (!resolved.ok()) return resolved.status();
     ServedModel* m = resolved->model;
     const at::Tensor& images = resolved->images;
@@ -713,8 +711,7 @@ grpc::ServerUnaryReactor* KrauseService::Score(grpc::CallbackServerContext* ctx,
         response->set_mean_bits_per_dim(sum / static_cast<double>(n));
         response->set_scored_subpixels_per_image(static_cast<uint32_t>(scored));
         response->set_flops_executed(cost.executed_flops * static_cast<double>(n));
-        response->set_flops_dense_equivalent(cost.dense_equivalent_flops *
-                                             static_cast<double>(n));
+        response->set_flops_dense_equivalent(cost.dense_equivalent_flops * static_cast<double>(n));
         if (observer_) {
           observer_->OnFlops("Score", name, response->flops_executed(),
                              response->flops_dense_equivalent());

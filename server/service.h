@@ -2,9 +2,9 @@
 // worker (ClassifyBatcher / GeneratorWorker); they never run a model. The workers hand results to
 // the service's ReplyPool, whose threads build the reply messages (PNG encoding included) and
 // finish or write the calls, so a model thread does not serialise while work waits for it (a
-// classify batcher with an empty queue replies itself: then the hop would only add latency). Every call passes the Gate first:
-// authentication, and refusal while loading or draining. Thread-safety: all handlers may run
-// concurrently.
+// classify batcher with an empty queue replies itself: then the hop would only add latency). Every
+// call passes the Gate first: authentication, and refusal while loading or draining. Thread-safety:
+// all handlers may run concurrently.
 #pragma once
 
 #include <atomic>

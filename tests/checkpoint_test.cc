@@ -144,9 +144,10 @@ TEST(Safetensors, HostileHeadersAreRefusedBeforeAllocating) {
   // Empty tensors (a zero dimension) are fine, at any offset the others leave.
   KRAUSE_ASSERT_OK_AND_ASSIGN(
       SafetensorsContents ok,
-      ParseSafetensors(Safetensors(R"({"e":{"dtype":"F32","shape":[0,1000000],"data_offsets":[0,0]},)"
-                                   R"("w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
-                                   2)));
+      ParseSafetensors(
+          Safetensors(R"({"e":{"dtype":"F32","shape":[0,1000000],"data_offsets":[0,0]},)"
+                      R"("w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
+                      2)));
   ASSERT_EQ(ok.tensors.size(), 2u);
 }
 

@@ -133,8 +133,8 @@ TEST(Png, TheHeaderIsCheckedBeforeDecoding) {
   };
   put32(16, 100000);
   put32(20, 100000);
-  put32(29, static_cast<uint32_t>(
-                crc32(0, reinterpret_cast<const Bytef*>(liar.data() + 12), 4 + 13)));
+  put32(29,
+        static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(liar.data() + 12), 4 + 13)));
   EXPECT_THAT(DecodePng(liar).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("claims 100000x100000x3 = 30000000000 bytes decoded, over the "

@@ -2,18 +2,18 @@
 // point of a call ends it with INTERNAL (counted, out of the gate), and PNGs that claim or decode
 // to huge sizes are refused from their header before anything is allocated.
 #include <ATen/ATen.h>
-#include <grpcpp/generic/generic_stub.h>
 #include <arpa/inet.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <netinet/in.h>
 #include <png.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <map>
-#include <mutex>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -96,9 +96,9 @@ v1::Image Png(std::string bytes) {
 }
 
 double Count(const std::string& scrape, const std::string& rpc, const std::string& code) {
-  auto v = client::PrometheusSample(scrape, "krause_requests_total",
-                                    {{"rpc", rpc}, {"model", rpc == "Classify" ? "vit" : "karm"},
-                                     {"code", code}});
+  auto v = client::PrometheusSample(
+      scrape, "krause_requests_total",
+      {{"rpc", rpc}, {"model", rpc == "Classify" ? "vit" : "karm"}, {"code", code}});
   return v.ok() ? *v : 0;
 }
 
@@ -212,17 +212,16 @@ TEST_F(HardeningTest, AnExceptionAnywhereInACallEndsItWithInternalAndLeavesTheGa
   std::map<std::string, int> internal;
   for (const Case& c : cases) {
     for (int kind : {1, 2}) {
-      SCOPED_TRACE(std::string(c.rpc) + " at " + c.point + (kind == 1 ? " (runtime_error)" : " (bad_alloc)"));
+      SCOPED_TRACE(std::string(c.rpc) + " at " + c.point +
+                   (kind == 1 ? " (runtime_error)" : " (bad_alloc)"));
       arm(c.point, kind);
       const grpc::Status st = c.call();
       EXPECT_EQ(armed.load(), 0) << "the hook was not reached";
       EXPECT_EQ(st.error_code(), grpc::StatusCode::INTERNAL) << st.error_message();
-      EXPECT_NE(st.error_message().find(std::string(c.rpc) + ": internal error"),
-                std::string::npos)
+      EXPECT_NE(st.error_message().find(std::string(c.rpc) + ": internal error"), std::string::npos)
           << st.error_message();
       if (kind == 1) {
-        EXPECT_NE(st.error_message().find(std::string("injected at ") + c.point),
-                  std::string::npos)
+        EXPECT_NE(st.error_message().find(std::string("injected at ") + c.point), std::string::npos)
             << st.error_message();
       }
       ++internal[c.rpc];
@@ -467,7 +466,8 @@ TEST(ManifestHardening, WrongTypesAreRefusedNamingTheKey) {
       {R"("cuda_graphs": "yes")", "models[0].cuda_graphs must be true or false, got string"},
       {R"("device": ["cpu"])", "models[0].device must be a string, got array"},
       {R"("kv_cache_dtype": 16)", "models[0].kv_cache_dtype must be a string, got number"},
-      {R"("max_queue_delay_ms": {})", "models[0].max_queue_delay_ms must be an integer, got object"},
+      {R"("max_queue_delay_ms": {})",
+       "models[0].max_queue_delay_ms must be an integer, got object"},
       {R"("batch": 4)", "models[0]: unknown key \"batch\""},
   };
   for (const Case& c : cases) {
@@ -476,8 +476,7 @@ TEST(ManifestHardening, WrongTypesAreRefusedNamingTheKey) {
         R"({"models": [{"name": "m", "checkpoint": "m.safetensors", )" + c.model + "}]}", "/tmp");
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(std::string(r.status().message()).find(c.error), std::string::npos)
-        << r.status();
+    EXPECT_NE(std::string(r.status().message()).find(c.error), std::string::npos) << r.status();
   }
   for (const std::string& bad :
        {std::string(R"({"models": [{"name": 5, "checkpoint": "m"}]})"),
@@ -486,12 +485,12 @@ TEST(ManifestHardening, WrongTypesAreRefusedNamingTheKey) {
     const auto r = server::ParseManifest(bad, "/tmp");
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad.substr(0, 60);
   }
-  EXPECT_NE(std::string(server::ParseManifest(R"({"models": [{"name": 5, "checkpoint": "m"}]})",
-                                              "/tmp")
-                            .status()
-                            .message())
-                .find("models[0].name must be a string, got number"),
-            std::string::npos);
+  EXPECT_NE(
+      std::string(server::ParseManifest(R"({"models": [{"name": 5, "checkpoint": "m"}]})", "/tmp")
+                      .status()
+                      .message())
+          .find("models[0].name must be a string, got number"),
+      std::string::npos);
 }
 
 // A classifier's max_images_per_request above its max_batch_size (requests are never split) stops

@@ -93,13 +93,12 @@ TEST_P(CpuViTTest, MatchesTheReferenceForwardAndIsBatchInvariant) {
   cpu::SetCpuKernelsForTesting(nullptr);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Cases, CpuViTTest,
-    ::testing::Values(VitCase{"krause", GridMetric::kChebyshev, true, 1},
-                      VitCase{"krause", GridMetric::kManhattan, true, 3},
-                      VitCase{"krause", GridMetric::kManhattan, false, 1},
-                      VitCase{"softmax", GridMetric::kManhattan, true, 1},
-                      VitCase{"softmax", GridMetric::kManhattan, false, 3}));
+INSTANTIATE_TEST_SUITE_P(Cases, CpuViTTest,
+                         ::testing::Values(VitCase{"krause", GridMetric::kChebyshev, true, 1},
+                                           VitCase{"krause", GridMetric::kManhattan, true, 3},
+                                           VitCase{"krause", GridMetric::kManhattan, false, 1},
+                                           VitCase{"softmax", GridMetric::kManhattan, true, 1},
+                                           VitCase{"softmax", GridMetric::kManhattan, false, 3}));
 
 TEST(CpuViT, TheBundledClassifierPredictsWhatTheReferencePredicts) {
   const std::string path =

@@ -137,8 +137,8 @@ absl::StatusOr<SafetensorsContents> ParseSafetensors(std::string_view bytes) {
     if (p.begin != expect)
       return absl::DataLossError(absl::StrCat(
           "safetensors: tensor \"", p.name, "\" starts at data byte ", p.begin, ", but ",
-          p.begin < expect ? "the previous tensor ends at " : "the data before it ends at ",
-          expect, p.begin < expect ? " (overlapping tensors)" : " (a hole)"));
+          p.begin < expect ? "the previous tensor ends at " : "the data before it ends at ", expect,
+          p.begin < expect ? " (overlapping tensors)" : " (a hole)"));
     expect = p.begin + p.nbytes;
   }
   if (expect != data.size())

@@ -34,9 +34,9 @@ absl::StatusOr<at::Tensor> DecodePng(std::string_view bytes, int channels,
   absl::Status st = check ? check(info) : absl::OkStatus();
   const int64_t decoded = info.height * info.width * info.channels;  // < 2^64: 32-bit sides
   if (st.ok() && decoded > kMaxPngDecodedBytes) {
-    st = absl::InvalidArgumentError(absl::StrCat(
-        "the PNG header claims ", info.height, "x", info.width, "x", info.channels, " = ", decoded,
-        " bytes decoded, over the limit of ", kMaxPngDecodedBytes));
+    st = absl::InvalidArgumentError(
+        absl::StrCat("the PNG header claims ", info.height, "x", info.width, "x", info.channels,
+                     " = ", decoded, " bytes decoded, over the limit of ", kMaxPngDecodedBytes));
   }
   if (!st.ok()) {
     png_image_free(&image);

@@ -112,9 +112,10 @@ const cpu::Scratch& ThreadScratch::Kernel(int64_t candidates) {
     floats.assign(raw + 2 * candidates, 0.0f);
     ints.assign(2 * candidates, 0);
     keys.assign(candidates, 0);
-    view = cpu::Scratch{floats.data(),     floats.data() + raw, ints.data() + candidates,
-                        keys.data(),       ints.data(),         floats.data() + raw + candidates,
-                        raw / cpu::kQueryGroup};
+    view =
+        cpu::Scratch{floats.data(),         floats.data() + raw, ints.data() + candidates,
+                     keys.data(),           ints.data(),         floats.data() + raw + candidates,
+                     raw / cpu::kQueryGroup};
     max_candidates = candidates;
   }
   return view;

@@ -1,13 +1,12 @@
 #include "model/util/threads.h"
 
+#include <ATen/Parallel.h>
 #include <dlfcn.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <thread>
-
-#include <ATen/Parallel.h>
 
 namespace krause {
 
