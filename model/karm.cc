@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "model/engine/cpu_decoder.h"
 #include "model/engine/kv_cache.h"
 #include "model/nn/layers.h"
@@ -21,6 +22,11 @@ std::string ArmConfig::ToJson() const {
       {"width_px", width_px}, {"channels", channels},     {"width", width},
       {"depth", depth},       {"heads", heads},           {"window", window},
       {"top_k", top_k},       {"sigma_init", sigma_init}, {"start_token", start_token}};
+  // Unconditional configs keep the official keys only (their JSON is unchanged).
+  if (classes > 0) {
+    j["classes"] = classes;
+    j["labels"] = labels;
+  }
   return j.dump();
 }
 
@@ -43,6 +49,8 @@ absl::StatusOr<ArmConfig> ArmConfig::FromJson(const std::string& text) {
     c.top_k = j.value("top_k", c.top_k);
     c.sigma_init = j.value("sigma_init", c.sigma_init);
     c.start_token = j.value("start_token", c.start_token);
+    c.classes = j.value("classes", c.classes);
+    c.labels = j.value("labels", c.labels);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("config: ", e.what()));
   }
@@ -62,10 +70,43 @@ absl::Status ArmConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "config: width ", width, " must be a multiple of heads ", heads, ", depth >= 1"));
   }
+  if (classes < 0 || (!labels.empty() && static_cast<int64_t>(labels.size()) != classes)) {
+    return absl::InvalidArgumentError(absl::StrCat("config: classes ", classes,
+                                                   " must be >= 0 with 0 or `classes` labels, got ",
+                                                   labels.size(), " labels"));
+  }
   if (attention == "krause" && (window < 1 || top_k < 1 || !(sigma_init > 0))) {
     return absl::InvalidArgumentError("config: window, top_k and sigma_init must be positive");
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ArmConfig::ClassRow(int64_t label) const {
+  if (label < 0) return conditional() ? null_class() : -1;
+  if (!conditional()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("class ", label, " given, but the model is unconditional (no classes)"));
+  }
+  if (label >= classes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("class ", label, " is outside [0, ", classes, ")"));
+  }
+  return label;
+}
+
+absl::StatusOr<int64_t> ArmConfig::ClassOfLabel(const std::string& label) const {
+  if (!conditional()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("class \"", label, "\" given, but the model is unconditional (no classes)"));
+  }
+  for (size_t i = 0; i < labels.size(); ++i)
+    if (labels[i] == label) return static_cast<int64_t>(i);
+  if (labels.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("class \"", label, "\": the model names no ",
+                                                   "classes; give an index in [0, ", classes, ")"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("class \"", label, "\" is unknown; valid labels: ",
+                                                 absl::StrJoin(labels, ", ")));
 }
 
 absl::StatusOr<Arm> Arm::Create(const ArmConfig& config, uint64_t seed) {
@@ -96,6 +137,8 @@ absl::StatusOr<Arm> Arm::Create(const ArmConfig& config, uint64_t seed) {
   }
   nn::AddLayerNorm(&p, "ln_f", d);
   nn::AddLinear(&p, "head", d, 256, gen);
+  // Last, so that the other parameters draw what an unconditional model of this size draws.
+  if (config.classes > 0) p.Add("class_emb.weight", nn::TruncNormal({config.classes + 1, d}, 0.02, gen));
   return m;
 }
 
@@ -138,10 +181,26 @@ at::Tensor Arm::Embed(const at::Tensor& u) const {
   return at::where((u == kStartToken).unsqueeze(-1), params_.Get("start_token"), emb);
 }
 
+at::Tensor Arm::AddClass(const at::Tensor& x, const at::Tensor& classes) const {
+  if (!config_.conditional()) {
+    TORCH_CHECK(!classes.defined(), "classes given to an unconditional model");
+    return x;
+  }
+  const int64_t b = x.size(0);
+  at::Tensor c = classes.defined()
+                     ? classes.to(x.device(), at::kLong)
+                     : at::full({b}, config_.null_class(),
+                                at::TensorOptions().dtype(at::kLong).device(x.device()));
+  TORCH_CHECK(c.dim() == 1 && c.size(0) == b, "classes must have shape [", b, "]");
+  return x + at::embedding(params_.Get("class_emb.weight"), c).unsqueeze(1);
+}
+
 at::Tensor Arm::ForwardTokens(const at::Tensor& u, KrauseImpl impl,
-                              std::vector<std::pair<at::Tensor, at::Tensor>>* kv) const {
+                              std::vector<std::pair<at::Tensor, at::Tensor>>* kv,
+                              const at::Tensor& classes) const {
   const int64_t t = u.size(1);
-  at::Tensor x = Embed(u) + params_.Get("pos_emb.weight").narrow(0, 0, t);  // [B, T, D]
+  at::Tensor x = AddClass(Embed(u) + params_.Get("pos_emb.weight").narrow(0, 0, t),
+                          classes);  // [B, T, D]
   for (int64_t l = 0; l < config_.depth; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
     x = x + Attention(l, nn::LayerNorm(params_, p + "ln1", x), impl, kv);
@@ -151,16 +210,20 @@ at::Tensor Arm::ForwardTokens(const at::Tensor& u, KrauseImpl impl,
   return nn::Linear(params_, "head", nn::LayerNorm(params_, "ln_f", x));
 }
 
-at::Tensor Arm::Forward(const at::Tensor& pixels, KrauseImpl impl) const {
-  if (!config_.start_token) return ForwardTokens(pixels, impl);
+at::Tensor Arm::Forward(const at::Tensor& pixels, KrauseImpl impl,
+                        const at::Tensor& classes) const {
+  if (!config_.start_token) return ForwardTokens(pixels, impl, nullptr, classes);
   const at::Tensor start = at::full({pixels.size(0), 1}, kStartToken, pixels.options());
-  return ForwardTokens(at::cat({start, pixels}, 1), impl);
+  return ForwardTokens(at::cat({start, pixels}, 1), impl, nullptr, classes);
 }
 
 at::Tensor Arm::Prefill(const at::Tensor& u, int64_t slot, ArmKvCache* cache) const {
   at::NoGradGuard no_grad;
   std::vector<std::pair<at::Tensor, at::Tensor>> kv;
-  const at::Tensor logits = ForwardTokens(u.to(device()).view({1, -1}), KrauseImpl::kAuto, &kv);
+  at::Tensor classes;
+  if (config_.conditional()) classes = at::full({1}, cache->slot_class(slot), at::kLong);
+  const at::Tensor logits =
+      ForwardTokens(u.to(device()).view({1, -1}), KrauseImpl::kAuto, &kv, classes);
   for (int64_t l = 0; l < config_.depth; ++l) {
     cache->WritePrefix(l, slot, kv[l].first[0], kv[l].second[0]);
   }
@@ -232,6 +295,12 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u_device, const DecodeIndex& index,
   // LibTorch ops: the reference of the packed CPU step, and the GPU path.
   const at::Tensor& pos_d = index.device_positions();
   at::Tensor x = Embed(u_device) + params_.Get("pos_emb.weight").index_select(0, pos_d);
+  if (config_.conditional()) {
+    // Each sequence's class, from the cache's per-slot classes on the device (no host read:
+    // what a CUDA graph captures).
+    x = x + params_.Get("class_emb.weight")
+                .index_select(0, cache->slot_classes().index_select(0, index.device_slots()));
+  }
   const auto pos = index.host_positions().accessor<int64_t, 1>();
   // The ARM: what every layer shares, made once per step.
   at::Tensor slots_d, later;  // later: [S, 1, 1, L], true beyond each sequence's own position
@@ -287,12 +356,13 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u_device, const DecodeIndex& index,
   return nn::Linear(params_, "head", nn::LayerNorm(params_, "ln_f", x));
 }
 
-at::Tensor Arm::NllPerImage(const at::Tensor& images, KrauseImpl impl) const {
+at::Tensor Arm::NllPerImage(const at::Tensor& images, KrauseImpl impl,
+                            const at::Tensor& classes) const {
   // images: [B, N] int64
   const int64_t n = images.size(1);
   // With a start token the N positions predict x_0..x_{N-1}; without one, the N - 1 positions
   // predict x_1..x_{N-1}.
-  const at::Tensor logits = Forward(images.narrow(1, 0, n - 1), impl);
+  const at::Tensor logits = Forward(images.narrow(1, 0, n - 1), impl, classes);
   const at::Tensor targets = config_.start_token ? images : images.narrow(1, 1, n - 1);
   const at::Tensor logp = at::log_softmax(logits, -1);
   return -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).mean(1);

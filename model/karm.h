@@ -9,6 +9,11 @@
 //     predict x_{t+1}; the first subpixel is not modelled (N - 1 scored subpixels).
 //   start_token = true: input position 0 holds a learned start embedding, position t >= 1 holds
 //     x_{t-1}; logits at t predict x_t, so all N subpixels are scored.
+// Class conditioning (config.classes > 0): a learned class embedding `class_emb.weight`
+// [classes + 1, D] is added to every position's input (the Krause window is local, so a class
+// given only at the start would not reach most pixels). Row `classes` is the null class: the
+// trainer drops labels to it for a share of the sequences, so one model also samples and scores
+// unconditionally. Official checkpoints have classes = 0 and load and run unchanged.
 // Thread-safety: Forward is const; loading is not.
 #pragma once
 
@@ -47,7 +52,20 @@ struct ArmConfig {
   int64_t window = 64, top_k = 32;  // KARM only
   double sigma_init = 2.5;
   bool start_token = true;
+  // Conditional generators: the number of classes (0: unconditional) and their names (empty,
+  // or one per class).
+  int64_t classes = 0;
+  std::vector<std::string> labels;
 
+  bool conditional() const { return classes > 0; }
+  // The class-embedding row of "no class" (conditional models only).
+  int64_t null_class() const { return classes; }
+  // The class-embedding row for a requested class (-1: none; the null class of a conditional
+  // model). InvalidArgument for a class on an unconditional model or one out of range.
+  absl::StatusOr<int64_t> ClassRow(int64_t label) const;
+  // The class named `label` (exact match). InvalidArgument naming the valid labels, or saying
+  // the model is unconditional or names no classes.
+  absl::StatusOr<int64_t> ClassOfLabel(const std::string& label) const;
   int64_t seq_len() const { return height * width_px * channels; }
   int64_t mlp() const { return 4 * width; }
   std::string ToJson() const;
@@ -62,7 +80,10 @@ class Arm {
   // inputs: [B, T] int64 model inputs (see the sequence convention; with a start token, pass the
   // pixels x_0..x_{T-2} and the start embedding is prepended: T - 1 pixels give T positions).
   // Returns logits [B, T, 256] for positions 0..T-1.
-  at::Tensor Forward(const at::Tensor& pixels, KrauseImpl impl = KrauseImpl::kAuto) const;
+  // classes: [B] int64 class rows in [0, classes] (classes: the null class) of a conditional
+  // model; undefined means the null class for all. Must be undefined for unconditional models.
+  at::Tensor Forward(const at::Tensor& pixels, KrauseImpl impl = KrauseImpl::kAuto,
+                     const at::Tensor& classes = {}) const;
 
   // The model-input token that stands for the learned start embedding.
   static constexpr int64_t kStartToken = 256;
@@ -70,12 +91,15 @@ class Arm {
   // Model inputs u: [B, T] int64 tokens (pixels 0..255, or kStartToken at position 0 of a
   // start-token model). Returns logits [B, T, 256]: with a start token position t predicts x_t,
   // without one x_{t+1}. If `kv` is given, it receives each layer's keys and values [B, H, T, d].
+  // `classes` as for Forward.
   at::Tensor ForwardTokens(const at::Tensor& u, KrauseImpl impl = KrauseImpl::kAuto,
-                           std::vector<std::pair<at::Tensor, at::Tensor>>* kv = nullptr) const;
+                           std::vector<std::pair<at::Tensor, at::Tensor>>* kv = nullptr,
+                           const at::Tensor& classes = {}) const;
 
   // Incremental decoding over a KV cache (inference only).
   // Prefill: runs u [T] (positions 0..T-1) for one sequence, stores their keys/values in `slot`
-  // and returns logits [T, 256].
+  // and returns logits [T, 256]. A conditional model runs with the class the cache holds for
+  // the slot (ArmKvCache::SetClass), as DecodeStep does.
   at::Tensor Prefill(const at::Tensor& u, int64_t slot, ArmKvCache* cache) const;
   // One step for S sequences: u [S] is each sequence's token at its position positions[s] (the
   // cache holds its positions before). u, positions and slots are host (CPU) tensors whatever the
@@ -97,7 +121,9 @@ class Arm {
 
   // Teacher-forced mean negative log-likelihood in nats per scored subpixel, per image: [B].
   // images: [B, seq_len] int64 (raster order).
-  at::Tensor NllPerImage(const at::Tensor& images, KrauseImpl impl = KrauseImpl::kAuto) const;
+  // `classes` as for Forward (conditional bits/dim with a class per image).
+  at::Tensor NllPerImage(const at::Tensor& images, KrauseImpl impl = KrauseImpl::kAuto,
+                         const at::Tensor& classes = {}) const;
 
   // FLOPs per generated image (full sequence, teacher-forced equivalent).
   AttentionCost FlopsPerImage() const;
@@ -110,6 +136,8 @@ class Arm {
 
  private:
   at::Tensor Embed(const at::Tensor& u) const;  // [..] tokens -> [.., D], no positions
+  // [B, T, D]: the class embedding of each row's class (the null class when undefined).
+  at::Tensor AddClass(const at::Tensor& x, const at::Tensor& classes) const;
   at::Tensor Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl,
                        std::vector<std::pair<at::Tensor, at::Tensor>>* kv) const;
 

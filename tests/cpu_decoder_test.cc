@@ -59,7 +59,13 @@ TEST(PlanCpuStep, InlineUnlessEachTaskGetsEnoughWork) {
   EXPECT_EQ(PlanCpuStep(paper, t).mode, Mode::kLayerOps);
 }
 
-ArmConfig Config(const std::string& attention, bool start) {
+struct ModelCase {
+  const char* attention;
+  bool start;
+  int64_t classes;  // > 0: class-conditional
+};
+
+ArmConfig Config(const std::string& attention, bool start, int64_t classes = 0) {
   ArmConfig c;
   c.attention = attention;
   c.height = 6;
@@ -71,13 +77,14 @@ ArmConfig Config(const std::string& attention, bool start) {
   c.window = 12;
   c.top_k = 7;
   c.start_token = start;
+  c.classes = classes;
   return c;
 }
 
-class CpuDecoderTest : public ::testing::TestWithParam<std::pair<const char*, bool>> {
+class CpuDecoderTest : public ::testing::TestWithParam<ModelCase> {
  protected:
   void SetUp() override {
-    auto m = Arm::Create(Config(GetParam().first, GetParam().second), 21);
+    auto m = Arm::Create(Config(GetParam().attention, GetParam().start, GetParam().classes), 21);
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::make_unique<Arm>(std::move(*m));
     at::NoGradGuard g;
@@ -86,6 +93,8 @@ class CpuDecoderTest : public ::testing::TestWithParam<std::pair<const char*, bo
         t.copy_(at::linspace(-0.4, 0.8, t.numel()).view(t.sizes()));
       } else if (name.find("bias") != std::string::npos || name.find("ln") != std::string::npos) {
         t.add_(at::randn(t.sizes()) * 0.1);  // non-trivial biases and norms
+      } else if (name == "class_emb.weight") {
+        t.mul_(25);  // classes that change the logits clearly
       }
     }
     auto dec = CpuDecoder::Create(*model_);
@@ -95,10 +104,17 @@ class CpuDecoderTest : public ::testing::TestWithParam<std::pair<const char*, bo
 
   // Runs `seqs` sequences (sequence i starts at step i % 3, in slot seqs - 1 - i) through the
   // whole image, `group` sequences per Step call, and returns logits [seqs, N, 256].
-  at::Tensor Run(int64_t seqs, int64_t group, std::optional<Mode> mode, bool reference = false) {
+  // A conditional model: sequence i runs with class row (i + class_shift) % (classes + 1) (the
+  // null class included).
+  at::Tensor Run(int64_t seqs, int64_t group, std::optional<Mode> mode, bool reference = false,
+                 int64_t class_shift = 0) {
     const ArmConfig& c = model_->config();
     const int64_t n = c.seq_len();
     auto cache = ArmKvCache::Create(c, seqs).value();
+    if (c.conditional()) {
+      for (int64_t i = 0; i < seqs; ++i)
+        cache.SetClass(seqs - 1 - i, (i + class_shift) % (c.classes + 1));
+    }
     at::Tensor out = at::zeros({seqs, n, 256});
     std::mt19937 rng(5);
     std::vector<std::vector<int64_t>> tokens(seqs);
@@ -165,6 +181,19 @@ TEST_P(CpuDecoderTest, EveryModeKernelAndBatchGivesTheSameBitsAndMatchesTheRefer
   cpu::SetCpuKernelsForTesting(nullptr);
 }
 
+TEST_P(CpuDecoderTest, ASequencesClassChangesItsLogitsOnlyAndTheReferenceAgrees) {
+  if (!model_->config().conditional()) GTEST_SKIP() << "unconditional";
+  const int64_t seqs = 8, rows = model_->config().classes + 1;
+  const at::Tensor a = Run(seqs, seqs, std::nullopt);
+  const at::Tensor shifted = Run(seqs, seqs, std::nullopt, false, 1);
+  const at::Tensor reference = Run(seqs, seqs, std::nullopt, true, 1);
+  EXPECT_LE((shifted - reference).abs().max().item<double>(), 1e-4);
+  // Sequence i has class row i % rows in `a` and (i + 1) % rows in `shifted`, same tokens.
+  for (int64_t i = 0; i < seqs; ++i) EXPECT_FALSE(at::allclose(a[i], shifted[i])) << i;
+  // A full cycle of shifts brings every sequence back to its class and its bits.
+  EXPECT_TRUE(at::equal(Run(seqs, seqs, std::nullopt, false, rows), a));
+}
+
 TEST_P(CpuDecoderTest, LayerOpsSplitEveryOpOverTheThreadsAndKeepTheBits) {
   // With a tiny task size every op of kLayerOps really runs in parallel pieces, and the plan
   // picks sequence blocks of one row group.
@@ -214,14 +243,24 @@ TEST_P(CpuDecoderTest, BadEntriesAreRefusedByNameAndChangeNothing) {
   int64_t u = 1, p = 0, s = 0;
   EXPECT_THAT(decoder_->Step(&u, &p, &s, 1, &wrong, logits.data()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("another kind of model")));
+  // A cache with (or without) classes the decoder does not have.
+  ArmConfig flipped = c;
+  flipped.classes = c.conditional() ? 0 : 2;
+  auto other_classes = ArmKvCache::Create(flipped, 3).value();
+  EXPECT_THAT(decoder_->Step(&u, &p, &s, 1, &other_classes, logits.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("class conditioning")));
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CpuDecoderTest,
-                         ::testing::Values(std::pair{"krause", true}, std::pair{"krause", false},
-                                           std::pair{"softmax", true}),
+                         ::testing::Values(ModelCase{"krause", true, 0},
+                                           ModelCase{"krause", false, 0},
+                                           ModelCase{"softmax", true, 0},
+                                           ModelCase{"krause", true, 4},
+                                           ModelCase{"softmax", true, 4}),
                          [](const auto& info) {
-                           return std::string(info.param.first) +
-                                  (info.param.second ? "_start" : "_nostart");
+                           return std::string(info.param.attention) +
+                                  (info.param.start ? "_start" : "_nostart") +
+                                  (info.param.classes > 0 ? "_conditional" : "");
                          });
 
 TEST(CpuKernels, GeluMatchesTheErfFormulaInEveryVariant) {

@@ -7,6 +7,7 @@
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <random>
 
@@ -272,6 +273,141 @@ TEST(Scoring, BitsPerDimMatchesTheModelAndRejectsBadImages) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[B, 20]")));
   EXPECT_THAT(ScoreBitsPerDim(m, at::full({1, 20}, 300, at::kLong)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[0, 255]")));
+}
+
+// Class-conditional models: a class embedding (scaled up from its initialisation so that every
+// class changes the draws) conditions every position.
+Arm ConditionalModel(const std::string& attention, uint64_t seed) {
+  ArmConfig c = TinyConfig(attention, true);
+  c.classes = 3;
+  c.labels = {"zero", "one", "two"};
+  Arm m = Arm::Create(c, seed).value();
+  at::NoGradGuard no_grad;
+  m.parameters().Get("class_emb.weight").mul_(40);
+  return m;
+}
+
+// Images i = 0..count-1 with seed i and class label_of(i), `slots` slots, request i submitted at
+// step i * stagger.
+std::vector<Outcome> GenerateClasses(const Arm& m, int64_t slots, int64_t count, int64_t stagger,
+                                     const std::function<int64_t(int64_t)>& label_of,
+                                     double temperature = 1.0) {
+  auto engine = DecodeEngine::Create(&m, EngineOptions{slots, 0});
+  EXPECT_TRUE(engine.ok());
+  std::vector<Outcome> out(count);
+  int64_t submitted = 0, step = 0;
+  while (submitted < count || (*engine)->Busy()) {
+    while (submitted < count && submitted * stagger <= step) {
+      GenerationRequest r = Request(submitted, &out[submitted]);
+      r.label = label_of(submitted);
+      r.sampling.temperature = temperature;
+      EXPECT_TRUE((*engine)->Submit(std::move(r)).ok());
+      ++submitted;
+    }
+    (*engine)->Step();
+    ++step;
+  }
+  EXPECT_EQ((*engine)->pool().in_use(), 0);
+  return out;
+}
+
+class ConditionalEngineTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ConditionalEngineTest, EachClassIsBatchInvariantAndTheClassChangesTheImage) {
+  const Arm m = ConditionalModel(GetParam(), 5);
+  const int64_t count = 24;
+  auto label_of = [](int64_t i) { return i % 4 - 1; };  // -1 (none), 0, 1, 2
+  const std::vector<Outcome> alone = GenerateClasses(m, 1, count, 0, label_of);
+  const std::vector<Outcome> batched = GenerateClasses(m, 7, count, 2, label_of);
+  const std::vector<Outcome> other = GenerateClasses(m, 7, count, 0, [](int64_t i) { return i % 3; });
+  int differ = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    ASSERT_TRUE(alone[i].status.ok()) << alone[i].status;
+    EXPECT_EQ(alone[i].pixels, batched[i].pixels) << "image " << i;
+    if (label_of(i) != i % 3) differ += alone[i].pixels != other[i].pixels;
+  }
+  EXPECT_GE(differ, 15);  // same seed, another class: another image (18 such images)
+}
+
+TEST_P(ConditionalEngineTest, GreedyImagesAreTheForwardsArgmaxGivenTheClassWithAndWithoutPrompt) {
+  // Greedy decoding through the engine (prefill + packed steps) must pick, at every position,
+  // the argmax of the LibTorch forward over the image so far with the same class.
+  const Arm m = ConditionalModel(GetParam(), 7);
+  const int64_t n = m.config().seq_len();
+  auto engine = DecodeEngine::Create(&m, EngineOptions{4, 0}).value();
+  std::vector<Outcome> out(4);
+  const std::vector<uint8_t> prompt = {10, 200, 30, 40, 250};
+  for (int64_t i = 0; i < 4; ++i) {
+    GenerationRequest r = Request(i, &out[i], i % 2 ? prompt : std::vector<uint8_t>());
+    r.sampling.temperature = 0;
+    r.label = i < 3 ? i : -1;
+    ASSERT_TRUE(engine->Submit(std::move(r)).ok());
+  }
+  while (engine->Busy()) engine->Step();
+  at::NoGradGuard no_grad;
+  for (int64_t i = 0; i < 4; ++i) {
+    ASSERT_TRUE(out[i].status.ok()) << out[i].status;
+    ASSERT_EQ(static_cast<int64_t>(out[i].pixels.size()), n);
+    const at::Tensor x = at::tensor(std::vector<int64_t>(out[i].pixels.begin(), out[i].pixels.end()),
+                                    at::kLong).view({1, n});
+    const at::Tensor cls = at::full({1}, i < 3 ? i : m.config().null_class(), at::kLong);
+    const at::Tensor argmax = m.Forward(x.narrow(1, 0, n - 1), KrauseImpl::kAuto, cls).argmax(-1);
+    const int64_t first = i % 2 ? static_cast<int64_t>(prompt.size()) : 0;
+    EXPECT_TRUE(at::equal(argmax.narrow(1, first, n - first), x.narrow(1, first, n - first)))
+        << "image " << i;
+    if (i % 2) {
+      EXPECT_EQ(std::vector<uint8_t>(out[i].pixels.begin(), out[i].pixels.begin() + 5), prompt);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ConditionalEngineTest, ::testing::Values("krause", "softmax"));
+
+TEST(ConditionalEngine, ClassesAreValidatedAgainstTheModel) {
+  const Arm cond = ConditionalModel("krause", 3);
+  const Arm plain = Arm::Create(TinyConfig("krause", true), 3).value();
+  auto ce = DecodeEngine::Create(&cond, EngineOptions{2, 0}).value();
+  auto pe = DecodeEngine::Create(&plain, EngineOptions{2, 0}).value();
+  Outcome o;
+  GenerationRequest r = Request(1, &o);
+  r.label = 3;
+  EXPECT_THAT(ce->Submit(r).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("class 3 is outside [0, 3)")));
+  r.label = 0;
+  EXPECT_THAT(pe->Submit(r).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unconditional")));
+  EXPECT_FALSE(ce->Busy());
+  EXPECT_FALSE(pe->Busy());
+  // Labels by name.
+  EXPECT_EQ(cond.config().ClassOfLabel("two").value(), 2);
+  EXPECT_THAT(cond.config().ClassOfLabel("three").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("valid labels: zero, one, two")));
+  EXPECT_THAT(plain.config().ClassOfLabel("zero").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unconditional")));
+}
+
+TEST(ConditionalScoring, BitsPerDimGivenTheClassesMatchTheModel) {
+  const Arm m = ConditionalModel("krause", 11);
+  const at::Tensor imgs = at::randint(0, 256, {4, 20}, at::kLong);
+  KRAUSE_ASSERT_OK_AND_ASSIGN(std::vector<double> given, ScoreBitsPerDim(m, imgs, {2, -1, 0, 1}));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(std::vector<double> none, ScoreBitsPerDim(m, imgs));
+  at::NoGradGuard no_grad;
+  const at::Tensor rows = at::tensor(std::vector<int64_t>{2, 3, 0, 1}, at::kLong);  // 3: null
+  const at::Tensor ref = m.NllPerImage(imgs, KrauseImpl::kAuto, rows) / std::log(2.0);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(given[i], ref[i].item<double>(), 1e-5) << i;
+  EXPECT_EQ(given[1], none[1]);  // -1 is the null class, as no classes at all
+  EXPECT_NE(given[0], none[0]);
+  EXPECT_THAT(ScoreBitsPerDim(m, imgs, {0, 1}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2 classes for 4 images")));
+  EXPECT_THAT(ScoreBitsPerDim(m, imgs, {0, 1, 5, 0}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("labels[2]: class 5")));
+  const Arm plain = Arm::Create(TinyConfig("krause", true), 3).value();
+  EXPECT_THAT(ScoreBitsPerDim(plain, imgs, {0, 0, 0, 0}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unconditional")));
+  // An unconditional model given "no class" for every image scores as without classes.
+  EXPECT_EQ(ScoreBitsPerDim(plain, imgs, {-1, -1, -1, -1}).value(),
+            ScoreBitsPerDim(plain, imgs).value());
 }
 
 TEST(Sampling, GreedyTopKTopPAndCounterDeterminism) {

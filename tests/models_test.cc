@@ -107,6 +107,41 @@ TEST(ViT, CheckpointRoundTripReproducesOutputs) {
   EXPECT_TRUE(at::equal(a.Forward(x), b.Forward(x)));
 }
 
+TEST(Arm, ConditionalConfigsRoundTripAndUnconditionalJsonIsUnchanged) {
+  ArmConfig c = SmallArm("krause", true);
+  const std::string plain = c.ToJson();
+  EXPECT_EQ(plain.find("classes"), std::string::npos);  // the official keys only
+  c.classes = 3;
+  c.labels = {"a", "b", "c"};
+  KRAUSE_ASSERT_OK_AND_ASSIGN(ArmConfig back, ArmConfig::FromJson(c.ToJson()));
+  EXPECT_EQ(back.classes, 3);
+  EXPECT_EQ(back.labels, c.labels);
+  EXPECT_EQ(back.ToJson(), c.ToJson());
+  c.labels = {"a"};
+  EXPECT_THAT(ArmConfig::FromJson(c.ToJson()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got 1 labels")));
+  // The class embedding comes last: every other parameter is what the unconditional model of
+  // the same size and seed draws.
+  c.labels = {};
+  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm cond, Arm::Create(c, 4));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm uncond, Arm::Create(SmallArm("krause", true), 4));
+  EXPECT_EQ(cond.parameters().Get("class_emb.weight").sizes(), (std::vector<int64_t>{4, 32}));
+  for (const auto& [name, t] : uncond.parameters().items()) {
+    EXPECT_TRUE(at::equal(t, cond.parameters().Get(name))) << name;
+  }
+  // The class is added at every position: the null class differs from class 0 everywhere.
+  at::NoGradGuard no_grad;
+  const at::Tensor px = at::randint(0, 256, {2, 29}, at::kLong);
+  const at::Tensor none = cond.Forward(px);
+  const at::Tensor zero = cond.Forward(px, KrauseImpl::kAuto, at::zeros({2}, at::kLong));
+  EXPECT_TRUE(at::equal(none, cond.Forward(px, KrauseImpl::kAuto, at::full({2}, 3, at::kLong))));
+  EXPECT_GT((none - zero).abs().amax({0, 2}).min().item<double>(), 0.0);
+  EXPECT_LE(RelativeMaxError(cond.Forward(px, KrauseImpl::kWindowed, at::zeros({2}, at::kLong)),
+                             cond.Forward(px, KrauseImpl::kReference, at::zeros({2}, at::kLong))),
+            1e-5);
+  EXPECT_THROW(uncond.Forward(px, KrauseImpl::kAuto, at::zeros({2}, at::kLong)), std::exception);
+}
+
 TEST(Arm, OfficialParameterNames) {
   KRAUSE_ASSERT_OK_AND_ASSIGN(Arm k, Arm::Create(SmallArm("krause", false), 1));
   for (const char* name :

@@ -80,6 +80,7 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const Arm& model,
     dec->token_emb_ = Floats(p.Get("token_emb.weight"));
     dec->pos_emb_ = Floats(p.Get("pos_emb.weight"));
     if (c.start_token) dec->start_emb_ = Floats(p.Get("start_token"));
+    if (c.conditional()) dec->class_emb_ = Floats(p.Get("class_emb.weight"));
     double linear_macs = 0;
     for (int64_t l = 0; l < c.depth; ++l) {
       const std::string b = absl::StrCat("layers.", l, ".");
@@ -222,6 +223,20 @@ void CpuDecoder::Attention(int64_t layer, const float* qkv, int64_t qkv_stride,
   }
 }
 
+void CpuDecoder::EmbedRow(int64_t u, int64_t position, int64_t slot, const ArmKvCache& cache,
+                          float* out) const {
+  const int64_t d = d_;
+  const float* tok = u == Arm::kStartToken ? start_emb_.data() : &token_emb_[u * d];
+  const float* pos = &pos_emb_[position * d];
+  if (class_emb_.empty()) {
+    for (int64_t i = 0; i < d; ++i) out[i] = tok[i] + pos[i];
+    return;
+  }
+  // (token + position) + class: the reference's order of additions.
+  const float* cls = &class_emb_[cache.slot_class(slot) * d];
+  for (int64_t i = 0; i < d; ++i) out[i] = (tok[i] + pos[i]) + cls[i];
+}
+
 void CpuDecoder::RunRows(const int64_t* u, const int64_t* positions, const int64_t* slots,
                          int64_t begin, int64_t end, ArmKvCache* cache, float* logits) const {
   const int64_t n = end - begin, d = d_;
@@ -229,11 +244,7 @@ void CpuDecoder::RunRows(const int64_t* u, const int64_t* positions, const int64
   u += begin;
   positions += begin;
   slots += begin;
-  for (int64_t r = 0; r < n; ++r) {
-    const float* tok = u[r] == Arm::kStartToken ? start_emb_.data() : &token_emb_[u[r] * d];
-    const float* pos = &pos_emb_[positions[r] * d];
-    for (int64_t i = 0; i < d; ++i) b.x[r * d + i] = tok[i] + pos[i];
-  }
+  for (int64_t r = 0; r < n; ++r) EmbedRow(u[r], positions[r], slots[r], *cache, b.x + r * d);
   for (int64_t l = 0; l < depth_; ++l) {
     const Layer& L = layers_[l];
     for (int64_t r = 0; r < n; ++r)
@@ -275,11 +286,7 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
       for (int64_t r = r0; r < r1; ++r) f(r);
     });
   };
-  rows(2.0 * d, [&](int64_t r) {
-    const float* tok = u[r] == Arm::kStartToken ? start_emb_.data() : &token_emb_[u[r] * d];
-    const float* pos = &pos_emb_[positions[r] * d];
-    for (int64_t i = 0; i < d; ++i) b.x[r * d + i] = tok[i] + pos[i];
-  });
+  rows(2.0 * d, [&](int64_t r) { EmbedRow(u[r], positions[r], slots[r], *cache, b.x + r * d); });
   const double keys = krause_ ? static_cast<double>(window_) : seq_len_ / 2.0;
   for (int64_t l = 0; l < depth_; ++l) {
     const Layer& L = layers_[l];
@@ -327,6 +334,10 @@ absl::Status CpuDecoder::Step(const int64_t* u, const int64_t* positions, const 
         "cache must be an fp32 CPU cache made for this model's config");
   }
   const int64_t cache_slots = cache->slots();
+  if (cache->conditional() != !class_emb_.empty()) {
+    return absl::InvalidArgumentError(
+        "the cache and the decoder disagree on class conditioning (a cache of another model)");
+  }
   std::vector<char>& seen = Scratch().seen;
   seen.assign(static_cast<size_t>(cache_slots), 0);
   for (int64_t i = 0; i < s; ++i) {

@@ -104,6 +104,10 @@ class CpuDecoder {
                int64_t end, ArmKvCache* cache, float* logits) const;
   void RunLayerOps(const int64_t* u, const int64_t* positions, const int64_t* slots, int64_t s,
                    ArmKvCache* cache, float* logits) const;
+  // Row r's input: token (or start) embedding + position embedding (+ the slot's class
+  // embedding of a conditional model), into out [D].
+  void EmbedRow(int64_t u, int64_t position, int64_t slot, const ArmKvCache& cache,
+                float* out) const;
   void Attention(int64_t layer, const float* qkv, int64_t qkv_stride, const int64_t* positions,
                  const int64_t* slots, int64_t row_begin, int64_t row_end, int64_t head_begin,
                  int64_t head_end, ArmKvCache* cache, float* out, int64_t out_stride) const;
@@ -113,6 +117,7 @@ class CpuDecoder {
   int64_t window_ = 0, top_k_ = 0;
   float softmax_scale_ = 1;  // ARM: 1 / sqrt(head_dim)
   std::vector<float> token_emb_, pos_emb_, start_emb_;  // [256, D], [N, D], [D]
+  std::vector<float> class_emb_;  // conditional models: [classes + 1, D]; else empty
   std::vector<Layer> layers_;
   std::vector<float> lnf_w_, lnf_b_;
   Linear head_;

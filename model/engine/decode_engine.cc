@@ -65,6 +65,7 @@ absl::StatusOr<int64_t> DecodeEngine::Submit(GenerationRequest request) {
                                                    " subpixels; at most ", n - 1, " (N - 1)"));
   }
   if (!request.on_done) return absl::InvalidArgumentError("on_done callback is required");
+  RETURN_IF_ERROR(model_->config().ClassRow(request.label).status());
   auto s = std::make_unique<Sequence>();
   s->request = std::move(request);
   std::lock_guard<std::mutex> lock(mu_);
@@ -89,6 +90,13 @@ bool DecodeEngine::Busy() const { return !active_.empty() || waiting() > 0; }
 absl::Status DecodeEngine::Admit(Sequence* s) {
   if (s->request.on_admitted) s->request.on_admitted();
   const ArmConfig& c = model_->config();
+  if (cache_.conditional()) {
+    try {
+      cache_.SetClass(s->slot, *c.ClassRow(s->request.label));  // validated by Submit
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("setting the class failed: ", e.what()));
+    }
+  }
   s->pixels = s->request.prompt;
   // Known model inputs u: with a start token [START, prompt...] (u_p predicts x_p), without one
   // [prompt...] (u_p predicts x_{p+1}; an empty prompt starts from x_0 drawn uniformly).
@@ -271,7 +279,8 @@ StepStats DecodeEngine::Step(int64_t max_admit) {
   return stats;
 }
 
-absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const Arm& model, const at::Tensor& images) {
+absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const Arm& model, const at::Tensor& images,
+                                                    const std::vector<int64_t>& labels) {
   const int64_t n = model.config().seq_len();
   if (!images.defined() || images.dim() != 2 || images.size(1) != n) {
     return absl::InvalidArgumentError(
@@ -282,10 +291,26 @@ absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const Arm& model, const at::
   if (x.numel() > 0 && (x.min().item<int64_t>() < 0 || x.max().item<int64_t>() > 255)) {
     return absl::InvalidArgumentError("images: subpixel values must be in [0, 255]");
   }
+  at::Tensor classes;
+  if (!labels.empty()) {
+    if (static_cast<int64_t>(labels.size()) != x.size(0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "labels: ", labels.size(), " classes for ", x.size(0), " images (one per image, or none)"));
+    }
+    std::vector<int64_t> rows;
+    for (size_t i = 0; i < labels.size(); ++i) {
+      auto row = model.config().ClassRow(labels[i]);
+      if (!row.ok()) return absl::InvalidArgumentError(absl::StrCat("labels[", i, "]: ", row.status().message()));
+      rows.push_back(*row);
+    }
+    if (model.config().conditional()) classes = at::tensor(rows, at::kLong);
+  }
   try {
     const c10::InferenceMode inference;
     const at::Tensor bpd =
-        (model.NllPerImage(x.to(model.device())) / std::log(2.0)).to(at::kCPU).contiguous();
+        (model.NllPerImage(x.to(model.device()), KrauseImpl::kAuto, classes) / std::log(2.0))
+            .to(at::kCPU)
+            .contiguous();
     return std::vector<double>(bpd.data_ptr<float>(), bpd.data_ptr<float>() + bpd.numel());
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("scoring failed: ", e.what()));

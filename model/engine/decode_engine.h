@@ -49,6 +49,9 @@ namespace krause {
 struct GenerationRequest {
   std::vector<uint8_t> prompt;  // the first P subpixels in raster order; P <= N - 1
   SamplingParams sampling;
+  // Conditional models: the class to draw, 0..classes-1, or -1 for none (unconditional
+  // sampling). Unconditional models: must be -1.
+  int64_t label = -1;
   // Pixel index, value: called for every generated subpixel, in order.
   std::function<void(int64_t, uint8_t)> on_pixel;
   // Optional: called once when the request gets a cache slot (before its prefill).
@@ -148,7 +151,10 @@ class DecodeEngine {
 };
 
 // Bits per dimension of images under a generator (teacher-forced), per image.
-// images: [B, N] (uint8 or int64, raster order). InvalidArgument on a shape or value mismatch.
-absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const Arm& model, const at::Tensor& images);
+// images: [B, N] (uint8 or int64, raster order). labels: empty, or one class per image (-1: none)
+// for a conditional model's conditional bits/dim. InvalidArgument on a shape, value or class
+// mismatch.
+absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const Arm& model, const at::Tensor& images,
+                                                    const std::vector<int64_t>& labels = {});
 
 }  // namespace krause

@@ -53,6 +53,11 @@ absl::StatusOr<ArmKvCache> ArmKvCache::Create(const ArmConfig& c, int64_t slots,
         cache.values_.push_back(at::zeros({slots, c.heads, c.seq_len(), dh}, opts));
       }
     }
+    if (c.classes > 0) {
+      cache.class_host_.assign(slots, c.null_class());
+      cache.class_device_ = at::full({slots}, c.null_class(),
+                                     at::TensorOptions().dtype(at::kLong).device(device));
+    }
   } catch (const std::exception& e) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the KV cache: ", e.what()));
   }
@@ -65,6 +70,11 @@ int64_t ArmKvCache::BytesPerSequence(const ArmConfig& c, at::ScalarType dtype) {
     return c.depth * KrauseRingCache::BytesPerSlot(c.heads, dh, c.window, dtype);
   }
   return c.depth * c.heads * c.seq_len() * dh * 2 * 4;
+}
+
+void ArmKvCache::SetClass(int64_t slot, int64_t class_row) {
+  class_host_[slot] = class_row;
+  class_device_[slot].fill_(class_row);
 }
 
 void ArmKvCache::WritePrefix(int64_t layer, int64_t slot, const at::Tensor& k,

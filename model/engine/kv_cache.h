@@ -58,6 +58,14 @@ class ArmKvCache {
   at::Tensor& keys(int64_t layer) { return keys_[layer]; }      // ARM: [slots, H, N, d]
   at::Tensor& values(int64_t layer) { return values_[layer]; }  // ARM: [slots, H, N, d]
 
+  // Conditional models: the class row (ArmConfig: 0..classes-1, or null_class()) each slot's
+  // sequence runs with; set when a sequence takes the slot, read by Prefill and every decode
+  // step. Unconditional models: no classes (slot_classes() undefined).
+  bool conditional() const { return !class_host_.empty(); }
+  void SetClass(int64_t slot, int64_t class_row);
+  int64_t slot_class(int64_t slot) const { return class_host_[slot]; }
+  const at::Tensor& slot_classes() const { return class_device_; }  // [slots] int64, on the device
+
   // Stores positions 0..T-1 of one sequence (k, v: [H, T, d], from a prefill) in `slot`: the
   // last W of them for KARM, all of them for ARM.
   void WritePrefix(int64_t layer, int64_t slot, const at::Tensor& k, const at::Tensor& v);
@@ -66,6 +74,8 @@ class ArmKvCache {
   int64_t slots_ = 0;
   std::vector<KrauseRingCache> rings_;
   std::vector<at::Tensor> keys_, values_;
+  std::vector<int64_t> class_host_;
+  at::Tensor class_device_;
 };
 
 }  // namespace krause
