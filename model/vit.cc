@@ -176,6 +176,10 @@ at::Tensor ViT::Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl) c
 }
 
 at::Tensor ViT::Forward(const at::Tensor& images, KrauseImpl impl) const {
+  return nn::Linear(params_, "head", Features(images, impl));
+}
+
+at::Tensor ViT::Features(const at::Tensor& images, KrauseImpl impl) const {
   const int64_t b = images.size(0);
   at::Tensor x = at::conv2d(images, params_.Get("patch_embed.proj.weight"),
                             params_.Get("patch_embed.proj.bias"), {config_.patch, config_.patch});
@@ -190,8 +194,7 @@ at::Tensor ViT::Forward(const at::Tensor& images, KrauseImpl impl) const {
     x = nn::LayerNorm(params_, p + "norm2", x + f);
   }
   x = nn::LayerNorm(params_, "norm", x);
-  const at::Tensor pooled = config_.cls ? x.select(1, 0) : x.mean(1);
-  return nn::Linear(params_, "head", pooled);
+  return config_.cls ? x.select(1, 0) : x.mean(1);
 }
 
 AttentionCost ViT::FlopsPerImage() const {

@@ -54,6 +54,9 @@ class ViT {
   // images: [B, C, H, W] float, normalised. Returns logits [B, classes].
   // `impl` forces an attention implementation (tests); kAuto otherwise.
   at::Tensor Forward(const at::Tensor& images, KrauseImpl impl = KrauseImpl::kAuto) const;
+  // The head's input [B, D]: the final LayerNorm's CLS token (or token mean without CLS);
+  // Forward is head(Features). Sample-quality metrics compare these (model/eval/).
+  at::Tensor Features(const at::Tensor& images, KrauseImpl impl = KrauseImpl::kAuto) const;
 
   // Executed and dense-equivalent FLOPs per image (KRAUSE.md section 5).
   AttentionCost FlopsPerImage() const;

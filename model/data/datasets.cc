@@ -166,4 +166,22 @@ absl::StatusOr<ImageDataset> LoadCifar10(const std::string& dir, bool train) {
   return ReadCifar10(files);
 }
 
+absl::StatusOr<ImageDataset> LoadDataset(const std::string& name, const std::string& dir,
+                                         bool train) {
+  if (name == "fashion-mnist") {
+    return LoadFashionMnist(dir.empty() ? "/usr/share/datasets/fashion-mnist" : dir, train);
+  }
+  if (name == "mnist") {
+    if (dir.empty()) return absl::InvalidArgumentError("--data mnist needs --data_dir");
+    return LoadMnist(dir, train);
+  }
+  if (name == "cifar10") {
+    if (dir.empty())
+      return absl::InvalidArgumentError("--data cifar10 needs --data_dir (cifar-10-batches-bin)");
+    return LoadCifar10(dir, train);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--data must be fashion-mnist, mnist or cifar10, got ", name));
+}
+
 }  // namespace krause

@@ -39,6 +39,11 @@ absl::StatusOr<ImageDataset> ReadCifar10(const std::vector<std::string>& batch_f
 // CIFAR-10 from the folder cifar-10-batches-bin: data_batch_1..5.bin or test_batch.bin.
 absl::StatusOr<ImageDataset> LoadCifar10(const std::string& dir, bool train);
 
+// A data set by name: "fashion-mnist" (dir defaults to the Debian package's folder), "mnist" or
+// "cifar10" (dir required). InvalidArgument for another name or a missing dir.
+absl::StatusOr<ImageDataset> LoadDataset(const std::string& name, const std::string& dir,
+                                         bool train);
+
 extern const char* const kFashionMnistLabels[10];
 extern const char* const kCifar10Labels[10];
 

@@ -102,4 +102,16 @@ absl::StatusOr<at::Tensor> ReadPng(const std::string& path, int channels) {
   return r;
 }
 
+at::Tensor ImageGrid(const at::Tensor& images, int64_t cols) {
+  const int64_t n = images.size(0), c = images.size(1), h = images.size(2), w = images.size(3);
+  const int64_t rows = (n + cols - 1) / cols;
+  at::Tensor out = at::full({rows * (h + 1) + 1, cols * (w + 1) + 1, c}, 128, at::kByte);
+  for (int64_t i = 0; i < n; ++i) {
+    out.narrow(0, 1 + (i / cols) * (h + 1), h)
+        .narrow(1, 1 + (i % cols) * (w + 1), w)
+        .copy_(images[i].permute({1, 2, 0}));
+  }
+  return out;
+}
+
 }  // namespace krause

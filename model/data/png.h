@@ -35,6 +35,10 @@ absl::StatusOr<at::Tensor> DecodePng(std::string_view bytes, int channels = 0,
                                      const PngHeaderCheck& check = nullptr);
 absl::StatusOr<std::string> EncodePng(const at::Tensor& hwc);
 absl::Status WritePng(const std::string& path, const at::Tensor& hwc);
+
+// Tiles images [N, C, H, W] uint8 into one HWC image of ceil(N / cols) rows and `cols` columns,
+// 1-pixel gray (128) gaps between and around them: for sample grids.
+at::Tensor ImageGrid(const at::Tensor& images, int64_t cols);
 absl::StatusOr<at::Tensor> ReadPng(const std::string& path, int channels = 0);
 
 }  // namespace krause

@@ -34,7 +34,15 @@ ABSL_FLAG(bool, augment, true, "random crop and horizontal flip (classifiers)");
 ABSL_FLAG(int64_t, crop_pad, 2, "random crop padding in pixels");
 ABSL_FLAG(bool, flip, true, "random horizontal flips when augmenting");
 ABSL_FLAG(bool, fp16, true, "store model.safetensors in fp16 (evaluated as stored)");
-ABSL_FLAG(int64_t, samples, 16, "generators: images to sample into samples.png (0: none)");
+ABSL_FLAG(int64_t, samples, 16,
+          "generators: images to sample into samples.png (0: none); conditional generators: "
+          "per class, one row per class");
+ABSL_FLAG(bool, conditional, false,
+          "generators: condition on the data set's classes (class embedding added to every "
+          "position); the model also samples without a class");
+ABSL_FLAG(double, label_drop, 0.1,
+          "conditional generators: share of training sequences whose label is dropped to \"no "
+          "class\"");
 ABSL_FLAG(bool, quiet, false, "no progress output");
 // model sizes
 ABSL_FLAG(int64_t, width, 64, "model width D");
@@ -89,6 +97,12 @@ int main(int argc, char** argv) {
   o.flip = absl::GetFlag(FLAGS_flip);
   o.save_fp16 = absl::GetFlag(FLAGS_fp16);
   o.samples = absl::GetFlag(FLAGS_samples);
+  o.conditional = absl::GetFlag(FLAGS_conditional);
+  o.label_drop = absl::GetFlag(FLAGS_label_drop);
+  if (o.label_drop < 0 || o.label_drop > 1) {
+    std::fprintf(stderr, "--label_drop must be in [0, 1]\n");
+    return 2;
+  }
   o.quiet = absl::GetFlag(FLAGS_quiet);
   o.command = absl::StrJoin(argv, argv + argc, " ");
 

@@ -18,6 +18,7 @@
 #include "model/data/datasets.h"
 #include "model/data/png.h"
 #include "model/engine/decode_engine.h"
+#include "model/eval/sample_quality.h"
 #include "model/train/optimizer.h"
 #include "model/train/plot.h"
 #include "model/util/status_macros.h"
@@ -41,22 +42,7 @@ std::string Hms(double s) {
 }
 
 absl::StatusOr<ImageDataset> LoadData(const TrainOptions& o, bool train) {
-  std::string dir = o.data_dir;
-  if (o.data == "fashion-mnist") {
-    if (dir.empty()) dir = "/usr/share/datasets/fashion-mnist";
-    return LoadFashionMnist(dir, train);
-  }
-  if (o.data == "mnist") {
-    if (dir.empty()) return absl::InvalidArgumentError("--data mnist needs --data_dir");
-    return LoadMnist(dir, train);
-  }
-  if (o.data == "cifar10") {
-    if (dir.empty())
-      return absl::InvalidArgumentError("--data cifar10 needs --data_dir (cifar-10-batches-bin)");
-    return LoadCifar10(dir, train);
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--data must be fashion-mnist, mnist or cifar10, got ", o.data));
+  return LoadDataset(o.data, o.data_dir, train);
 }
 
 ImageDataset Limit(ImageDataset d, int64_t limit) {
@@ -111,13 +97,27 @@ at::Tensor SmoothedCrossEntropy(const at::Tensor& logits, const at::Tensor& labe
 }
 
 struct EvalResult {
-  double metric = 0;  // accuracy (classifier) or bits/dim (generator)
+  double metric = 0;  // accuracy (classifier) or bits/dim (generator; conditional ones: given
+                      // each image's class)
   double loss = 0;    // mean NLL in nats
+  double unconditional_bits = 0;  // conditional generators: bits/dim without the classes
 };
+
+// A conditional generator's class rows for a batch of labels (undefined for an unconditional
+// one): with `drop` > 0, each label becomes the null class with that probability.
+at::Tensor ClassRows(const Arm& arm, const at::Tensor& labels, double drop, at::Generator* gen) {
+  if (!arm.config().conditional()) return {};
+  at::Tensor rows = labels.to(at::kLong);
+  if (drop > 0) {
+    const at::Tensor dropped = at::rand({rows.size(0)}, *gen) < drop;
+    rows = at::where(dropped, at::full_like(rows, arm.config().null_class()), rows);
+  }
+  return rows;
+}
 
 EvalResult Evaluate(Trainee& m, const ImageDataset& test, int64_t batch, const at::Device& dev) {
   at::NoGradGuard no_grad;
-  double correct = 0, nll = 0;
+  double correct = 0, nll = 0, nll_unconditional = 0;
   const int64_t n = test.size();
   for (int64_t s = 0; s < n; s += batch) {
     const int64_t b = std::min(batch, n - s);
@@ -129,12 +129,16 @@ EvalResult Evaluate(Trainee& m, const ImageDataset& test, int64_t batch, const a
       nll +=
           at::nll_loss(at::log_softmax(logits, -1), labels, {}, at::Reduction::Sum).item<double>();
     } else {
-      nll += m.arm->NllPerImage(RasterTokens(px, dev)).sum().item<double>();
+      const at::Tensor tokens = RasterTokens(px, dev);
+      const at::Tensor rows = ClassRows(*m.arm, test.labels.narrow(0, s, b), 0, nullptr);
+      nll += m.arm->NllPerImage(tokens, KrauseImpl::kAuto, rows).sum().item<double>();
+      if (rows.defined()) nll_unconditional += m.arm->NllPerImage(tokens).sum().item<double>();
     }
   }
   EvalResult r;
   r.loss = nll / n;
   r.metric = m.classifier() ? correct / n : r.loss / std::log(2.0);
+  r.unconditional_bits = nll_unconditional / n / std::log(2.0);
   return r;
 }
 
@@ -142,51 +146,31 @@ EvalResult Evaluate(Trainee& m, const ImageDataset& test, int64_t batch, const a
 // engine is the fast path. Returns [count, C, H, W] uint8.
 // On the CPU through the generation engine (KV caches, one batched decode step per subpixel;
 // image i from seed + i); elsewhere by re-running the forward over the prefix per subpixel.
-at::Tensor SampleImages(const Arm& arm, int64_t count, uint64_t seed, const at::Device& dev) {
+// A conditional generator draws class i % classes for image i.
+at::Tensor SampleForCard(const Arm& arm, int64_t count, uint64_t seed, const at::Device& dev) {
   at::NoGradGuard no_grad;
   const ArmConfig& c = arm.config();
   const int64_t n = c.seq_len();
+  auto label_of = [&c](int64_t i) { return c.conditional() ? i % c.classes : int64_t{-1}; };
   if (dev.is_cpu()) {
-    auto engine = DecodeEngine::Create(&arm, EngineOptions{count, 0});
-    if (engine.ok()) {
-      at::Tensor x = at::zeros({count, n}, at::kByte);
-      bool ok = true;
-      for (int64_t i = 0; i < count; ++i) {
-        GenerationRequest r;
-        r.sampling.seed = seed + static_cast<uint64_t>(i);
-        r.on_done = [&x, &ok, i, n](absl::Status st, std::vector<uint8_t> px) {
-          ok = ok && st.ok() && static_cast<int64_t>(px.size()) == n;
-          if (ok) std::copy(px.begin(), px.end(), x[i].data_ptr<uint8_t>());
-        };
-        ok = ok && (*engine)->Submit(std::move(r)).ok();
-      }
-      while ((*engine)->Busy()) (*engine)->Step();
-      if (ok) return x.view({count, c.height, c.width_px, c.channels}).permute({0, 3, 1, 2});
-    }
+    std::vector<int64_t> labels(count);
+    for (int64_t i = 0; i < count; ++i) labels[i] = label_of(i);
+    auto imgs = SampleImages(arm, labels, seed);
+    if (imgs.ok()) return *imgs;
   }
   at::Generator gen = at::detail::createCPUGenerator(seed);
   at::Tensor x = at::zeros({count, n}, at::kLong);
+  at::Tensor classes;
+  if (c.conditional()) classes = at::arange(count, at::kLong).remainder(c.classes).to(dev);
   const int64_t first = c.start_token ? 0 : 1;  // without a start token x_0 is fixed to 0
   for (int64_t t = first; t < n; ++t) {
     // With a start token t pixels give t + 1 positions, without one t positions: either way the
     // last position predicts x_t.
-    const at::Tensor logits = arm.Forward(x.narrow(1, 0, t).to(dev)).select(1, -1).to(at::kCPU);
+    const at::Tensor logits =
+        arm.Forward(x.narrow(1, 0, t).to(dev), KrauseImpl::kAuto, classes).select(1, -1).to(at::kCPU);
     x.select(1, t).copy_(at::multinomial(at::softmax(logits, -1), 1, false, gen).squeeze(1));
   }
   return x.view({count, c.height, c.width_px, c.channels}).permute({0, 3, 1, 2}).to(at::kByte);
-}
-
-// Tiles [N, C, H, W] uint8 into one [rows*H, cols*W, C] image with 1-pixel gaps.
-at::Tensor Grid(const at::Tensor& imgs, int64_t cols) {
-  const int64_t n = imgs.size(0), c = imgs.size(1), h = imgs.size(2), w = imgs.size(3);
-  const int64_t rows = (n + cols - 1) / cols;
-  at::Tensor out = at::full({rows * (h + 1) + 1, cols * (w + 1) + 1, c}, 128, at::kByte);
-  for (int64_t i = 0; i < n; ++i) {
-    out.narrow(0, 1 + (i / cols) * (h + 1), h)
-        .narrow(1, 1 + (i % cols) * (w + 1), w)
-        .copy_(imgs[i].permute({1, 2, 0}));
-  }
-  return out;
 }
 
 absl::Status WriteCurve(const std::string& path, const std::vector<double>& step_loss,
@@ -252,6 +236,10 @@ absl::Status Train(const TrainOptions& o) {
     c.height = height;
     c.width_px = width;
     c.channels = channels;
+    if (o.conditional) {
+      c.classes = static_cast<int64_t>(train.label_names.size());
+      c.labels = train.label_names;
+    }
     ASSIGN_OR_RETURN(Arm a, Arm::Create(c, o.seed));
     m.arm = std::move(a);
   } else {
@@ -319,7 +307,11 @@ absl::Status Train(const TrainOptions& o) {
         loss = SmoothedCrossEntropy(logits, train.labels.index_select(0, idx).to(dev),
                                     o.label_smoothing);
       } else {
-        loss = m.arm->NllPerImage(RasterTokens(px, dev)).mean();
+        const at::Tensor rows =
+            ClassRows(*m.arm, train.labels.index_select(0, idx), o.label_drop, &gen);
+        loss = m.arm->NllPerImage(RasterTokens(px, dev), KrauseImpl::kAuto,
+                                  rows.defined() ? rows.to(dev) : rows)
+                   .mean();
       }
       opt.ZeroGrad();
       loss.backward();
@@ -357,6 +349,7 @@ absl::Status Train(const TrainOptions& o) {
                        {"train_loss", loss_sum / seen},
                        {"test_metric", ev.metric},
                        {"test_nll", ev.loss},
+                       {"test_bits_per_dim_unconditional", ev.unconditional_bits},
                        {"train_seconds", train_seconds},
                        {"images_per_second", seen / train_seconds}});
     if (!o.quiet) {
@@ -405,6 +398,9 @@ absl::Status Train(const TrainOptions& o) {
       {"storage", o.save_fp16 ? "F16" : "F32"},
       {m.classifier() ? "test_accuracy" : "test_bits_per_dim", final_eval.metric},
       {"test_nll", final_eval.loss},
+      {"label_drop", o.conditional ? o.label_drop : 0.0},
+      {"test_bits_per_dim_unconditional",
+       m.arm && m.arm->config().conditional() ? final_eval.unconditional_bits : final_eval.metric},
       {"train_seconds", trained_seconds},
       {"wall_seconds", Seconds(start)},
       {"threads", at::get_num_threads()},
@@ -417,9 +413,21 @@ absl::Status Train(const TrainOptions& o) {
   if (!m.classifier() && o.samples > 0) {
     if (!o.quiet)
       std::fprintf(stderr, "sampling %lld images...\n", static_cast<long long>(o.samples));
-    const at::Tensor imgs = SampleImages(*m.arm, o.samples, o.seed + 17, dev);
-    RETURN_IF_ERROR(WritePng(o.out_dir + "/samples.png",
-                             Grid(imgs, static_cast<int64_t>(std::ceil(std::sqrt(o.samples))))));
+    const ArmConfig& ac = m.arm->config();
+    if (ac.conditional()) {
+      // o.samples per class, one row per class: image i is class i % classes, so the grid of
+      // `classes` columns is transposed into rows.
+      const at::Tensor imgs = SampleForCard(*m.arm, o.samples * ac.classes, o.seed + 17, dev);
+      const at::Tensor by_class = imgs.view({o.samples, ac.classes, imgs.size(1), imgs.size(2),
+                                             imgs.size(3)})
+                                      .transpose(0, 1)
+                                      .reshape({-1, imgs.size(1), imgs.size(2), imgs.size(3)});
+      RETURN_IF_ERROR(WritePng(o.out_dir + "/samples.png", ImageGrid(by_class, o.samples)));
+    } else {
+      const at::Tensor imgs = SampleForCard(*m.arm, o.samples, o.seed + 17, dev);
+      RETURN_IF_ERROR(WritePng(o.out_dir + "/samples.png",
+                               ImageGrid(imgs, static_cast<int64_t>(std::ceil(std::sqrt(o.samples))))));
+    }
   }
   if (!o.quiet) {
     std::fprintf(stderr,

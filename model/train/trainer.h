@@ -32,7 +32,14 @@ struct TrainOptions {
   int64_t crop_pad = 2;
   bool flip = true;
   bool save_fp16 = true;
-  int64_t samples = 16;  // generators: images sampled into samples.png at the end (0: none)
+  // Generators: images sampled into samples.png at the end (0: none); conditional generators
+  // sample this many per class, one row per class.
+  int64_t samples = 16;
+  // Generators: condition on the data set's classes (a class embedding; ArmConfig::classes),
+  // with the label dropped to "no class" for this share of the training sequences, so that the
+  // model also samples and scores unconditionally.
+  bool conditional = false;
+  double label_drop = 0.1;
   std::string command;   // the command line, recorded in summary.json
   ViTConfig vit;         // sizes for krause_vit / vit (attention is set from `model`)
   ArmConfig arm;         // sizes for karm / arm
