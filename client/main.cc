@@ -3,11 +3,13 @@
 //   krause-client list
 //   krause-client health [--service krause.v1.KrauseService]
 //   krause-client classify FILE... [--index 0:100] [--top 3]
-//   krause-client generate [--num 4] [--seed 1] [--out DIR]
-//   krause-client complete PROMPT.png --rows 14 [--num 4] [--out DIR]
-//   krause-client score FILE... [--index 0:100]
+//   krause-client generate [--num 4] [--seed 1] [--label Sneaker] [--out DIR]
+//   krause-client complete PROMPT.png --rows 14 [--num 4] [--label Sneaker] [--out DIR]
+//   krause-client score FILE... [--index 0:100] [--label NAME | --labels_file IDX]
 //
 // FILE: a PNG, or an IDX image file (MNIST / Fashion-MNIST, gzip or raw) with --index A:B.
+// classify and score split the images into calls the model accepts (at most its
+// max_images_per_request, and --batch).
 #include <ATen/ATen.h>
 #include <grpcpp/grpcpp.h>
 
@@ -51,7 +53,17 @@ ABSL_FLAG(int64_t, max_message_bytes, 64 << 20, "largest message sent or receive
 ABSL_FLAG(std::string, service, "", "health: the service to ask about (empty: the whole server)");
 ABSL_FLAG(std::string, index, "", "IDX files: the images A:B (A inclusive, B exclusive) or A");
 ABSL_FLAG(int32_t, top, 3, "classify: top classes to show per image");
-ABSL_FLAG(int32_t, batch, 64, "classify/score: images per request");
+ABSL_FLAG(int32_t, batch, 64,
+          "classify/score: images per request at most (also at most the model's "
+          "max_images_per_request)");
+ABSL_FLAG(std::string, label, "",
+          "generate/complete/score: the class (a label of a conditional generator) to draw, or "
+          "to score every image with");
+ABSL_FLAG(int32_t, class_index, -1,
+          "generate/complete/score: the class by index (-1: none; instead of --label)");
+ABSL_FLAG(std::string, labels_file, "",
+          "score: an IDX label file (e.g. t10k-labels-idx1-ubyte.gz) giving each image's class, "
+          "sliced with --index like the images");
 ABSL_FLAG(int32_t, num, 1, "generate/complete: images to sample");
 ABSL_FLAG(int64_t, seed, -1,
           "generate/complete: seed of image 0 (image i uses seed + i; -1: random)");
@@ -127,6 +139,67 @@ absl::StatusOr<std::vector<InputImage>> ReadInputs(const std::vector<std::string
   return out;
 }
 
+// Images per call for `model` (empty: the server's default of `kind`): --batch, and at most the
+// model's max_images_per_request.
+absl::StatusOr<int> ImagesPerCall(v1::KrauseService::Stub& stub, const ConnectionOptions& o,
+                                  v1::ModelInfo::Kind kind) {
+  const int batch = std::max(1, absl::GetFlag(FLAGS_batch));
+  grpc::ClientContext ctx;
+  krause::client::PrepareContext(o, &ctx);
+  v1::ListModelsResponse r;
+  const grpc::Status st = stub.ListModels(&ctx, v1::ListModelsRequest(), &r);
+  if (!st.ok())
+    return absl::UnavailableError(absl::StrCat("list: ", krause::client::Explain(st, o)));
+  const std::string want = absl::GetFlag(FLAGS_model);
+  for (const auto& m : r.models()) {
+    if (want.empty() ? (m.kind() == kind && m.is_default()) : m.name() == want) {
+      return m.max_images_per_request() > 0
+                 ? std::min<int>(batch, static_cast<int>(m.max_images_per_request()))
+                 : batch;
+    }
+  }
+  return batch;  // unknown: the call itself reports NOT_FOUND
+}
+
+// --label / --class_index: the class a call asks for (none when neither is given).
+struct ClassChoice {
+  std::string label;
+  int32_t index = -1;
+  bool any() const { return !label.empty() || index >= 0; }
+};
+
+absl::StatusOr<ClassChoice> ChosenClass() {
+  ClassChoice c{absl::GetFlag(FLAGS_label), absl::GetFlag(FLAGS_class_index)};
+  if (!c.label.empty() && c.index >= 0)
+    return absl::InvalidArgumentError("give --label or --class_index, not both");
+  if (c.index < -1) return absl::InvalidArgumentError("--class_index must be >= 0 (or -1: none)");
+  return c;
+}
+
+// Score: each input's class (-1: none), from --labels_file (an IDX label file sliced like the
+// images) or one --label / --class_index for all; empty when none is given.
+absl::StatusOr<std::vector<int64_t>> ScoreIndices(size_t n) {
+  const std::string file = absl::GetFlag(FLAGS_labels_file);
+  if (file.empty()) return std::vector<int64_t>();
+  auto t = krause::ReadIdx(file);
+  if (!t.ok()) return t.status();
+  if (t->dim() != 1)
+    return absl::InvalidArgumentError(absl::StrCat(file, ": not an IDX label file"));
+  int64_t a = 0;
+  const std::string range = absl::GetFlag(FLAGS_index);
+  if (!range.empty()) {
+    std::vector<std::string> parts = absl::StrSplit(range, ':');
+    if (!absl::SimpleAtoi(parts[0], &a)) a = 0;
+  }
+  if (a + static_cast<int64_t>(n) > t->size(0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, " has ", t->size(0), " labels; the images need ", a + n));
+  }
+  std::vector<int64_t> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = (*t)[a + static_cast<int64_t>(i)].item<int64_t>();
+  return out;
+}
+
 std::string Bar(double fraction, int width = 30) {
   const int full = static_cast<int>(fraction * width + 0.5);
   return std::string(full, '#') + std::string(width - full, '.');
@@ -147,6 +220,7 @@ int List(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_json
                 {"default", m.is_default()},
                 {"shape", {m.height(), m.width(), m.channels()}},
                 {"labels", std::vector<std::string>(m.labels().begin(), m.labels().end())},
+                {"classes", m.classes()},
                 {"window", m.window()},
                 {"top_k", std::vector<uint32_t>(m.top_k().begin(), m.top_k().end())},
                 {"parameters", m.parameters()},
@@ -198,7 +272,9 @@ int Classify(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_
              const std::vector<std::string>& files) {
   auto inputs = ReadInputs(files);
   if (!inputs.ok()) return Fail(inputs.status().ToString());
-  const int batch = std::max(1, absl::GetFlag(FLAGS_batch));
+  auto per_call = ImagesPerCall(stub, o, v1::ModelInfo::CLASSIFIER);
+  if (!per_call.ok()) return Fail(per_call.status().ToString());
+  const int batch = *per_call;
   json results = json::array();
   double executed = 0, dense = 0;
   for (size_t s = 0; s < inputs->size(); s += batch) {
@@ -252,6 +328,10 @@ int Generate(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_
   req.set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
   req.set_top_k(static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_top_k))));
   req.set_stream_rows(false);  // the client only needs the progress and the final PNGs
+  auto cls = ChosenClass();
+  if (!cls.ok()) return Fail(cls.status().ToString());
+  if (!cls->label.empty()) req.set_label(cls->label);
+  if (cls->index >= 0) req.set_class_index(static_cast<uint32_t>(cls->index));
   if (!prompt_file.empty()) {
     auto bytes = krause::ReadFileToString(prompt_file);
     if (!bytes.ok()) return Fail(bytes.status().ToString());
@@ -326,7 +406,15 @@ int Score(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_jso
           const std::vector<std::string>& files) {
   auto inputs = ReadInputs(files);
   if (!inputs.ok()) return Fail(inputs.status().ToString());
-  const int batch = std::max(1, absl::GetFlag(FLAGS_batch));
+  auto cls = ChosenClass();
+  if (!cls.ok()) return Fail(cls.status().ToString());
+  auto indices = ScoreIndices(inputs->size());
+  if (!indices.ok()) return Fail(indices.status().ToString());
+  if (cls->any() && !indices->empty())
+    return Fail("give --labels_file or one --label / --class_index, not both");
+  auto per_call = ImagesPerCall(stub, o, v1::ModelInfo::GENERATOR);
+  if (!per_call.ok()) return Fail(per_call.status().ToString());
+  const int batch = *per_call;
   json results = json::array();
   double sum = 0;
   std::string model;
@@ -334,7 +422,12 @@ int Score(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_jso
     v1::ScoreRequest req;
     req.set_model(absl::GetFlag(FLAGS_model));
     const size_t e = std::min(inputs->size(), s + batch);
-    for (size_t i = s; i < e; ++i) *req.add_images() = (*inputs)[i].image;
+    for (size_t i = s; i < e; ++i) {
+      *req.add_images() = (*inputs)[i].image;
+      if (!cls->label.empty()) req.add_labels(cls->label);
+      if (cls->index >= 0) req.add_class_indices(cls->index);
+      if (!indices->empty()) req.add_class_indices(static_cast<int32_t>((*indices)[i]));
+    }
     grpc::ClientContext ctx;
     krause::client::PrepareContext(o, &ctx);
     v1::ScoreResponse r;
@@ -353,7 +446,9 @@ int Score(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_jso
     std::cout << json{{"model", model}, {"results", results}, {"mean_bits_per_dim", mean}}.dump(2)
               << "\n";
   } else {
-    std::printf("%s: mean %.4f bits/dim over %zu image(s)\n", model.c_str(), mean, inputs->size());
+    std::printf("%s: mean %.4f bits/dim over %zu image(s) in %zu call(s)%s\n", model.c_str(), mean,
+                inputs->size(), (inputs->size() + batch - 1) / batch,
+                cls->any() || !indices->empty() ? ", given the classes" : "");
   }
   return 0;
 }
@@ -366,9 +461,12 @@ int main(int argc, char** argv) {
       "  krause-client list\n"
       "  krause-client health [--service krause.v1.KrauseService]\n"
       "  krause-client classify FILE... [--index A:B] [--top 3]     (PNG files or IDX files)\n"
-      "  krause-client generate [--num 4] [--seed 1] [--out DIR]\n"
-      "  krause-client complete PROMPT.png --rows 14 [--num 4] [--out DIR]\n"
-      "  krause-client score FILE... [--index A:B]\n"
+      "  krause-client generate [--num 4] [--seed 1] [--label Sneaker] [--out DIR]\n"
+      "  krause-client complete PROMPT.png --rows 14 [--num 4] [--label Sneaker] [--out DIR]\n"
+      "  krause-client score FILE... [--index A:B] [--label NAME | --labels_file IDX]\n"
+      "classify and score split the images into calls the model accepts; score prints the mean.\n"
+      "--label / --class_index: the class of a conditional generator (list --json shows its\n"
+      "labels).\n"
       "Common: --server host:port, --model NAME, --json, --timeout S, --tls/--tls_ca/--tls_cert/\n"
       "--tls_key, --token/--token_file. Exit code 0 on success, 1 on an error, 2 on bad usage.");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);

@@ -41,6 +41,7 @@ class StepListener {
 
 struct ScoreJob {
   at::Tensor images;  // [n, seq_len] uint8 raster order
+  std::vector<int64_t> labels;  // empty, or per image its class (-1: none); validated
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   std::function<bool()> cancelled;
   std::function<void(absl::StatusOr<std::vector<double>> bits_per_dim)> done;

@@ -42,6 +42,8 @@ v1::ModelInfo Describe(const ServedModel& m) {
       info.set_window(static_cast<uint32_t>(c.window));
       for (int64_t i = 0; i < c.depth; ++i) info.add_top_k(static_cast<uint32_t>(c.top_k));
     }
+    info.set_classes(static_cast<uint32_t>(c.classes));
+    for (const std::string& l : c.labels) info.add_labels(l);
     info.set_max_batch_size(static_cast<uint32_t>(m.generator->slots()));
     info.set_kv_cache_bytes_per_sequence(static_cast<uint64_t>(m.generator->bytes_per_sequence()));
   }

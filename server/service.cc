@@ -127,6 +127,38 @@ absl::StatusOr<ResolvedCall> ResolveImageCall(
   return ResolvedCall{*found, *decoded};
 }
 
+// Score's per-image classes: empty (none), or one per image from `labels` or `class_indices`
+// ("" and -1: that image without a class). InvalidArgument naming the field and entry.
+absl::StatusOr<std::vector<int64_t>> ScoreClasses(const v1::ScoreRequest& req, const ArmConfig& c,
+                                                  const std::string& model, int64_t n) {
+  const int64_t by_name = req.labels_size(), by_index = req.class_indices_size();
+  if (by_name == 0 && by_index == 0) return std::vector<int64_t>();
+  if (by_name > 0 && by_index > 0)
+    return absl::InvalidArgumentError("labels and class_indices: give at most one of the two");
+  const char* field = by_name > 0 ? "labels" : "class_indices";
+  if (std::max(by_name, by_index) != n) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " has ", std::max(by_name, by_index),
+                                                   " entries for ", n, " images (one per image)"));
+  }
+  std::vector<int64_t> out(n, -1);
+  for (int64_t i = 0; i < n; ++i) {
+    absl::StatusOr<int64_t> cls = -1;
+    if (by_name > 0 && !req.labels(i).empty()) {
+      cls = c.ClassOfLabel(req.labels(i));
+    } else if (by_index > 0 && req.class_indices(i) != -1) {
+      cls = req.class_indices(i) < -1 ? absl::InvalidArgumentError(absl::StrCat(
+                                            "class ", req.class_indices(i), " is below -1 (none)"))
+                                      : c.ClassRow(req.class_indices(i));
+    }
+    if (!cls.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", i, "]: model ", model, ": ", cls.status().message()));
+    }
+    out[i] = *cls;
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Generate: the stream's state lives in a shared object that the engine callbacks, the worker's
 // step listener and the reactor all hold; the reactor itself is only touched to start a write or
@@ -496,6 +528,17 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
     return absl::InvalidArgumentError(
         absl::StrCat("prompt_rows is ", req.prompt_rows(), " but there is no prompt"));
   }
+  int64_t label = -1;
+  if (req.condition_case() != v1::GenerateRequest::CONDITION_NOT_SET) {
+    const ArmConfig& c = m->model.arm->config();
+    const bool by_name = req.condition_case() == v1::GenerateRequest::kLabel;
+    auto cls = by_name ? c.ClassOfLabel(req.label()) : c.ClassRow(req.class_index());
+    if (!cls.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(by_name ? "label" : "class_index", ": model ",
+                                                     m->spec.name, ": ", cls.status().message()));
+    }
+    label = *cls;
+  }
   uint64_t seed = req.has_seed() ? req.seed() : std::random_device{}() * 0x100000001ull;
   state_ = std::make_shared<GenerateState>(svc_, m, this, SteadyDeadline(ctx), book_.start(),
                                            interval, !req.has_stream_rows() || req.stream_rows());
@@ -506,6 +549,7 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
     r.prompt = prompt;
     r.sampling = sp;
     r.sampling.seed = seed + static_cast<uint64_t>(i);
+    r.label = label;
     std::shared_ptr<GenerateState> s = state_;
     r.on_pixel = [s, i](int64_t index, uint8_t v) { s->OnPixel(i, index, v); };
     r.on_admitted = [s] { s->OnAdmitted(); };
@@ -693,6 +737,9 @@ grpc::ServerUnaryReactor* KrauseService::Score(grpc::CallbackServerContext* ctx,
     const ArmConfig& c = m->model.arm->config();
     const AttentionCost cost = m->flops;
     ScoreJob job;
+    auto labels = ScoreClasses(*request, c, m->spec.name, n);
+    if (!labels.ok()) return labels.status();
+    job.labels = std::move(*labels);
     job.images = images.permute({0, 2, 3, 1}).reshape({n, -1}).contiguous();
     job.deadline = SteadyDeadline(ctx);
     job.cancelled = [ctx] { return ctx->IsCancelled(); };

@@ -130,7 +130,7 @@ TEST_F(ServerTest, ListAndGetModels) {
   grpc::ClientContext ctx;
   v1::ListModelsResponse r;
   ASSERT_TRUE(stub_->ListModels(&ctx, {}, &r).ok());
-  ASSERT_EQ(r.models_size(), 4);
+  ASSERT_EQ(r.models_size(), 5);
   const v1::ModelInfo& vit = r.models(0);
   EXPECT_EQ(vit.name(), "vit");
   EXPECT_EQ(vit.kind(), v1::ModelInfo::CLASSIFIER);
@@ -648,6 +648,133 @@ TEST_F(ServerTest, ScoreMatchesTheModel) {
   const grpc::Status st = stub_->Score(&ctx, bad, &r);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(st.error_message(), ::testing::HasSubstr("but model karm takes 6x6x1"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Class-conditional generation (karm-cond: classes zero, one, two).
+
+v1::GenerateRequest CondRequest(uint64_t seed, uint32_t n) {
+  v1::GenerateRequest req;
+  req.set_model("karm-cond");
+  req.set_num_images(n);
+  req.set_seed(seed);
+  return req;
+}
+
+TEST_F(ServerTest, ConditionalGeneratorListsItsClassesAndDrawsTheAskedOne) {
+  grpc::ClientContext ctx;
+  v1::GetModelRequest g;
+  g.set_name("karm-cond");
+  v1::ModelInfo info;
+  ASSERT_TRUE(stub_->GetModel(&ctx, g, &info).ok());
+  EXPECT_EQ(info.classes(), 3u);
+  EXPECT_THAT(std::vector<std::string>(info.labels().begin(), info.labels().end()),
+              ::testing::ElementsAre("zero", "one", "two"));
+  grpc::ClientContext c2;
+  g.set_name("karm");
+  ASSERT_TRUE(stub_->GetModel(&c2, g, &info).ok());
+  EXPECT_EQ(info.classes(), 0u);
+  EXPECT_EQ(info.labels_size(), 0);
+
+  // By label and by index: the same images; another class or none: other images.
+  v1::GenerateRequest by_label = CondRequest(11, 3);
+  by_label.set_label("one");
+  v1::GenerateRequest by_index = CondRequest(11, 3);
+  by_index.set_class_index(1);
+  v1::GenerateRequest other = CondRequest(11, 3);
+  other.set_label("two");
+  const Stream a = RunGenerate(*stub_, by_label), b = RunGenerate(*stub_, by_index),
+               c = RunGenerate(*stub_, other), none = RunGenerate(*stub_, CondRequest(11, 3));
+  for (const Stream* s : {&a, &b, &c, &none}) ASSERT_TRUE(s->status.ok()) << s->status.error_message();
+  EXPECT_EQ(PngsOf(a), PngsOf(b));
+  EXPECT_EQ(RowsOf(a), PngsOf(a));
+  EXPECT_NE(PngsOf(a), PngsOf(c));
+  EXPECT_NE(PngsOf(a), PngsOf(none));
+  // Image i of a call is image 0 of a call with seed + i: per class too.
+  v1::GenerateRequest second = CondRequest(12, 1);
+  second.set_label("one");
+  const Stream s2 = RunGenerate(*stub_, second);
+  ASSERT_TRUE(s2.status.ok());
+  EXPECT_EQ(PngsOf(s2).at(0), PngsOf(a).at(1));
+
+  // Completion given a class keeps the prompt rows.
+  const at::Tensor prompt = RandomImages(1, 6, 6, 1, 3)[0];
+  v1::GenerateRequest comp = CondRequest(4, 2);
+  comp.set_label("zero");
+  *comp.mutable_prompt() = RawImage(prompt);
+  comp.set_prompt_rows(2);
+  const Stream done = RunGenerate(*stub_, comp);
+  ASSERT_TRUE(done.status.ok()) << done.status.error_message();
+  const std::string head(reinterpret_cast<const char*>(prompt.contiguous().data_ptr<uint8_t>()), 12);
+  for (const auto& [i, px] : PngsOf(done)) EXPECT_EQ(px.substr(0, 12), head) << "image " << i;
+  EXPECT_TRUE(SlotsFree("karm-cond"));
+}
+
+TEST_F(ServerTest, ClassErrorsNameTheFieldAndTheValidLabels) {
+  auto expect_invalid = [&](const v1::GenerateRequest& req, const std::vector<std::string>& parts) {
+    const Stream s = RunGenerate(*stub_, req);
+    EXPECT_EQ(s.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    for (const std::string& p : parts)
+      EXPECT_THAT(s.status.error_message(), ::testing::HasSubstr(p));
+  };
+  v1::GenerateRequest r = CondRequest(1, 1);
+  r.set_label("three");
+  expect_invalid(r, {"label", "karm-cond", "valid labels: zero, one, two"});
+  r.set_class_index(3);
+  expect_invalid(r, {"class_index", "outside [0, 3)"});
+  r.set_model("karm");
+  r.set_label("zero");
+  expect_invalid(r, {"label", "model karm", "unconditional"});
+  r.set_class_index(0);
+  expect_invalid(r, {"class_index", "unconditional"});
+  EXPECT_TRUE(SlotsFree("karm-cond"));
+  EXPECT_TRUE(SlotsFree("karm"));
+}
+
+TEST_F(ServerTest, ScoreGivenClassesIsTheConditionalBitsPerDim) {
+  const at::Tensor images = RandomImages(3, 6, 6, 1, 8);
+  auto score = [&](const std::string& model, const std::vector<std::string>& labels,
+                   const std::vector<int32_t>& indices, v1::ScoreResponse* r) {
+    v1::ScoreRequest req;
+    req.set_model(model);
+    for (int i = 0; i < 3; ++i) *req.add_images() = RawImage(images[i]);
+    for (const auto& l : labels) req.add_labels(l);
+    for (int32_t i : indices) req.add_class_indices(i);
+    grpc::ClientContext ctx;
+    return stub_->Score(&ctx, req, r);
+  };
+  v1::ScoreResponse by_label, by_index, none;
+  ASSERT_TRUE(score("karm-cond", {"two", "", "zero"}, {}, &by_label).ok());
+  ASSERT_TRUE(score("karm-cond", {}, {2, -1, 0}, &by_index).ok());
+  ASSERT_TRUE(score("karm-cond", {}, {}, &none).ok());
+  auto m = LoadModel(models_.dir + "/cond.safetensors");
+  ASSERT_TRUE(m.ok());
+  auto want = ScoreBitsPerDim(*m->arm, images.reshape({3, -1}), {2, -1, 0});
+  ASSERT_TRUE(want.ok());
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_DOUBLE_EQ(by_label.bits_per_dim(i), (*want)[i]);
+    EXPECT_DOUBLE_EQ(by_index.bits_per_dim(i), (*want)[i]);
+  }
+  EXPECT_DOUBLE_EQ(none.bits_per_dim(1), (*want)[1]);  // "" / -1: without a class
+  EXPECT_NE(none.bits_per_dim(0), (*want)[0]);
+
+  v1::ScoreResponse r;
+  grpc::Status st = score("karm-cond", {"one"}, {}, &r);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), ::testing::HasSubstr("labels has 1 entries for 3 images"));
+  st = score("karm-cond", {"one", "one", "four"}, {}, &r);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), ::testing::HasSubstr("labels[2]: model karm-cond: class \"four\""));
+  EXPECT_THAT(st.error_message(), ::testing::HasSubstr("valid labels: zero, one, two"));
+  st = score("karm-cond", {"one", "one", "one"}, {0, 0, 0}, &r);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), ::testing::HasSubstr("at most one of the two"));
+  st = score("karm-cond", {}, {0, 3, -2}, &r);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), ::testing::HasSubstr("class_indices[1]"));
+  st = score("karm", {"zero", "zero", "zero"}, {}, &r);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), ::testing::HasSubstr("unconditional"));
 }
 
 TEST_F(ServerTest, ThirtyTwoConcurrentClientsMixingClassifyAndGenerate) {

@@ -2,6 +2,7 @@
 // a manifest, an in-process KrauseServer on a loopback port, and client stubs.
 #pragma once
 
+#include <ATen/core/grad_mode.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -32,7 +33,8 @@ inline void WriteText(const std::string& path, const std::string& text) {
 }
 
 // Tiny models: a Krause ViT classifier on 8x8x1 with labels, a KARM and a softmax ARM on
-// 6x6x1 (36 subpixels), and a bigger KARM (16x16x3, 768 subpixels) for long streams.
+// 6x6x1 (36 subpixels), a bigger KARM (16x16x3, 768 subpixels) for long streams, and a
+// class-conditional KARM on 6x6x1 with the labels zero, one, two.
 inline ViTConfig TinyViTConfig() {
   ViTConfig c;
   c.image_size = 8;
@@ -71,6 +73,7 @@ struct TinyModels {
 //   vit:       max_batch_size 8, max_queue_delay_ms `delay_ms`, max_queued_images `max_queued`
 //   karm, arm: max_sequences 4, max_waiting `max_waiting`, max_images_per_request 8 (karm)
 //   karm-big:  max_sequences 1, max_waiting 1
+//   karm-cond: max_sequences 4, max_waiting `max_waiting`, max_images_per_request 8
 inline TinyModels WriteTinyModels(const std::string& tag, int delay_ms = 20, int max_waiting = 8,
                                   int max_queued = 16) {
   TinyModels t;
@@ -79,7 +82,16 @@ inline TinyModels WriteTinyModels(const std::string& tag, int delay_ms = 20, int
   auto karm = Arm::Create(TinyArmConfig("krause", 6, 6, 1), 2);
   auto arm = Arm::Create(TinyArmConfig("softmax", 6, 6, 1), 3);
   auto big = Arm::Create(TinyArmConfig("krause", 16, 16, 3), 4);
-  EXPECT_TRUE(vit.ok() && karm.ok() && arm.ok() && big.ok());
+  ArmConfig cc = TinyArmConfig("krause", 6, 6, 1);
+  cc.classes = 3;
+  cc.labels = {"zero", "one", "two"};
+  auto cond = Arm::Create(cc, 5);
+  EXPECT_TRUE(vit.ok() && karm.ok() && arm.ok() && big.ok() && cond.ok());
+  {
+    at::NoGradGuard no_grad;  // classes that clearly change the draws
+    cond->parameters().Get("class_emb.weight").mul_(40);
+  }
+  EXPECT_TRUE(SaveModel(t.dir + "/cond.safetensors", *cond).ok());
   EXPECT_TRUE(SaveModel(t.dir + "/vit.safetensors", *vit).ok());
   EXPECT_TRUE(SaveModel(t.dir + "/karm.safetensors", *karm).ok());
   EXPECT_TRUE(SaveModel(t.dir + "/arm.safetensors", *arm).ok());
@@ -95,7 +107,9 @@ inline TinyModels WriteTinyModels(const std::string& tag, int delay_ms = 20, int
                             std::to_string(max_waiting) + R"(, "max_images_per_request": 8},
     {"name": "arm", "checkpoint": "arm.safetensors", "max_sequences": 4, "max_waiting": )" +
                             std::to_string(max_waiting) + R"(},
-    {"name": "karm-big", "checkpoint": "big.safetensors", "max_sequences": 1, "max_waiting": 1}
+    {"name": "karm-big", "checkpoint": "big.safetensors", "max_sequences": 1, "max_waiting": 1},
+    {"name": "karm-cond", "checkpoint": "cond.safetensors", "max_sequences": 4, "max_waiting": )" +
+                            std::to_string(max_waiting) + R"(, "max_images_per_request": 8}
   ]})");
   return t;
 }
