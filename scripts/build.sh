@@ -8,6 +8,7 @@
 #                            Debian's LibTorch
 #   SKIP_INSTALL=0           1: do not run scripts/install-deps.sh
 #   CMAKE_ARGS=              extra CMake arguments (e.g. -DKRAUSE_BUILD_TESTS=OFF)
+#   CONFIGURE_ONLY=0         1: configure, do not build (the caller builds chosen targets)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,5 +26,6 @@ if [ -n "${TORCH_PREFIX:-}" ]; then args+=(-DCMAKE_PREFIX_PATH="$TORCH_PREFIX");
 if [ -n "${CMAKE_ARGS:-}" ]; then read -r -a extra <<< "$CMAKE_ARGS"; args+=("${extra[@]}"); fi
 
 cmake "${args[@]}"
+if [ "${CONFIGURE_ONLY:-0}" = "1" ]; then exit 0; fi
 # 2 cores and ~1.5 GiB per LibTorch translation unit: one job per core.
 cmake --build "$BUILD_DIR" -j "$(nproc)"
