@@ -95,6 +95,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(GradCase{"causal_w3_k2", Neighbourhood::Causal(3), 7, 2, 2, true},
                       GradCase{"causal_w4_k9", Neighbourhood::Causal(4), 6, 9, 1, false},
                       GradCase{"causal_w2_k1", Neighbourhood::Causal(2), 5, 1, 2, false},
+                      // Two query blocks of 64, the second partial.
+                      GradCase{"causal_w3_k2_two_blocks", Neighbourhood::Causal(3), 70, 2, 1,
+                               false},
                       GradCase{"grid_3x3_r1_cls",
                                Neighbourhood::Grid(3, 3, 1, GridMetric::kManhattan, true), 10, 3, 2,
                                false},
@@ -115,6 +118,70 @@ INSTANTIATE_TEST_SUITE_P(
                                true, internal::GridRoute::kDenseRows},
                       GradCase{"global_k3", Neighbourhood::Global(), 6, 3, 1, true}),
     [](const ::testing::TestParamInfo<GradCase>& info) { return info.param.name; });
+
+// The CPU training path (fused forward, hand-written backward) against the windowed path's
+// autograd, in fp32: the same outputs, selections and gradients of q, k, v and log_sigma.
+using ::krause::testing::RelativeMaxError;
+
+struct TrainCase {
+  const char* name;
+  Neighbourhood nb;
+  int64_t n, top_k, heads, d;
+  bool per_head_sigma;
+};
+
+class FusedCpuTrainTest : public ::testing::TestWithParam<TrainCase> {};
+
+TEST_P(FusedCpuTrainTest, GradientsMatchTheWindowedPath) {
+  const TrainCase& c = GetParam();
+  at::Generator gen = at::detail::createCPUGenerator(5);
+  const int64_t b = 3;
+  const at::Tensor q0 = at::normal(0, 0.7, {b, c.heads, c.n, c.d}, gen);
+  const at::Tensor k0 = at::normal(0, 0.7, {b, c.heads, c.n, c.d}, gen);
+  const at::Tensor v0 = at::normal(0, 1.0, {b, c.heads, c.n, c.d}, gen);
+  const at::Tensor ls0 = c.per_head_sigma ? at::normal(0.2, 0.2, {c.heads, 1, 1}, gen)
+                                          : at::full({}, 0.3);
+  const at::Tensor proj = at::normal(0, 1.0, {b, c.heads, c.n, c.d}, gen);
+  struct Grads {
+    at::Tensor out, indices, dq, dk, dv, dls;
+  };
+  auto run = [&](KrauseImpl impl) {
+    std::vector<at::Tensor> p = {q0.clone(), k0.clone(), v0.clone(), ls0.clone()};
+    for (auto& t : p) t.set_requires_grad(true);
+    KrauseOptions o;
+    o.neighbourhood = c.nb;
+    o.top_k = c.top_k;
+    o.impl = impl;
+    o.return_selection = true;
+    auto r = KrauseAttention(p[0], p[1], p[2], p[3], o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    (r->out * proj).sum().backward();
+    return Grads{r->out.detach(), r->indices, p[0].grad(), p[1].grad(), p[2].grad(), p[3].grad()};
+  };
+  const Grads want = run(KrauseImpl::kWindowed);
+  const Grads got = run(KrauseImpl::kFusedCpuTrain);
+  EXPECT_LE(RelativeMaxError(got.out, want.out), 1e-5);
+  EXPECT_TRUE(at::equal(got.indices, want.indices));
+  EXPECT_LE(RelativeMaxError(got.dq, want.dq), 1e-4);
+  EXPECT_LE(RelativeMaxError(got.dk, want.dk), 1e-4);
+  EXPECT_LE(RelativeMaxError(got.dv, want.dv), 1e-4);
+  ASSERT_EQ(got.dls.sizes(), want.dls.sizes());
+  EXPECT_LE(RelativeMaxError(got.dls, want.dls), 1e-4);
+  EXPECT_GT(want.dls.abs().sum().item<double>(), 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, FusedCpuTrainTest,
+    ::testing::Values(TrainCase{"causal_w56_k40_three_blocks", Neighbourhood::Causal(56), 150, 40,
+                                2, 16, true},
+                      TrainCase{"causal_w8_k3_shared_sigma", Neighbourhood::Causal(8), 20, 3, 3, 8,
+                                false},
+                      TrainCase{"causal_k_over_window", Neighbourhood::Causal(4), 9, 7, 1, 4, true},
+                      TrainCase{"grid_7x7_r1_cls", Neighbourhood::Grid(7, 7, 1, GridMetric::kChebyshev,
+                                                                       true),
+                                50, 3, 2, 16, true},
+                      TrainCase{"global_k5", Neighbourhood::Global(), 12, 5, 2, 8, false}),
+    [](const ::testing::TestParamInfo<TrainCase>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace krause

@@ -22,6 +22,8 @@ const char* KrauseImplName(KrauseImpl impl) {
       return "windowed";
     case KrauseImpl::kFusedCpu:
       return "fused_cpu";
+    case KrauseImpl::kFusedCpuTrain:
+      return "fused_cpu_train";
     case KrauseImpl::kCuda:
       return "cuda";
   }
@@ -81,6 +83,8 @@ absl::StatusOr<KrauseResult> KrauseAttention(const at::Tensor& q, const at::Tens
       const bool fp32 = q.scalar_type() == at::kFloat && !needs_grad;
       impl = KrauseImpl::kWindowed;
       if (fp32 && q.device().is_cpu()) impl = KrauseImpl::kFusedCpu;
+      if (needs_grad && q.scalar_type() == at::kFloat && q.device().is_cpu())
+        impl = KrauseImpl::kFusedCpuTrain;
 #ifdef KRAUSE_WITH_CUDA
       if (fp32 && q.device().is_cuda()) impl = KrauseImpl::kCuda;
 #endif
@@ -106,6 +110,12 @@ absl::StatusOr<KrauseResult> KrauseAttention(const at::Tensor& q, const at::Tens
               "impl fused_cpu needs fp32 CPU tensors; q is ", std::string(q.toString())));
         }
         return internal::FusedCpuAttention(args, options);
+      case KrauseImpl::kFusedCpuTrain:
+        if (!q.device().is_cpu() || q.scalar_type() != at::kFloat) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "impl fused_cpu_train needs fp32 CPU tensors; q is ", std::string(q.toString())));
+        }
+        return internal::FusedCpuTrainAttention(args, options);
       case KrauseImpl::kCuda:
 #ifdef KRAUSE_WITH_CUDA
         if (!q.device().is_cuda() || q.scalar_type() != at::kFloat) {

@@ -39,7 +39,9 @@
 
 namespace krause {
 
-enum class KrauseImpl { kAuto, kReference, kWindowed, kFusedCpu, kCuda };
+// kFusedCpuTrain: the fused CPU forward with a hand-written backward over the kept keys
+// (fused_cpu_train.cc): kAuto's choice for fp32 CPU tensors that need gradients (training).
+enum class KrauseImpl { kAuto, kReference, kWindowed, kFusedCpu, kCuda, kFusedCpuTrain };
 const char* KrauseImplName(KrauseImpl impl);
 
 struct KrauseOptions {
@@ -98,6 +100,7 @@ KrauseResult WindowedAttention(const AttentionArgs& a, const KrauseOptions& o);
 enum class GridRoute { kAuto, kCandidateTable, kDenseRows };
 void SetGridRouteForTesting(GridRoute route);
 KrauseResult FusedCpuAttention(const AttentionArgs& a, const KrauseOptions& o);
+KrauseResult FusedCpuTrainAttention(const AttentionArgs& a, const KrauseOptions& o);
 #ifdef KRAUSE_WITH_CUDA
 KrauseResult CudaAttention(const AttentionArgs& a, const KrauseOptions& o);
 // The CUDA kernels' variant (cuda/krause_cuda.h): a thread block or a warp per row. kAuto takes
