@@ -65,6 +65,10 @@ struct ModelCase {
   int64_t classes;  // > 0: class-conditional
 };
 
+void PrintTo(const ModelCase& c, std::ostream* os) {
+  *os << c.attention << (c.start ? " start" : " no start") << ", classes " << c.classes;
+}
+
 ArmConfig Config(const std::string& attention, bool start, int64_t classes = 0) {
   ArmConfig c;
   c.attention = attention;

@@ -164,16 +164,16 @@ TEST(Trainer, ConditionalKarmLearnsTheClassesAndDrawsThem) {
   std::vector<int64_t> labels;
   for (int i = 0; i < 16; ++i) labels.push_back(i % 2);
   KRAUSE_ASSERT_OK_AND_ASSIGN(at::Tensor imgs, SampleImages(*m.arm, labels, 100));
+  // After 3 short epochs a sample may still draw the other mode; without conditioning about
+  // half would.
   const at::Tensor f = imgs.to(at::kFloat);
+  int follow = 0;
   for (int i = 0; i < 16; ++i) {
     const double top = f[i].narrow(1, 0, 4).mean().item<double>();
     const double bottom = f[i].narrow(1, 4, 4).mean().item<double>();
-    if (i % 2 == 0) {
-      EXPECT_GT(top, bottom + 40) << "class 0 sample " << i;
-    } else {
-      EXPECT_GT(bottom, top + 40) << "class 1 sample " << i;
-    }
+    follow += i % 2 == 0 ? top > bottom + 40 : bottom > top + 40;
   }
+  EXPECT_GE(follow, 13) << "samples whose bright half follows their class, of 16";
 }
 
 TEST(Trainer, BadOptionsAreErrors) {

@@ -32,6 +32,12 @@ def main():
             ("selection comparisons per image", f"{s['selection_comparisons_per_image']:,.0f} (not in the FLOPs)")]
     if classifier:
         rows.append(("test accuracy (as stored)", f"{100 * s['test_accuracy']:.2f}%"))
+    elif cfg.get("classes", 0) > 0:
+        rows.append(("classes", f"{cfg['classes']} ({', '.join(cfg.get('labels', []))}); "
+                                f"label dropped for {100 * s.get('label_drop', 0):.0f}% of training sequences"))
+        rows.append(("test bits/dim (as stored)",
+                     f"{s['test_bits_per_dim']:.4f} given each image's class, "
+                     f"{s['test_bits_per_dim_unconditional']:.4f} without"))
     else:
         rows.append(("test bits/dim (as stored)", f"{s['test_bits_per_dim']:.4f}"))
     lines += [f"| {k} | {v} |" for k, v in rows]
