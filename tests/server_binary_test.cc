@@ -78,6 +78,54 @@ class ServerBinaryTest : public ::testing::Test {
   std::string client_;
 };
 
+// Writes an IDX file of unsigned bytes with the given dimensions and values i % mod.
+void WriteIdxBytes(const std::string& path, const std::vector<int>& dims, int mod) {
+  std::ofstream f(path, std::ios::binary);
+  const unsigned char head[] = {0, 0, 8, static_cast<unsigned char>(dims.size())};
+  f.write(reinterpret_cast<const char*>(head), sizeof(head));
+  int64_t count = 1;
+  for (int d : dims) {
+    const unsigned char be[] = {0, 0, static_cast<unsigned char>(d >> 8),
+                                static_cast<unsigned char>(d & 255)};
+    f.write(reinterpret_cast<const char*>(be), 4);
+    count *= d;
+  }
+  for (int64_t i = 0; i < count; ++i) f.put(static_cast<char>(i * 7 % mod));
+}
+
+TEST_F(ServerBinaryTest, ClassesFromTheClientAndScoreSplitIntoCallsTheModelAccepts) {
+  const std::string out = models_.dir + "/cond";
+  ShellRun r = Shell(client_ + "generate --model karm-cond --label one --num 2 --seed 3 "
+                               "--progress=false --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(ReadPng(out + "/sample-1.png").ok());
+  r = Shell(client_ + "generate --model karm-cond --class_index 1 --num 2 --seed 3 --prefix idx "
+                      "--progress=false --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(at::equal(ReadPng(out + "/sample-1.png").value(), ReadPng(out + "/idx-1.png").value()));
+  r = Shell(client_ + "generate --model karm-cond --label three --progress=false --out " + out);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, ::testing::HasSubstr("INVALID_ARGUMENT"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("valid labels: zero, one, two"));
+  r = Shell(client_ + "generate --label one --class_index 1 --out " + out);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, ::testing::HasSubstr("not both"));
+
+  // 17 images for karm (at most 8 per request): three calls, one mean.
+  const std::string images = models_.dir + "/imgs17.idx", labels = models_.dir + "/labels17.idx";
+  WriteIdxBytes(images, {17, 6, 6}, 256);
+  WriteIdxBytes(labels, {17}, 3);
+  r = Shell(client_ + "score --model karm " + images);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("over 17 image(s) in 3 call(s)"));
+  r = Shell(client_ + "score --model karm-cond --index 2:13 --labels_file " + labels + " " + images);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("over 11 image(s) in 2 call(s), given the classes"));
+  r = Shell(client_ + "score --model karm --label zero " + images);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, ::testing::HasSubstr("unconditional"));
+}
+
 TEST_F(ServerBinaryTest, ClientSessionAndSigtermExitsZero) {
   ShellRun r = Shell(client_ + "list");
   ASSERT_EQ(r.code, 0) << r.out;
