@@ -174,8 +174,10 @@ class LoadGen {
               [this, c, rpc, images, measured, done = std::move(done)](grpc::Status st) {
                 Record(rpc, measured, st, Seconds(Clock::now() - c->start), st.ok() ? images : 0);
                 delete c;
-                in_flight_.fetch_sub(1);
+                // `done` first: once in_flight_ reads 0 the main thread may return and destroy
+                // what `done` refers to.
                 done();
+                in_flight_.fetch_sub(1);
               }));
   }
 
@@ -239,10 +241,11 @@ class LoadGen {
         if (running_) g_->stats_.first_pixel.push_back(first_pixel_);
         g_->stats_.chunk_gap.insert(g_->stats_.chunk_gap.end(), gaps_.begin(), gaps_.end());
       }
-      g_->in_flight_.fetch_sub(1);
+      LoadGen* g = g_;
       auto done = std::move(done_);
       delete this;
-      done();
+      done();  // before the count drops (see Unary)
+      g->in_flight_.fetch_sub(1);
     }
 
    private:
@@ -400,6 +403,7 @@ int main(int argc, char** argv) {
     return true;
   };
   std::function<void()> next;
+  std::thread pacer;  // open loop: issues the calls at their arrival times
   if (mode == "closed") {
     next = [&] {
       bool measured;
@@ -411,7 +415,7 @@ int main(int argc, char** argv) {
     };
     for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_concurrency)); ++i) next();
   } else {
-    std::thread pacer([&] {
+    pacer = std::thread([&] {
       std::mt19937_64 rng(7);
       std::exponential_distribution<double> exp(absl::GetFlag(FLAGS_rate));
       const bool poisson = absl::GetFlag(FLAGS_arrivals) == "poisson";
@@ -422,10 +426,11 @@ int main(int argc, char** argv) {
         gen.Issue(measured, [&] { cv.notify_all(); });
         const double gap = poisson ? exp(rng) : 1.0 / absl::GetFlag(FLAGS_rate);
         at += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap));
-        std::this_thread::sleep_until(at);
+        // Until the next arrival, or at once when the run stops (the main thread joins us).
+        std::unique_lock<std::mutex> l(mu);
+        cv.wait_until(l, at, [&] { return stop.load(); });
       }
     });
-    pacer.detach();
   }
   // Progress until every admitted call has ended.
   const bool progress = absl::GetFlag(FLAGS_progress);
@@ -456,9 +461,11 @@ int main(int argc, char** argv) {
     if (!admitting && measure_end == Clock::time_point{}) {
       measure_end = Clock::now();
       stop.store(true);
+      cv.notify_all();  // wakes the pacer
     }
     if (stop.load() && gen.in_flight() == 0) break;
   }
+  if (pacer.joinable()) pacer.join();
   if (progress) std::fprintf(stderr, "\n");
   const double measured_seconds = Seconds(Clock::now() - measure_from);
 
