@@ -122,5 +122,18 @@ TEST(ImageGrid, TilesRowMajorWithGaps) {
   EXPECT_EQ(g[0][0][0].item<int>(), 128);
 }
 
+TEST(ClassRowsGrid, OneRowPerClassOfItsFirstImagesAndGrayWhereNoneIsLeft) {
+  // 5 images of 2 classes (image i is class i % 2): class 0 has images 0, 2, 4, class 1 has 1, 3.
+  const at::Tensor imgs = at::arange(5, at::kLong).view({5, 1, 1, 1}).expand({5, 1, 2, 2}).to(at::kByte);
+  const at::Tensor g = ClassRowsGrid(imgs, 2, 3);  // 2 rows x 3 columns of 2x2 images
+  ASSERT_EQ(g.sizes(), (std::vector<int64_t>{2 * 3 + 1, 3 * 3 + 1, 1}));
+  EXPECT_EQ(g[1][1][0].item<int>(), 0);
+  EXPECT_EQ(g[1][4][0].item<int>(), 2);
+  EXPECT_EQ(g[1][7][0].item<int>(), 4);
+  EXPECT_EQ(g[4][1][0].item<int>(), 1);
+  EXPECT_EQ(g[4][4][0].item<int>(), 3);
+  EXPECT_EQ(g[4][7][0].item<int>(), 128);  // class 1 has no third image
+}
+
 }  // namespace
 }  // namespace krause

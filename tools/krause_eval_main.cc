@@ -186,19 +186,12 @@ int main(int argc, char** argv) {
 
   // 4. The grid: a conditional model one row per class (its first `columns` samples).
   std::filesystem::create_directories(out_dir);
-  at::Tensor shown;
-  if (conditional) {
-    std::vector<at::Tensor> rows;
-    const int64_t per = std::min<int64_t>(columns, count / ac.classes);
-    for (int64_t c = 0; c < ac.classes && per > 0; ++c) {
-      for (int64_t j = 0; j < per; ++j) rows.push_back((*samples)[j * ac.classes + c]);
-    }
-    shown = rows.empty() ? samples->narrow(0, 0, std::min(count, columns)) : at::stack(rows);
-  } else {
-    shown = samples->narrow(0, 0, std::min<int64_t>(count, columns * columns));
-  }
-  const int64_t grid_cols = conditional ? std::min<int64_t>(columns, std::max<int64_t>(1, count / ac.classes)) : columns;
-  const absl::Status png = krause::WritePng(out_dir + "/grid.png", krause::ImageGrid(shown, grid_cols));
+  const at::Tensor grid =
+      conditional
+          ? krause::ClassRowsGrid(*samples, ac.classes,
+                                  std::max<int64_t>(1, std::min(columns, count / ac.classes)))
+          : krause::ImageGrid(samples->narrow(0, 0, std::min(count, columns * columns)), columns);
+  const absl::Status png = krause::WritePng(out_dir + "/grid.png", grid);
   if (!png.ok()) return Fail(png.ToString());
 
   // 5. Bits/dim over the test set.

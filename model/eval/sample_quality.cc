@@ -7,6 +7,7 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "model/data/png.h"
 #include "model/engine/decode_engine.h"
 
 namespace krause {
@@ -50,6 +51,18 @@ absl::StatusOr<at::Tensor> SampleImages(const Arm& model, const std::vector<int6
   }
   if (!failure.ok()) return failure;
   return x.view({count, c.height, c.width_px, c.channels}).permute({0, 3, 1, 2}).contiguous();
+}
+
+at::Tensor ClassRowsGrid(const at::Tensor& images, int64_t classes, int64_t per_class) {
+  const int64_t n = images.size(0);
+  at::Tensor cells = at::full({classes * per_class, images.size(1), images.size(2), images.size(3)},
+                              128, at::kByte);
+  for (int64_t c = 0; c < classes; ++c) {
+    for (int64_t j = 0; j < per_class && j * classes + c < n; ++j) {
+      cells[c * per_class + j].copy_(images[j * classes + c]);
+    }
+  }
+  return ImageGrid(cells, per_class);
 }
 
 absl::StatusOr<ClassifierOutputs> Classify(const ViT& classifier, const at::Tensor& images,

@@ -31,6 +31,12 @@ absl::StatusOr<at::Tensor> SampleImages(const Arm& model, const std::vector<int6
                                         uint64_t seed, const SamplingParams& sampling = {},
                                         const std::function<void(int64_t)>& progress = nullptr);
 
+// The samples of a class-conditional draw where image i has class i % classes (SampleImages with
+// those labels), one row per class: each row holds that class's first `per_class` images, and a
+// cell without an image (fewer than per_class * classes images) stays gray. Returns an HWC grid
+// (ImageGrid). images: [N, C, H, W] uint8; classes, per_class >= 1.
+at::Tensor ClassRowsGrid(const at::Tensor& images, int64_t classes, int64_t per_class);
+
 struct ClassifierOutputs {
   at::Tensor features;       // [N, D] float32
   at::Tensor probabilities;  // [N, classes] float32

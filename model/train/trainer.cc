@@ -415,14 +415,10 @@ absl::Status Train(const TrainOptions& o) {
       std::fprintf(stderr, "sampling %lld images...\n", static_cast<long long>(o.samples));
     const ArmConfig& ac = m.arm->config();
     if (ac.conditional()) {
-      // o.samples per class, one row per class: image i is class i % classes, so the grid of
-      // `classes` columns is transposed into rows.
+      // o.samples per class (image i is class i % classes), one row per class.
       const at::Tensor imgs = SampleForCard(*m.arm, o.samples * ac.classes, o.seed + 17, dev);
-      const at::Tensor by_class = imgs.view({o.samples, ac.classes, imgs.size(1), imgs.size(2),
-                                             imgs.size(3)})
-                                      .transpose(0, 1)
-                                      .reshape({-1, imgs.size(1), imgs.size(2), imgs.size(3)});
-      RETURN_IF_ERROR(WritePng(o.out_dir + "/samples.png", ImageGrid(by_class, o.samples)));
+      RETURN_IF_ERROR(
+          WritePng(o.out_dir + "/samples.png", ClassRowsGrid(imgs, ac.classes, o.samples)));
     } else {
       const at::Tensor imgs = SampleForCard(*m.arm, o.samples, o.seed + 17, dev);
       RETURN_IF_ERROR(WritePng(o.out_dir + "/samples.png",
