@@ -96,6 +96,21 @@ struct InputImage {
   v1::Image image;
 };
 
+// --index A:B (or A) of an IDX file of `size` entries: [A, B); the whole file without --index.
+absl::StatusOr<std::pair<int64_t, int64_t>> IndexRange(int64_t size) {
+  int64_t a = 0, b = size;
+  const std::string range = absl::GetFlag(FLAGS_index);
+  if (range.empty()) return std::make_pair(a, b);
+  std::vector<std::string> parts = absl::StrSplit(range, ':');
+  bool ok = parts.size() <= 2 && absl::SimpleAtoi(parts[0], &a);
+  if (ok) b = a + 1;
+  if (ok && parts.size() == 2) ok = absl::SimpleAtoi(parts[1], &b);
+  if (!ok || a < 0 || b > size || a >= b)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--index ", range, ": need A:B with 0 <= A < B <= ", size));
+  return std::make_pair(a, b);
+}
+
 absl::StatusOr<std::vector<InputImage>> ReadInputs(const std::vector<std::string>& files) {
   std::vector<InputImage> out;
   for (const std::string& f : files) {
@@ -114,20 +129,13 @@ absl::StatusOr<std::vector<InputImage>> ReadInputs(const std::vector<std::string
     if (t->dim() != 3)
       return absl::InvalidArgumentError(
           absl::StrCat(f, ": not an IDX image file (", t->dim(), " dimensions, expected 3)"));
-    int64_t a = 0, b = t->size(0);
-    const std::string range = absl::GetFlag(FLAGS_index);
-    if (!range.empty()) {
-      std::vector<std::string> parts = absl::StrSplit(range, ':');
-      bool ok = parts.size() <= 2 && absl::SimpleAtoi(parts[0], &a);
-      if (ok) b = a + 1;
-      if (ok && parts.size() == 2) ok = absl::SimpleAtoi(parts[1], &b);
-      if (!ok || a < 0 || b > t->size(0) || a >= b)
-        return absl::InvalidArgumentError(
-            absl::StrCat("--index ", range, ": need A:B with 0 <= A < B <= ", t->size(0)));
-    } else if (t->size(0) > 1000) {
+    if (absl::GetFlag(FLAGS_index).empty() && t->size(0) > 1000) {
       return absl::InvalidArgumentError(
           absl::StrCat(f, " holds ", t->size(0), " images: choose some with --index A:B"));
     }
+    auto range = IndexRange(t->size(0));
+    if (!range.ok()) return range.status();
+    const auto [a, b] = *range;
     for (int64_t i = a; i < b; ++i) {
       InputImage in;
       in.name = absl::StrCat(f, "[", i, "]");
@@ -185,12 +193,9 @@ absl::StatusOr<std::vector<int64_t>> ScoreIndices(size_t n) {
   if (!t.ok()) return t.status();
   if (t->dim() != 1)
     return absl::InvalidArgumentError(absl::StrCat(file, ": not an IDX label file"));
-  int64_t a = 0;
-  const std::string range = absl::GetFlag(FLAGS_index);
-  if (!range.empty()) {
-    std::vector<std::string> parts = absl::StrSplit(range, ':');
-    if (!absl::SimpleAtoi(parts[0], &a)) a = 0;
-  }
+  auto range = IndexRange(t->size(0));
+  if (!range.ok()) return absl::InvalidArgumentError(absl::StrCat(file, ": ", range.status().message()));
+  const int64_t a = range->first;
   if (a + static_cast<int64_t>(n) > t->size(0)) {
     return absl::InvalidArgumentError(
         absl::StrCat(file, " has ", t->size(0), " labels; the images need ", a + n));
