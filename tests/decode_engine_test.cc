@@ -61,15 +61,19 @@ GenerationRequest Request(uint64_t seed, Outcome* out, std::vector<uint8_t> prom
   return r;
 }
 
-// Generates `count` images with seeds 0..count-1; request i is submitted at step i * stagger.
-std::vector<Outcome> Generate(const Arm& m, int64_t slots, int64_t count, int64_t stagger) {
+// Generates `count` images with seeds 0..count-1; request i is submitted at step i * stagger,
+// with class label_of(i) when given.
+std::vector<Outcome> Generate(const Arm& m, int64_t slots, int64_t count, int64_t stagger,
+                              const std::function<int64_t(int64_t)>& label_of = nullptr) {
   auto engine = DecodeEngine::Create(&m, EngineOptions{slots, 0});
   EXPECT_TRUE(engine.ok());
   std::vector<Outcome> out(count);
   int64_t submitted = 0, step = 0;
   while (submitted < count || (*engine)->Busy()) {
     while (submitted < count && submitted * stagger <= step) {
-      EXPECT_TRUE((*engine)->Submit(Request(submitted, &out[submitted])).ok());
+      GenerationRequest r = Request(submitted, &out[submitted]);
+      if (label_of) r.label = label_of(submitted);
+      EXPECT_TRUE((*engine)->Submit(std::move(r)).ok());
       ++submitted;
     }
     const StepStats st = (*engine)->Step();
@@ -287,39 +291,15 @@ Arm ConditionalModel(const std::string& attention, uint64_t seed) {
   return m;
 }
 
-// Images i = 0..count-1 with seed i and class label_of(i), `slots` slots, request i submitted at
-// step i * stagger.
-std::vector<Outcome> GenerateClasses(const Arm& m, int64_t slots, int64_t count, int64_t stagger,
-                                     const std::function<int64_t(int64_t)>& label_of,
-                                     double temperature = 1.0) {
-  auto engine = DecodeEngine::Create(&m, EngineOptions{slots, 0});
-  EXPECT_TRUE(engine.ok());
-  std::vector<Outcome> out(count);
-  int64_t submitted = 0, step = 0;
-  while (submitted < count || (*engine)->Busy()) {
-    while (submitted < count && submitted * stagger <= step) {
-      GenerationRequest r = Request(submitted, &out[submitted]);
-      r.label = label_of(submitted);
-      r.sampling.temperature = temperature;
-      EXPECT_TRUE((*engine)->Submit(std::move(r)).ok());
-      ++submitted;
-    }
-    (*engine)->Step();
-    ++step;
-  }
-  EXPECT_EQ((*engine)->pool().in_use(), 0);
-  return out;
-}
-
 class ConditionalEngineTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ConditionalEngineTest, EachClassIsBatchInvariantAndTheClassChangesTheImage) {
   const Arm m = ConditionalModel(GetParam(), 5);
   const int64_t count = 24;
   auto label_of = [](int64_t i) { return i % 4 - 1; };  // -1 (none), 0, 1, 2
-  const std::vector<Outcome> alone = GenerateClasses(m, 1, count, 0, label_of);
-  const std::vector<Outcome> batched = GenerateClasses(m, 7, count, 2, label_of);
-  const std::vector<Outcome> other = GenerateClasses(m, 7, count, 0, [](int64_t i) { return i % 3; });
+  const std::vector<Outcome> alone = Generate(m, 1, count, 0, label_of);
+  const std::vector<Outcome> batched = Generate(m, 7, count, 2, label_of);
+  const std::vector<Outcome> other = Generate(m, 7, count, 0, [](int64_t i) { return i % 3; });
   int differ = 0;
   for (int64_t i = 0; i < count; ++i) {
     ASSERT_TRUE(alone[i].status.ok()) << alone[i].status;

@@ -50,22 +50,29 @@ std::string MakeData(const std::string& name, int64_t n_train, int64_t n_test) {
   return dir;
 }
 
+// Options for a 1-thread, quiet run of `model` on the toy data in a fresh output folder.
+TrainOptions ToyRun(const std::string& model, const std::string& tag, int64_t n_train,
+                    int64_t n_test) {
+  TrainOptions o;
+  o.model = model;
+  o.data = "mnist";
+  o.data_dir = MakeData(tag, n_train, n_test);
+  o.out_dir = ::testing::TempDir() + "/train-" + tag;
+  std::filesystem::remove_all(o.out_dir);
+  o.batch = 16;
+  o.threads = 1;
+  o.quiet = true;
+  return o;
+}
+
 nlohmann::json Summary(const std::string& out) {
   std::ifstream f(out + "/summary.json");
   return nlohmann::json::parse(f);
 }
 
 TEST(Trainer, KrauseViTLearnsResumesAndWritesItsOutputs) {
-  TrainOptions o;
-  o.model = "krause_vit";
-  o.data = "mnist";
-  o.data_dir = MakeData("kvit", 512, 128);
-  o.out_dir = ::testing::TempDir() + "/train-kvit";
-  std::filesystem::remove_all(o.out_dir);
-  o.batch = 16;
+  TrainOptions o = ToyRun("krause_vit", "kvit", 512, 128);
   o.lr = 1e-2;
-  o.threads = 1;
-  o.quiet = true;
   o.vit.patch = 2;
   o.vit.width = 16;
   o.vit.depth = 2;
@@ -98,16 +105,8 @@ TEST(Trainer, KrauseViTLearnsResumesAndWritesItsOutputs) {
 }
 
 TEST(Trainer, KarmTrainsAndSamples) {
-  TrainOptions o;
-  o.model = "karm";
-  o.data = "mnist";
-  o.data_dir = MakeData("karm", 64, 16);
-  o.out_dir = ::testing::TempDir() + "/train-karm";
-  std::filesystem::remove_all(o.out_dir);
-  o.batch = 16;
+  TrainOptions o = ToyRun("karm", "karm", 64, 16);
   o.epochs = 2;
-  o.threads = 1;
-  o.quiet = true;
   o.arm.width = 16;
   o.arm.depth = 1;
   o.arm.heads = 2;
@@ -128,17 +127,9 @@ TEST(Trainer, KarmTrainsAndSamples) {
 // The toy data's class decides which half of the image is bright: a conditional KARM must score
 // the test images better given their classes, and draw the bright half where the class says.
 TEST(Trainer, ConditionalKarmLearnsTheClassesAndDrawsThem) {
-  TrainOptions o;
-  o.model = "karm";
-  o.data = "mnist";
-  o.data_dir = MakeData("karm-cond", 2048, 64);
-  o.out_dir = ::testing::TempDir() + "/train-karm-cond";
-  std::filesystem::remove_all(o.out_dir);
-  o.batch = 16;
+  TrainOptions o = ToyRun("karm", "karm-cond", 2048, 64);
   o.epochs = 3;
   o.lr = 1e-2;
-  o.threads = 1;
-  o.quiet = true;
   o.arm.width = 16;
   o.arm.depth = 2;
   o.arm.heads = 2;
