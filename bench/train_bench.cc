@@ -95,7 +95,7 @@ double Median(std::vector<double> v) {
 // A model of a bundled size with its own optimizer and a fixed random batch. Not movable: the
 // optimizer points at the model's parameters.
 struct Workload {
-  std::string model;  // krause_vit | vit | karm
+  std::string model;                    // krause_vit | vit | karm
   KrauseImpl impl = KrauseImpl::kAuto;  // of Krause attention in the training step
   std::unique_ptr<ViT> vit;
   std::unique_ptr<Arm> arm;
@@ -204,7 +204,9 @@ int Main(int argc, char** argv) {
     comparisons.push_back({"blas threads", absl::StrCat("blas=", t), "blas=1",
                            [t](Workload&, bool use_b) { SetBlasThreads(use_b ? 1 : t); }});
   }
-  comparisons.push_back({"grid route", "table", "dense_rows",
+  comparisons.push_back({"grid route",
+                         "table",
+                         "dense_rows",
                          [](Workload& w, bool use_b) {
                            SetBlasThreads(1);
                            w.impl = KrauseImpl::kWindowed;
@@ -213,7 +215,9 @@ int Main(int argc, char** argv) {
                                      : internal::GridRoute::kCandidateTable);
                          },
                          {"krause_vit"}});
-  comparisons.push_back({"train impl", "windowed", "fused_train",
+  comparisons.push_back({"train impl",
+                         "windowed",
+                         "fused_train",
                          [](Workload& w, bool use_b) {
                            SetBlasThreads(1);
                            internal::SetGridRouteForTesting(internal::GridRoute::kAuto);
@@ -232,8 +236,8 @@ int Main(int argc, char** argv) {
   for (const Comparison& c : comparisons) {
     for (const std::unique_ptr<Workload>& load : loads) {
       Workload& w = *load;
-      const bool listed = std::find(c.only_models.begin(), c.only_models.end(), w.model) !=
-                          c.only_models.end();
+      const bool listed =
+          std::find(c.only_models.begin(), c.only_models.end(), w.model) != c.only_models.end();
       if (c.only_models.empty() ? w.model == "karm" : !listed) continue;
       for (const std::string& kind : kinds) {
         if (!c.only_models.empty() && kind != "train_step") continue;

@@ -194,7 +194,8 @@ absl::StatusOr<std::vector<int64_t>> ScoreIndices(size_t n) {
   if (t->dim() != 1)
     return absl::InvalidArgumentError(absl::StrCat(file, ": not an IDX label file"));
   auto range = IndexRange(t->size(0));
-  if (!range.ok()) return absl::InvalidArgumentError(absl::StrCat(file, ": ", range.status().message()));
+  if (!range.ok())
+    return absl::InvalidArgumentError(absl::StrCat(file, ": ", range.status().message()));
   const int64_t a = range->first;
   if (a + static_cast<int64_t>(n) > t->size(0)) {
     return absl::InvalidArgumentError(

@@ -105,8 +105,8 @@ absl::StatusOr<int64_t> ArmConfig::ClassOfLabel(const std::string& label) const 
     return absl::InvalidArgumentError(absl::StrCat("class \"", label, "\": the model names no ",
                                                    "classes; give an index in [0, ", classes, ")"));
   }
-  return absl::InvalidArgumentError(absl::StrCat("class \"", label, "\" is unknown; valid labels: ",
-                                                 absl::StrJoin(labels, ", ")));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "class \"", label, "\" is unknown; valid labels: ", absl::StrJoin(labels, ", ")));
 }
 
 absl::StatusOr<Arm> Arm::Create(const ArmConfig& config, uint64_t seed) {
@@ -138,7 +138,8 @@ absl::StatusOr<Arm> Arm::Create(const ArmConfig& config, uint64_t seed) {
   nn::AddLayerNorm(&p, "ln_f", d);
   nn::AddLinear(&p, "head", d, 256, gen);
   // Last, so that the other parameters draw what an unconditional model of this size draws.
-  if (config.classes > 0) p.Add("class_emb.weight", nn::TruncNormal({config.classes + 1, d}, 0.02, gen));
+  if (config.classes > 0)
+    p.Add("class_emb.weight", nn::TruncNormal({config.classes + 1, d}, 0.02, gen));
   return m;
 }
 

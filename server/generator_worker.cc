@@ -195,8 +195,8 @@ void GeneratorWorker::Loop() {
               ? std::vector<int64_t>()
               : std::vector<int64_t>(r.job.labels.begin() + r.done,
                                      r.job.labels.begin() + r.done + plan.score_images);
-      auto bits = ScoreBitsPerDim(*model_, r.job.images.narrow(0, r.done, plan.score_images),
-                                  labels);
+      auto bits =
+          ScoreBitsPerDim(*model_, r.job.images.narrow(0, r.done, plan.score_images), labels);
       e.score_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       e.score_images = plan.score_images;
       seconds_per_image = smooth(seconds_per_image, e.score_seconds / plan.score_images);

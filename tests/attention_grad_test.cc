@@ -92,31 +92,29 @@ TEST_P(AttentionGradTest, MatchesFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, AttentionGradTest,
-    ::testing::Values(GradCase{"causal_w3_k2", Neighbourhood::Causal(3), 7, 2, 2, true},
-                      GradCase{"causal_w4_k9", Neighbourhood::Causal(4), 6, 9, 1, false},
-                      GradCase{"causal_w2_k1", Neighbourhood::Causal(2), 5, 1, 2, false},
-                      // Two query blocks of 64, the second partial.
-                      GradCase{"causal_w3_k2_two_blocks", Neighbourhood::Causal(3), 70, 2, 1,
-                               false},
-                      GradCase{"grid_3x3_r1_cls",
-                               Neighbourhood::Grid(3, 3, 1, GridMetric::kManhattan, true), 10, 3, 2,
-                               false},
-                      GradCase{"grid_3x3_r1_cls_table",
-                               Neighbourhood::Grid(3, 3, 1, GridMetric::kManhattan, true), 10, 3, 2,
-                               false, internal::GridRoute::kCandidateTable},
-                      GradCase{"grid_3x3_r1_cls_dense_rows",
-                               Neighbourhood::Grid(3, 3, 1, GridMetric::kManhattan, true), 10, 3, 2,
-                               false, internal::GridRoute::kDenseRows},
-                      GradCase{"grid_2x3_r1_cheb",
-                               Neighbourhood::Grid(2, 3, 1, GridMetric::kChebyshev, false), 6, 4, 2,
-                               true},
-                      GradCase{"grid_2x3_r1_cheb_k9_table",
-                               Neighbourhood::Grid(2, 3, 1, GridMetric::kChebyshev, false), 6, 9, 2,
-                               true, internal::GridRoute::kCandidateTable},
-                      GradCase{"grid_2x3_r1_cheb_k9_dense_rows",
-                               Neighbourhood::Grid(2, 3, 1, GridMetric::kChebyshev, false), 6, 9, 2,
-                               true, internal::GridRoute::kDenseRows},
-                      GradCase{"global_k3", Neighbourhood::Global(), 6, 3, 1, true}),
+    ::testing::Values(
+        GradCase{"causal_w3_k2", Neighbourhood::Causal(3), 7, 2, 2, true},
+        GradCase{"causal_w4_k9", Neighbourhood::Causal(4), 6, 9, 1, false},
+        GradCase{"causal_w2_k1", Neighbourhood::Causal(2), 5, 1, 2, false},
+        // Two query blocks of 64, the second partial.
+        GradCase{"causal_w3_k2_two_blocks", Neighbourhood::Causal(3), 70, 2, 1, false},
+        GradCase{"grid_3x3_r1_cls", Neighbourhood::Grid(3, 3, 1, GridMetric::kManhattan, true), 10,
+                 3, 2, false},
+        GradCase{"grid_3x3_r1_cls_table",
+                 Neighbourhood::Grid(3, 3, 1, GridMetric::kManhattan, true), 10, 3, 2, false,
+                 internal::GridRoute::kCandidateTable},
+        GradCase{"grid_3x3_r1_cls_dense_rows",
+                 Neighbourhood::Grid(3, 3, 1, GridMetric::kManhattan, true), 10, 3, 2, false,
+                 internal::GridRoute::kDenseRows},
+        GradCase{"grid_2x3_r1_cheb", Neighbourhood::Grid(2, 3, 1, GridMetric::kChebyshev, false), 6,
+                 4, 2, true},
+        GradCase{"grid_2x3_r1_cheb_k9_table",
+                 Neighbourhood::Grid(2, 3, 1, GridMetric::kChebyshev, false), 6, 9, 2, true,
+                 internal::GridRoute::kCandidateTable},
+        GradCase{"grid_2x3_r1_cheb_k9_dense_rows",
+                 Neighbourhood::Grid(2, 3, 1, GridMetric::kChebyshev, false), 6, 9, 2, true,
+                 internal::GridRoute::kDenseRows},
+        GradCase{"global_k3", Neighbourhood::Global(), 6, 3, 1, true}),
     [](const ::testing::TestParamInfo<GradCase>& info) { return info.param.name; });
 
 // The CPU training path (fused forward, hand-written backward) against the windowed path's
@@ -139,8 +137,8 @@ TEST_P(FusedCpuTrainTest, GradientsMatchTheWindowedPath) {
   const at::Tensor q0 = at::normal(0, 0.7, {b, c.heads, c.n, c.d}, gen);
   const at::Tensor k0 = at::normal(0, 0.7, {b, c.heads, c.n, c.d}, gen);
   const at::Tensor v0 = at::normal(0, 1.0, {b, c.heads, c.n, c.d}, gen);
-  const at::Tensor ls0 = c.per_head_sigma ? at::normal(0.2, 0.2, {c.heads, 1, 1}, gen)
-                                          : at::full({}, 0.3);
+  const at::Tensor ls0 =
+      c.per_head_sigma ? at::normal(0.2, 0.2, {c.heads, 1, 1}, gen) : at::full({}, 0.3);
   const at::Tensor proj = at::normal(0, 1.0, {b, c.heads, c.n, c.d}, gen);
   struct Grads {
     at::Tensor out, indices, dq, dk, dv, dls;
@@ -172,15 +170,13 @@ TEST_P(FusedCpuTrainTest, GradientsMatchTheWindowedPath) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, FusedCpuTrainTest,
-    ::testing::Values(TrainCase{"causal_w56_k40_three_blocks", Neighbourhood::Causal(56), 150, 40,
-                                2, 16, true},
-                      TrainCase{"causal_w8_k3_shared_sigma", Neighbourhood::Causal(8), 20, 3, 3, 8,
-                                false},
-                      TrainCase{"causal_k_over_window", Neighbourhood::Causal(4), 9, 7, 1, 4, true},
-                      TrainCase{"grid_7x7_r1_cls", Neighbourhood::Grid(7, 7, 1, GridMetric::kChebyshev,
-                                                                       true),
-                                50, 3, 2, 16, true},
-                      TrainCase{"global_k5", Neighbourhood::Global(), 12, 5, 2, 8, false}),
+    ::testing::Values(
+        TrainCase{"causal_w56_k40_three_blocks", Neighbourhood::Causal(56), 150, 40, 2, 16, true},
+        TrainCase{"causal_w8_k3_shared_sigma", Neighbourhood::Causal(8), 20, 3, 3, 8, false},
+        TrainCase{"causal_k_over_window", Neighbourhood::Causal(4), 9, 7, 1, 4, true},
+        TrainCase{"grid_7x7_r1_cls", Neighbourhood::Grid(7, 7, 1, GridMetric::kChebyshev, true), 50,
+                  3, 2, 16, true},
+        TrainCase{"global_k5", Neighbourhood::Global(), 12, 5, 2, 8, false}),
     [](const ::testing::TestParamInfo<TrainCase>& info) { return info.param.name; });
 
 }  // namespace

@@ -328,8 +328,9 @@ TEST_P(ConditionalEngineTest, GreedyImagesAreTheForwardsArgmaxGivenTheClassWithA
   for (int64_t i = 0; i < 4; ++i) {
     ASSERT_TRUE(out[i].status.ok()) << out[i].status;
     ASSERT_EQ(static_cast<int64_t>(out[i].pixels.size()), n);
-    const at::Tensor x = at::tensor(std::vector<int64_t>(out[i].pixels.begin(), out[i].pixels.end()),
-                                    at::kLong).view({1, n});
+    const at::Tensor x =
+        at::tensor(std::vector<int64_t>(out[i].pixels.begin(), out[i].pixels.end()), at::kLong)
+            .view({1, n});
     const at::Tensor cls = at::full({1}, i < 3 ? i : m.config().null_class(), at::kLong);
     const at::Tensor argmax = m.Forward(x.narrow(1, 0, n - 1), KrauseImpl::kAuto, cls).argmax(-1);
     const int64_t first = i % 2 ? static_cast<int64_t>(prompt.size()) : 0;
@@ -360,9 +361,9 @@ TEST(ConditionalEngine, ClassesAreValidatedAgainstTheModel) {
   EXPECT_FALSE(pe->Busy());
   // Labels by name.
   EXPECT_EQ(cond.config().ClassOfLabel("two").value(), 2);
-  EXPECT_THAT(cond.config().ClassOfLabel("three").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("valid labels: zero, one, two")));
+  EXPECT_THAT(
+      cond.config().ClassOfLabel("three").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("valid labels: zero, one, two")));
   EXPECT_THAT(plain.config().ClassOfLabel("zero").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unconditional")));
 }

@@ -111,7 +111,8 @@ TEST(SampleImages, DrawsWhatTheEngineDrawsPerSeedAndClass) {
 }
 
 TEST(ImageGrid, TilesRowMajorWithGaps) {
-  const at::Tensor imgs = at::arange(5, at::kLong).view({5, 1, 1, 1}).expand({5, 1, 2, 3}).to(at::kByte);
+  const at::Tensor imgs =
+      at::arange(5, at::kLong).view({5, 1, 1, 1}).expand({5, 1, 2, 3}).to(at::kByte);
   const at::Tensor g = ImageGrid(imgs, 2);  // 3 rows x 2 columns of 2x3 images
   ASSERT_EQ(g.sizes(), (std::vector<int64_t>{3 * 3 + 1, 2 * 4 + 1, 1}));
   EXPECT_EQ(g[1][1][0].item<int>(), 0);
@@ -124,7 +125,8 @@ TEST(ImageGrid, TilesRowMajorWithGaps) {
 
 TEST(ClassRowsGrid, OneRowPerClassOfItsFirstImagesAndGrayWhereNoneIsLeft) {
   // 5 images of 2 classes (image i is class i % 2): class 0 has images 0, 2, 4, class 1 has 1, 3.
-  const at::Tensor imgs = at::arange(5, at::kLong).view({5, 1, 1, 1}).expand({5, 1, 2, 2}).to(at::kByte);
+  const at::Tensor imgs =
+      at::arange(5, at::kLong).view({5, 1, 1, 1}).expand({5, 1, 2, 2}).to(at::kByte);
   const at::Tensor g = ClassRowsGrid(imgs, 2, 3);  // 2 rows x 3 columns of 2x2 images
   ASSERT_EQ(g.sizes(), (std::vector<int64_t>{2 * 3 + 1, 3 * 3 + 1, 1}));
   EXPECT_EQ(g[1][1][0].item<int>(), 0);

@@ -95,14 +95,19 @@ void WriteIdxBytes(const std::string& path, const std::vector<int>& dims, int mo
 
 TEST_F(ServerBinaryTest, ClassesFromTheClientAndScoreSplitIntoCallsTheModelAccepts) {
   const std::string out = models_.dir + "/cond";
-  ShellRun r = Shell(client_ + "generate --model karm-cond --label one --num 2 --seed 3 "
-                               "--progress=false --out " + out);
+  ShellRun r = Shell(client_ +
+                     "generate --model karm-cond --label one --num 2 --seed 3 "
+                     "--progress=false --out " +
+                     out);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(ReadPng(out + "/sample-1.png").ok());
-  r = Shell(client_ + "generate --model karm-cond --class_index 1 --num 2 --seed 3 --prefix idx "
-                      "--progress=false --out " + out);
+  r = Shell(client_ +
+            "generate --model karm-cond --class_index 1 --num 2 --seed 3 --prefix idx "
+            "--progress=false --out " +
+            out);
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_TRUE(at::equal(ReadPng(out + "/sample-1.png").value(), ReadPng(out + "/idx-1.png").value()));
+  EXPECT_TRUE(
+      at::equal(ReadPng(out + "/sample-1.png").value(), ReadPng(out + "/idx-1.png").value()));
   r = Shell(client_ + "generate --model karm-cond --label three --progress=false --out " + out);
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.out, ::testing::HasSubstr("INVALID_ARGUMENT"));
@@ -118,7 +123,8 @@ TEST_F(ServerBinaryTest, ClassesFromTheClientAndScoreSplitIntoCallsTheModelAccep
   r = Shell(client_ + "score --model karm " + images);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_THAT(r.out, ::testing::HasSubstr("over 17 image(s) in 3 call(s)"));
-  r = Shell(client_ + "score --model karm-cond --index 2:13 --labels_file " + labels + " " + images);
+  r = Shell(client_ + "score --model karm-cond --index 2:13 --labels_file " + labels + " " +
+            images);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_THAT(r.out, ::testing::HasSubstr("over 11 image(s) in 2 call(s), given the classes"));
   r = Shell(client_ + "score --model karm --label zero " + images);

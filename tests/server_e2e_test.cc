@@ -685,7 +685,8 @@ TEST_F(ServerTest, ConditionalGeneratorListsItsClassesAndDrawsTheAskedOne) {
   other.set_label("two");
   const Stream a = RunGenerate(*stub_, by_label), b = RunGenerate(*stub_, by_index),
                c = RunGenerate(*stub_, other), none = RunGenerate(*stub_, CondRequest(11, 3));
-  for (const Stream* s : {&a, &b, &c, &none}) ASSERT_TRUE(s->status.ok()) << s->status.error_message();
+  for (const Stream* s : {&a, &b, &c, &none})
+    ASSERT_TRUE(s->status.ok()) << s->status.error_message();
   EXPECT_EQ(PngsOf(a), PngsOf(b));
   EXPECT_EQ(RowsOf(a), PngsOf(a));
   EXPECT_NE(PngsOf(a), PngsOf(c));
@@ -705,7 +706,8 @@ TEST_F(ServerTest, ConditionalGeneratorListsItsClassesAndDrawsTheAskedOne) {
   comp.set_prompt_rows(2);
   const Stream done = RunGenerate(*stub_, comp);
   ASSERT_TRUE(done.status.ok()) << done.status.error_message();
-  const std::string head(reinterpret_cast<const char*>(prompt.contiguous().data_ptr<uint8_t>()), 12);
+  const std::string head(reinterpret_cast<const char*>(prompt.contiguous().data_ptr<uint8_t>()),
+                         12);
   for (const auto& [i, px] : PngsOf(done)) EXPECT_EQ(px.substr(0, 12), head) << "image " << i;
   EXPECT_TRUE(SlotsFree("karm-cond"));
 }
@@ -764,7 +766,8 @@ TEST_F(ServerTest, ScoreGivenClassesIsTheConditionalBitsPerDim) {
   EXPECT_THAT(st.error_message(), ::testing::HasSubstr("labels has 1 entries for 3 images"));
   st = score("karm-cond", {"one", "one", "four"}, {}, &r);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(st.error_message(), ::testing::HasSubstr("labels[2]: model karm-cond: class \"four\""));
+  EXPECT_THAT(st.error_message(),
+              ::testing::HasSubstr("labels[2]: model karm-cond: class \"four\""));
   EXPECT_THAT(st.error_message(), ::testing::HasSubstr("valid labels: zero, one, two"));
   st = score("karm-cond", {"one", "one", "one"}, {0, 0, 0}, &r);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);

@@ -23,11 +23,13 @@
 #include "model/loader.h"
 #include "model/util/threads.h"
 
-ABSL_FLAG(std::string, generator, "", "generator checkpoint (required), e.g. models/karm_fmnist.safetensors");
+ABSL_FLAG(std::string, generator, "",
+          "generator checkpoint (required), e.g. models/karm_fmnist.safetensors");
 ABSL_FLAG(std::string, classifier, "models/krause_vit_fmnist.safetensors",
           "classifier whose features and probabilities judge the samples");
 ABSL_FLAG(std::string, data, "fashion-mnist", "test data: fashion-mnist | mnist | cifar10");
-ABSL_FLAG(std::string, data_dir, "", "data set folder (default for fashion-mnist: the Debian package's)");
+ABSL_FLAG(std::string, data_dir, "",
+          "data set folder (default for fashion-mnist: the Debian package's)");
 ABSL_FLAG(int64_t, samples, 1000,
           "images to sample; a conditional model draws class i % classes for image i");
 ABSL_FLAG(bool, unconditional, false, "a conditional model samples without a class");
@@ -110,11 +112,11 @@ int main(int argc, char** argv) {
                              vit.config().classes));
   }
   const int64_t real_n = std::min<int64_t>(count, test->size() / 2);
-  std::printf("krause-eval: %s (%s), %lld samples%s, seed %llu, temperature %g\n",
-              gen_path.c_str(), ac.attention == "krause" ? "KARM" : "ARM",
-              static_cast<long long>(count),
-              conditional ? absl::StrCat(" (class i % ", ac.classes, " for image i)").c_str()
-                          : ac.conditional() ? " (without a class)" : "",
+  std::printf("krause-eval: %s (%s), %lld samples%s, seed %llu, temperature %g\n", gen_path.c_str(),
+              ac.attention == "krause" ? "KARM" : "ARM", static_cast<long long>(count),
+              conditional        ? absl::StrCat(" (class i % ", ac.classes, " for image i)").c_str()
+              : ac.conditional() ? " (without a class)"
+                                 : "",
               static_cast<unsigned long long>(absl::GetFlag(FLAGS_seed)),
               absl::GetFlag(FLAGS_temperature));
 
@@ -125,8 +127,9 @@ int main(int argc, char** argv) {
   krause::SamplingParams sp;
   sp.temperature = absl::GetFlag(FLAGS_temperature);
   const auto t_sample = Clock::now();
-  auto samples = krause::SampleImages(arm, labels, absl::GetFlag(FLAGS_seed), sp,
-                                      [&](int64_t done) { Progress("sampling", done, count, t_sample); });
+  auto samples =
+      krause::SampleImages(arm, labels, absl::GetFlag(FLAGS_seed), sp,
+                           [&](int64_t done) { Progress("sampling", done, count, t_sample); });
   if (!samples.ok()) return Fail(samples.status().ToString());
   const double sample_seconds = Since(t_sample);
 
@@ -143,19 +146,18 @@ int main(int argc, char** argv) {
   if (!floor.ok()) return Fail(floor.status().ToString());
   const double top1_samples = std::get<0>(fs->probabilities.max(1)).mean().item<double>();
   const double top1_real = std::get<0>(fr->probabilities.max(1)).mean().item<double>();
-  nlohmann::json report = {
-      {"generator", gen_path},
-      {"classifier", absl::GetFlag(FLAGS_classifier)},
-      {"samples", count},
-      {"conditional", conditional},
-      {"seed", absl::GetFlag(FLAGS_seed)},
-      {"temperature", absl::GetFlag(FLAGS_temperature)},
-      {"sampling_seconds", sample_seconds},
-      {"frechet_distance", *fd},
-      {"frechet_distance_real_floor", *floor},
-      {"real_images", real_n},
-      {"mean_top1_probability_samples", top1_samples},
-      {"mean_top1_probability_real", top1_real}};
+  nlohmann::json report = {{"generator", gen_path},
+                           {"classifier", absl::GetFlag(FLAGS_classifier)},
+                           {"samples", count},
+                           {"conditional", conditional},
+                           {"seed", absl::GetFlag(FLAGS_seed)},
+                           {"temperature", absl::GetFlag(FLAGS_temperature)},
+                           {"sampling_seconds", sample_seconds},
+                           {"frechet_distance", *fd},
+                           {"frechet_distance_real_floor", *floor},
+                           {"real_images", real_n},
+                           {"mean_top1_probability_samples", top1_samples},
+                           {"mean_top1_probability_real", top1_real}};
   std::printf("Frechet distance of classifier features, %lld samples vs test[0:%lld): %.3f\n",
               static_cast<long long>(count), static_cast<long long>(real_n), *fd);
   std::printf("  floor: test[%lld:%lld) vs test[0:%lld): %.3f\n", static_cast<long long>(real_n),

@@ -134,9 +134,8 @@ struct FusedCpuKrauseFunction : public torch::autograd::Function<FusedCpuKrauseF
     double* dlsp = dls_items.data_ptr<double>();
     const SliceArgs args{qp, kp, vp, gp, wp, ivp, ip, dqp, dkp, dvp, dlsp, h, n, d, kk};
     // Per kept pair: 4 d multiply-adds; work items are (batch, head) slices.
-    at::parallel_for(0, b * h, GrainForWork(8.0 * n * kk * d), [&](int64_t s0, int64_t s1) {
-      BackwardSlices(args, s0, s1);
-    });
+    at::parallel_for(0, b * h, GrainForWork(8.0 * n * kk * d),
+                     [&](int64_t s0, int64_t s1) { BackwardSlices(args, s0, s1); });
     const at::Tensor dls =
         dls_items.view({b, h}).sum(0).to(saved[3].scalar_type()).view(saved[3].sizes());
     return {dq, dk, dv, dls, at::Tensor(), at::Tensor()};
@@ -146,8 +145,7 @@ struct FusedCpuKrauseFunction : public torch::autograd::Function<FusedCpuKrauseF
 }  // namespace
 
 KrauseResult FusedCpuTrainAttention(const AttentionArgs& a, const KrauseOptions& o) {
-  const variable_list outs =
-      FusedCpuKrauseFunction::apply(a.q, a.k, a.v, a.log_sigma, o, a.kept);
+  const variable_list outs = FusedCpuKrauseFunction::apply(a.q, a.k, a.v, a.log_sigma, o, a.kept);
   KrauseResult r;
   r.out = outs[0];
   if (o.return_selection) {

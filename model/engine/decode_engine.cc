@@ -294,13 +294,16 @@ absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const Arm& model, const at::
   at::Tensor classes;
   if (!labels.empty()) {
     if (static_cast<int64_t>(labels.size()) != x.size(0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "labels: ", labels.size(), " classes for ", x.size(0), " images (one per image, or none)"));
+      return absl::InvalidArgumentError(absl::StrCat("labels: ", labels.size(), " classes for ",
+                                                     x.size(0),
+                                                     " images (one per image, or none)"));
     }
     std::vector<int64_t> rows;
     for (size_t i = 0; i < labels.size(); ++i) {
       auto row = model.config().ClassRow(labels[i]);
-      if (!row.ok()) return absl::InvalidArgumentError(absl::StrCat("labels[", i, "]: ", row.status().message()));
+      if (!row.ok())
+        return absl::InvalidArgumentError(
+            absl::StrCat("labels[", i, "]: ", row.status().message()));
       rows.push_back(*row);
     }
     if (model.config().conditional()) classes = at::tensor(rows, at::kLong);

@@ -55,8 +55,8 @@ absl::StatusOr<ArmKvCache> ArmKvCache::Create(const ArmConfig& c, int64_t slots,
     }
     if (c.classes > 0) {
       cache.class_host_.assign(slots, c.null_class());
-      cache.class_device_ = at::full({slots}, c.null_class(),
-                                     at::TensorOptions().dtype(at::kLong).device(device));
+      cache.class_device_ =
+          at::full({slots}, c.null_class(), at::TensorOptions().dtype(at::kLong).device(device));
     }
   } catch (const std::exception& e) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the KV cache: ", e.what()));

@@ -43,7 +43,9 @@ absl::StatusOr<at::Tensor> SampleImages(const Arm& model, const std::vector<int6
       std::copy(px.begin(), px.end(), x[i].data_ptr<uint8_t>());
     };
     auto id = (*engine)->Submit(std::move(r));
-    if (!id.ok()) return absl::Status(id.status().code(), absl::StrCat("image ", i, ": ", id.status().message()));
+    if (!id.ok())
+      return absl::Status(id.status().code(),
+                          absl::StrCat("image ", i, ": ", id.status().message()));
   }
   while ((*engine)->Busy()) {
     const StepStats st = (*engine)->Step();

@@ -166,8 +166,9 @@ at::Tensor SampleForCard(const Arm& arm, int64_t count, uint64_t seed, const at:
   for (int64_t t = first; t < n; ++t) {
     // With a start token t pixels give t + 1 positions, without one t positions: either way the
     // last position predicts x_t.
-    const at::Tensor logits =
-        arm.Forward(x.narrow(1, 0, t).to(dev), KrauseImpl::kAuto, classes).select(1, -1).to(at::kCPU);
+    const at::Tensor logits = arm.Forward(x.narrow(1, 0, t).to(dev), KrauseImpl::kAuto, classes)
+                                  .select(1, -1)
+                                  .to(at::kCPU);
     x.select(1, t).copy_(at::multinomial(at::softmax(logits, -1), 1, false, gen).squeeze(1));
   }
   return x.view({count, c.height, c.width_px, c.channels}).permute({0, 3, 1, 2}).to(at::kByte);
@@ -309,8 +310,9 @@ absl::Status Train(const TrainOptions& o) {
       } else {
         const at::Tensor rows =
             ClassRows(*m.arm, train.labels.index_select(0, idx), o.label_drop, &gen);
-        loss = m.arm->NllPerImage(RasterTokens(px, dev), KrauseImpl::kAuto,
-                                  rows.defined() ? rows.to(dev) : rows)
+        loss = m.arm
+                   ->NllPerImage(RasterTokens(px, dev), KrauseImpl::kAuto,
+                                 rows.defined() ? rows.to(dev) : rows)
                    .mean();
       }
       opt.ZeroGrad();
@@ -421,8 +423,9 @@ absl::Status Train(const TrainOptions& o) {
           WritePng(o.out_dir + "/samples.png", ClassRowsGrid(imgs, ac.classes, o.samples)));
     } else {
       const at::Tensor imgs = SampleForCard(*m.arm, o.samples, o.seed + 17, dev);
-      RETURN_IF_ERROR(WritePng(o.out_dir + "/samples.png",
-                               ImageGrid(imgs, static_cast<int64_t>(std::ceil(std::sqrt(o.samples))))));
+      RETURN_IF_ERROR(
+          WritePng(o.out_dir + "/samples.png",
+                   ImageGrid(imgs, static_cast<int64_t>(std::ceil(std::sqrt(o.samples))))));
     }
   }
   if (!o.quiet) {
