@@ -202,7 +202,8 @@ int Main(int argc, char** argv) {
   std::vector<Comparison> comparisons;
   if (setup.blas != 0) {
     comparisons.push_back({"blas threads", absl::StrCat("blas=", t), "blas=1",
-                           [t](Workload&, bool use_b) { SetBlasThreads(use_b ? 1 : t); }});
+                           [t](Workload&, bool use_b) { SetBlasThreads(use_b ? 1 : t); },
+                           /*only_models=*/{}});
   }
   comparisons.push_back({"grid route",
                          "table",
