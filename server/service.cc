@@ -188,7 +188,9 @@ class GenerateState : public StepListener, public std::enable_shared_from_this<G
         interval_(std::chrono::milliseconds(interval_ms)),
         stream_rows_(stream_rows) {}
 
-  void Init(int64_t n, const std::vector<uint8_t>& prompt, uint64_t seed) {
+  // passes: decode passes per image (2 with classifier-free guidance), for the cost reported.
+  void Init(int64_t n, const std::vector<uint8_t>& prompt, uint64_t seed, int64_t passes) {
+    passes_ = passes;
     const int64_t len = model_->shape.height * model_->shape.width * model_->shape.channels;
     images_.resize(n);
     for (int64_t i = 0; i < n; ++i) {
@@ -295,6 +297,7 @@ class GenerateState : public StepListener, public std::enable_shared_from_this<G
   std::vector<Image> images_;
   std::vector<int64_t> ids_;
   int64_t pixels_total_ = 0, pixels_done_ = 0, images_done_ = 0;
+  int64_t passes_ = 1;
   int64_t last_sent_pixels_ = -1;
   uint64_t seed_ = 0;
   double first_pixel_seconds_ = 0;
@@ -439,8 +442,9 @@ void GenerateState::FlushOnce() {
         s->set_seconds_to_first_pixel(first_pixel_seconds_);
         s->set_seed(seed_);
         const AttentionCost& cost = model_->flops;
-        s->set_flops_executed(cost.executed_flops * static_cast<double>(Total()));
-        s->set_flops_dense_equivalent(cost.dense_equivalent_flops * static_cast<double>(Total()));
+        const double runs = static_cast<double>(Total() * passes_);
+        s->set_flops_executed(cost.executed_flops * runs);
+        s->set_flops_dense_equivalent(cost.dense_equivalent_flops * runs);
         if (CallObserver* obs = svc_->observer()) {
           obs->OnFlops("Generate", model_->spec.name, s->flops_executed(),
                        s->flops_dense_equivalent());
@@ -539,10 +543,20 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
     }
     label = *cls;
   }
+  const double guidance = req.has_guidance() ? req.guidance() : 1.0;
+  if (guidance != 1.0) {
+    if (!(guidance >= 0 && guidance <= GenerationRequest::kMaxGuidance))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "guidance must be in [0, ", GenerationRequest::kMaxGuidance, "], got ", guidance));
+    if (label < 0)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "guidance ", guidance, " needs a class (label or class_index); model ", m->spec.name,
+          m->model.arm->config().conditional() ? " was given none" : " is unconditional"));
+  }
   uint64_t seed = req.has_seed() ? req.seed() : std::random_device{}() * 0x100000001ull;
   state_ = std::make_shared<GenerateState>(svc_, m, this, SteadyDeadline(ctx), book_.start(),
                                            interval, !req.has_stream_rows() || req.stream_rows());
-  state_->Init(n, prompt, seed);
+  state_->Init(n, prompt, seed, guidance != 1.0 ? 2 : 1);
   std::vector<GenerationRequest> requests(n);
   for (int64_t i = 0; i < n; ++i) {
     GenerationRequest& r = requests[i];
@@ -550,6 +564,7 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
     r.sampling = sp;
     r.sampling.seed = seed + static_cast<uint64_t>(i);
     r.label = label;
+    r.guidance = guidance;
     std::shared_ptr<GenerateState> s = state_;
     r.on_pixel = [s, i](int64_t index, uint8_t v) { s->OnPixel(i, index, v); };
     r.on_admitted = [s] { s->OnAdmitted(); };

@@ -7,6 +7,7 @@
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <random>
@@ -62,9 +63,10 @@ GenerationRequest Request(uint64_t seed, Outcome* out, std::vector<uint8_t> prom
 }
 
 // Generates `count` images with seeds 0..count-1; request i is submitted at step i * stagger,
-// with class label_of(i) when given.
+// with class label_of(i) when given (and then `guidance` for the images with a class).
 std::vector<Outcome> Generate(const Arm& m, int64_t slots, int64_t count, int64_t stagger,
-                              const std::function<int64_t(int64_t)>& label_of = nullptr) {
+                              const std::function<int64_t(int64_t)>& label_of = nullptr,
+                              double guidance = 1.0) {
   auto engine = DecodeEngine::Create(&m, EngineOptions{slots, 0});
   EXPECT_TRUE(engine.ok());
   std::vector<Outcome> out(count);
@@ -73,6 +75,7 @@ std::vector<Outcome> Generate(const Arm& m, int64_t slots, int64_t count, int64_
     while (submitted < count && submitted * stagger <= step) {
       GenerationRequest r = Request(submitted, &out[submitted]);
       if (label_of) r.label = label_of(submitted);
+      if (r.label >= 0) r.guidance = guidance;
       EXPECT_TRUE((*engine)->Submit(std::move(r)).ok());
       ++submitted;
     }
@@ -342,7 +345,132 @@ TEST_P(ConditionalEngineTest, GreedyImagesAreTheForwardsArgmaxGivenTheClassWithA
   }
 }
 
+TEST_P(ConditionalEngineTest, GuidedImagesAreBatchInvariantAndDifferFromUnguidedOnes) {
+  const Arm m = ConditionalModel(GetParam(), 5);
+  const int64_t count = 16;
+  auto label_of = [](int64_t i) { return i % 4 - 1; };  // -1 (none: unguided), 0, 1, 2
+  // Two slots: one guided image at a time; seven: guided and plain ones joining every step.
+  const std::vector<Outcome> alone = Generate(m, 2, count, 0, label_of, 2.5);
+  const std::vector<Outcome> batched = Generate(m, 7, count, 1, label_of, 2.5);
+  const std::vector<Outcome> plain = Generate(m, 7, count, 0, label_of, 1.0);
+  int differ = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    ASSERT_TRUE(alone[i].status.ok()) << alone[i].status;
+    EXPECT_EQ(alone[i].pixels, batched[i].pixels) << "image " << i;
+    if (label_of(i) < 0) {
+      EXPECT_EQ(alone[i].pixels, plain[i].pixels) << "image " << i;  // no class: unguided
+    } else {
+      differ += alone[i].pixels != plain[i].pixels;
+    }
+  }
+  EXPECT_GE(differ, 10);  // of 12 images with a class
+}
+
+TEST_P(ConditionalEngineTest, GreedyGuidedImagesAreTheArgmaxOfTheGuidedForward) {
+  // With guidance g the engine picks, at every position, the argmax of u + g (c - u), c and u
+  // the LibTorch forward's logits over the image so far with the class and with the null class.
+  // (The test model's strong class embedding makes g > 1 pick c's argmax; g = 0.25, closer to
+  // u, picks other values.)
+  const Arm m = ConditionalModel(GetParam(), 7);
+  const int64_t n = m.config().seq_len();
+  const double guidance[3] = {0.25, 2.5, 0.25};
+  auto engine = DecodeEngine::Create(&m, EngineOptions{5, 0}).value();
+  std::vector<Outcome> out(3);
+  const std::vector<uint8_t> prompt = {10, 200, 30, 40, 250};
+  for (int64_t i = 0; i < 3; ++i) {
+    GenerationRequest r = Request(i, &out[i], i == 1 ? prompt : std::vector<uint8_t>());
+    r.sampling.temperature = 0;
+    r.label = i;
+    r.guidance = guidance[i];
+    ASSERT_TRUE(engine->Submit(std::move(r)).ok());
+  }
+  while (engine->Busy()) engine->Step();
+  at::NoGradGuard no_grad;
+  for (int64_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(out[i].status.ok()) << out[i].status;
+    const at::Tensor x =
+        at::tensor(std::vector<int64_t>(out[i].pixels.begin(), out[i].pixels.end()), at::kLong)
+            .view({1, n});
+    const at::Tensor in = x.narrow(1, 0, n - 1);
+    const at::Tensor c = m.Forward(in, KrauseImpl::kAuto, at::full({1}, i, at::kLong));
+    const at::Tensor u =
+        m.Forward(in, KrauseImpl::kAuto, at::full({1}, m.config().null_class(), at::kLong));
+    const at::Tensor argmax = (u + guidance[i] * (c - u)).argmax(-1);
+    const at::Tensor plain = c.argmax(-1);
+    const int64_t first = i == 1 ? static_cast<int64_t>(prompt.size()) : 0;
+    EXPECT_TRUE(at::equal(argmax.narrow(1, first, n - first), x.narrow(1, first, n - first)))
+        << "image " << i;
+    if (guidance[i] < 1) {
+      EXPECT_FALSE(at::equal(plain.narrow(1, first, n - first), x.narrow(1, first, n - first)))
+          << "image " << i << ": guidance changed nothing";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, ConditionalEngineTest, ::testing::Values("krause", "softmax"));
+
+TEST(ConditionalEngine, AGuidedRequestTakesTwoSlotsAndWaitsForThem) {
+  const Arm m = ConditionalModel("krause", 3);
+  auto engine = DecodeEngine::Create(&m, EngineOptions{3, 0}).value();
+  std::vector<Outcome> out(3);
+  GenerationRequest a = Request(1, &out[0]);
+  GenerationRequest b = Request(2, &out[1], {1, 2, 3, 4, 5});
+  GenerationRequest c = Request(3, &out[2], {1, 2, 3});
+  a.label = 0;
+  a.guidance = 2;
+  b.label = 1;
+  b.guidance = 0.5;
+  c.label = 2;  // unguided
+  ASSERT_TRUE(engine->Submit(std::move(a)).ok());
+  const int64_t b_id = engine->Submit(std::move(b)).value();
+  ASSERT_TRUE(engine->Submit(std::move(c)).ok());
+  // Costs as admission would see them: b's prompt prefilled into both its slots (5 each).
+  EXPECT_EQ(engine->WaitingPrefillTokens(5), (std::vector<int64_t>{0, 10, 3}));
+  EXPECT_EQ(engine->WaitingPrefillTokens(3), (std::vector<int64_t>{0}));  // b does not fit
+  StepStats st = engine->Step();
+  // a holds 2 slots; b needs 2 and waits with one free, and c waits behind it (oldest first).
+  EXPECT_EQ(st.admitted, 1);
+  EXPECT_EQ(st.batch, 2);  // a's row and its guide row
+  EXPECT_EQ(engine->pool().in_use(), 2);
+  EXPECT_EQ(engine->waiting(), 2);
+  EXPECT_EQ(engine->WaitingPrefillTokens(engine->free_slots()), std::vector<int64_t>{});
+  while (engine->active() > 0 && engine->waiting() == 2) engine->Step();
+  // a finished: b (2 slots) and c (1) run together, 3 rows.
+  st = engine->Step();
+  EXPECT_EQ(engine->pool().in_use(), 3);
+  EXPECT_EQ(st.batch, 3);
+  EXPECT_EQ(st.prefill_tokens, 2 * 5 + 3);  // [START, prompt] but the last input, per slot
+  engine->Cancel(b_id);
+  engine->Step();
+  EXPECT_EQ(engine->pool().in_use(), 1);  // b left with both its slots
+  while (engine->Busy()) engine->Step();
+  EXPECT_EQ(engine->pool().in_use(), 0);
+  EXPECT_TRUE(out[0].status.ok());
+  EXPECT_TRUE(absl::IsCancelled(out[1].status));
+  EXPECT_TRUE(out[2].status.ok());
+}
+
+TEST(ConditionalEngine, GuidanceIsValidated) {
+  const Arm m = ConditionalModel("krause", 3);
+  auto engine = DecodeEngine::Create(&m, EngineOptions{2, 0}).value();
+  auto single = DecodeEngine::Create(&m, EngineOptions{1, 0}).value();
+  Outcome o;
+  GenerationRequest r = Request(1, &o);
+  r.label = 1;
+  for (double bad : {-0.5, 20.5, std::nan("")}) {
+    r.guidance = bad;
+    EXPECT_THAT(engine->Submit(r).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("guidance must be in [0, 20]")));
+  }
+  r.guidance = 3;
+  EXPECT_THAT(single->Submit(r).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs 2 cache slots")));
+  r.label = -1;
+  EXPECT_THAT(engine->Submit(r).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs a class")));
+  EXPECT_FALSE(engine->Busy());
+  EXPECT_FALSE(single->Busy());
+}
 
 TEST(ConditionalEngine, ClassesAreValidatedAgainstTheModel) {
   const Arm cond = ConditionalModel("krause", 3);
@@ -389,6 +517,20 @@ TEST(ConditionalScoring, BitsPerDimGivenTheClassesMatchTheModel) {
   // An unconditional model given "no class" for every image scores as without classes.
   EXPECT_EQ(ScoreBitsPerDim(plain, imgs, {-1, -1, -1, -1}).value(),
             ScoreBitsPerDim(plain, imgs).value());
+}
+
+TEST(Sampling, GuideLogitsExtrapolatesFromTheUnconditionalLogits) {
+  std::vector<float> c(256), u(256), out(256);
+  for (int v = 0; v < 256; ++v) {
+    c[v] = 0.25f * static_cast<float>(v % 7);
+    u[v] = -0.5f * static_cast<float>(v % 3);
+  }
+  GuideLogits(c.data(), u.data(), 1.0, out.data());
+  EXPECT_EQ(out, c);
+  GuideLogits(c.data(), u.data(), 0.0, out.data());
+  EXPECT_EQ(out, u);
+  GuideLogits(c.data(), u.data(), 3.0, out.data());
+  for (int v = 0; v < 256; ++v) EXPECT_FLOAT_EQ(out[v], u[v] + 3.0f * (c[v] - u[v])) << v;
 }
 
 TEST(Sampling, GreedyTopKTopPAndCounterDeterminism) {

@@ -108,6 +108,17 @@ TEST_F(ServerBinaryTest, ClassesFromTheClientAndScoreSplitIntoCallsTheModelAccep
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(
       at::equal(ReadPng(out + "/sample-1.png").value(), ReadPng(out + "/idx-1.png").value()));
+  // Guided: other images than the unguided ones of the same seeds; without a class refused.
+  r = Shell(client_ +
+            "generate --model karm-cond --label one --guidance 3 --num 2 --seed 3 --prefix g "
+            "--progress=false --out " +
+            out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(
+      at::equal(ReadPng(out + "/sample-1.png").value(), ReadPng(out + "/g-1.png").value()));
+  r = Shell(client_ + "generate --model karm-cond --guidance 3 --progress=false --out " + out);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, ::testing::HasSubstr("guidance 3 needs a class"));
   r = Shell(client_ + "generate --model karm-cond --label three --progress=false --out " + out);
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.out, ::testing::HasSubstr("INVALID_ARGUMENT"));

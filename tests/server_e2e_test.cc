@@ -712,6 +712,29 @@ TEST_F(ServerTest, ConditionalGeneratorListsItsClassesAndDrawsTheAskedOne) {
   EXPECT_TRUE(SlotsFree("karm-cond"));
 }
 
+TEST_F(ServerTest, GuidedGenerationIsSeededAndCostsTwoPasses) {
+  v1::GenerateRequest guided = CondRequest(21, 2);
+  guided.set_label("two");
+  guided.set_guidance(3.0f);
+  v1::GenerateRequest plain = CondRequest(21, 2);
+  plain.set_label("two");
+  const Stream a = RunGenerate(*stub_, guided), b = RunGenerate(*stub_, guided),
+               p = RunGenerate(*stub_, plain);
+  for (const Stream* s : {&a, &b, &p}) ASSERT_TRUE(s->status.ok()) << s->status.error_message();
+  EXPECT_EQ(PngsOf(a), PngsOf(b));
+  EXPECT_EQ(RowsOf(a), PngsOf(a));
+  EXPECT_NE(PngsOf(a), PngsOf(p));
+  const v1::GenerateSummary& ga = a.messages.back().summary();
+  const v1::GenerateSummary& pa = p.messages.back().summary();
+  EXPECT_EQ(ga.pixels_generated(), pa.pixels_generated());
+  EXPECT_DOUBLE_EQ(ga.flops_executed(), 2 * pa.flops_executed());
+  EXPECT_DOUBLE_EQ(ga.flops_dense_equivalent(), 2 * pa.flops_dense_equivalent());
+  // Guidance 1 is plain conditional sampling.
+  plain.set_guidance(1.0f);
+  EXPECT_EQ(PngsOf(RunGenerate(*stub_, plain)), PngsOf(p));
+  EXPECT_TRUE(SlotsFree("karm-cond"));
+}
+
 TEST_F(ServerTest, ClassErrorsNameTheFieldAndTheValidLabels) {
   auto expect_invalid = [&](const v1::GenerateRequest& req, const std::vector<std::string>& parts) {
     const Stream s = RunGenerate(*stub_, req);
@@ -729,6 +752,18 @@ TEST_F(ServerTest, ClassErrorsNameTheFieldAndTheValidLabels) {
   expect_invalid(r, {"label", "model karm", "unconditional"});
   r.set_class_index(0);
   expect_invalid(r, {"class_index", "unconditional"});
+  // Guidance: a class is needed, and a scale in [0, 20].
+  v1::GenerateRequest g = CondRequest(1, 1);
+  g.set_guidance(2.0f);
+  expect_invalid(g, {"guidance 2 needs a class", "karm-cond was given none"});
+  g.set_model("karm");
+  expect_invalid(g, {"guidance 2 needs a class", "karm is unconditional"});
+  g.set_model("karm-cond");
+  g.set_label("one");
+  g.set_guidance(21.0f);
+  expect_invalid(g, {"guidance must be in [0, 20], got 21"});
+  g.set_guidance(-1.0f);
+  expect_invalid(g, {"guidance must be in [0, 20], got -1"});
   EXPECT_TRUE(SlotsFree("karm-cond"));
   EXPECT_TRUE(SlotsFree("karm"));
 }

@@ -35,6 +35,9 @@ ABSL_FLAG(int64_t, samples, 1000,
 ABSL_FLAG(bool, unconditional, false, "a conditional model samples without a class");
 ABSL_FLAG(uint64_t, seed, 1, "image i is sampled with seed + i");
 ABSL_FLAG(double, temperature, 1.0, "sampling temperature");
+ABSL_FLAG(double, guidance, 1.0,
+          "conditional models: classifier-free guidance scale (1: off; other values run each "
+          "image twice per decode step)");
 ABSL_FLAG(int64_t, columns, 10, "images per row of the grid (per class for conditional models)");
 ABSL_FLAG(bool, bits_per_dim, true, "also score the whole test set (teacher-forced bits/dim)");
 ABSL_FLAG(int64_t, test_limit, 0, "score only the first N test images (0: all)");
@@ -112,13 +115,17 @@ int main(int argc, char** argv) {
                              vit.config().classes));
   }
   const int64_t real_n = std::min<int64_t>(count, test->size() / 2);
-  std::printf("krause-eval: %s (%s), %lld samples%s, seed %llu, temperature %g\n", gen_path.c_str(),
+  const double guidance = conditional ? absl::GetFlag(FLAGS_guidance) : 1.0;
+  if (!conditional && absl::GetFlag(FLAGS_guidance) != 1.0)
+    return Fail("--guidance needs a conditional model sampled with classes");
+  std::printf("krause-eval: %s (%s), %lld samples%s, seed %llu, temperature %g, guidance %g\n",
+              gen_path.c_str(),
               ac.attention == "krause" ? "KARM" : "ARM", static_cast<long long>(count),
               conditional        ? absl::StrCat(" (class i % ", ac.classes, " for image i)").c_str()
               : ac.conditional() ? " (without a class)"
                                  : "",
               static_cast<unsigned long long>(absl::GetFlag(FLAGS_seed)),
-              absl::GetFlag(FLAGS_temperature));
+              absl::GetFlag(FLAGS_temperature), guidance);
 
   // 1. Samples.
   std::vector<int64_t> labels(count, -1);
@@ -129,7 +136,8 @@ int main(int argc, char** argv) {
   const auto t_sample = Clock::now();
   auto samples =
       krause::SampleImages(arm, labels, absl::GetFlag(FLAGS_seed), sp,
-                           [&](int64_t done) { Progress("sampling", done, count, t_sample); });
+                           [&](int64_t done) { Progress("sampling", done, count, t_sample); },
+                           guidance);
   if (!samples.ok()) return Fail(samples.status().ToString());
   const double sample_seconds = Since(t_sample);
 
@@ -152,6 +160,7 @@ int main(int argc, char** argv) {
                            {"conditional", conditional},
                            {"seed", absl::GetFlag(FLAGS_seed)},
                            {"temperature", absl::GetFlag(FLAGS_temperature)},
+                           {"guidance", guidance},
                            {"sampling_seconds", sample_seconds},
                            {"frechet_distance", *fd},
                            {"frechet_distance_real_floor", *floor},
@@ -183,7 +192,13 @@ int main(int argc, char** argv) {
     }
     report["assigned_to_requested_class_mean"] = sum / ac.classes;
     report["assigned_to_requested_class"] = per_class;
-    std::printf("  mean over classes: %.1f%%\n", 100 * sum / ac.classes);
+    // The same judge on real images (its accuracy on test[0, R)), for scale.
+    const at::Tensor real_labels = test->labels.narrow(0, 0, real_n).to(at::kLong);
+    const double real_acc =
+        (fr->probabilities.argmax(1) == real_labels).to(at::kDouble).mean().item<double>();
+    report["classifier_accuracy_real"] = real_acc;
+    std::printf("  mean over classes: %.1f%% (the classifier's accuracy on test[0:%lld): %.1f%%)\n",
+                100 * sum / ac.classes, static_cast<long long>(real_n), 100 * real_acc);
   }
 
   // 4. The grid: a conditional model one row per class (its first `columns` samples).

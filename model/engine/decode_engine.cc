@@ -66,6 +66,22 @@ absl::StatusOr<int64_t> DecodeEngine::Submit(GenerationRequest request) {
   }
   if (!request.on_done) return absl::InvalidArgumentError("on_done callback is required");
   RETURN_IF_ERROR(model_->config().ClassRow(request.label).status());
+  if (!(request.guidance >= 0 && request.guidance <= GenerationRequest::kMaxGuidance)) {
+    return absl::InvalidArgumentError(absl::StrCat("guidance must be in [0, ",
+                                                   GenerationRequest::kMaxGuidance, "], got ",
+                                                   request.guidance));
+  }
+  if (request.guided()) {
+    if (request.label < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "guidance ", request.guidance, " needs a class (guidance other than 1 steers the "
+          "image towards a class; without one, leave it at 1)"));
+    }
+    if (pool_.capacity() < 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "guidance needs 2 cache slots per image; this engine has ", pool_.capacity()));
+    }
+  }
   auto s = std::make_unique<Sequence>();
   s->request = std::move(request);
   std::lock_guard<std::mutex> lock(mu_);
@@ -93,6 +109,7 @@ absl::Status DecodeEngine::Admit(Sequence* s) {
   if (cache_.conditional()) {
     try {
       cache_.SetClass(s->slot, *c.ClassRow(s->request.label));  // validated by Submit
+      if (s->guide_slot >= 0) cache_.SetClass(s->guide_slot, c.null_class());
     } catch (const std::exception& e) {
       return absl::InternalError(absl::StrCat("setting the class failed: ", e.what()));
     }
@@ -113,8 +130,9 @@ absl::Status DecodeEngine::Admit(Sequence* s) {
   const int64_t prefix = static_cast<int64_t>(u.size()) - 1;
   try {
     if (prefix > 0) {
-      model_->Prefill(at::tensor(std::vector<int64_t>(u.begin(), u.end() - 1), at::kLong), s->slot,
-                      &cache_);
+      const at::Tensor known = at::tensor(std::vector<int64_t>(u.begin(), u.end() - 1), at::kLong);
+      model_->Prefill(known, s->slot, &cache_);
+      if (s->guide_slot >= 0) model_->Prefill(known, s->guide_slot, &cache_);
     }
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("prefill failed: ", e.what()));
@@ -125,9 +143,11 @@ absl::Status DecodeEngine::Admit(Sequence* s) {
 }
 
 void DecodeEngine::Finish(Sequence* s, absl::Status status, StepStats* stats) {
-  if (s->slot >= 0) {
-    pool_.Release(s->slot);
-    s->slot = -1;
+  for (int64_t* slot : {&s->slot, &s->guide_slot}) {
+    if (*slot >= 0) {
+      pool_.Release(*slot);
+      *slot = -1;
+    }
   }
   if (status.ok()) {
     ++stats->finished;
@@ -140,16 +160,27 @@ void DecodeEngine::Finish(Sequence* s, absl::Status status, StepStats* stats) {
   s->request.on_done(std::move(status), ok ? std::move(s->pixels) : std::vector<uint8_t>());
 }
 
-const float* DecodeEngine::RunDecodeStep() {
-  const int64_t batch = static_cast<int64_t>(active_.size());
+const float* DecodeEngine::RunDecodeStep(int64_t* rows) {
+  const int64_t sequences = static_cast<int64_t>(active_.size());
   int64_t* u = host_u_.data_ptr<int64_t>();
   int64_t* pos = host_pos_.data_ptr<int64_t>();
   int64_t* slots = host_slots_.data_ptr<int64_t>();
-  for (int64_t i = 0; i < batch; ++i) {
+  // Row i: active sequence i; then a row per guided sequence for its guide slot (same input and
+  // position, the null class). Every slot is in at most one row, so rows <= slots.
+  guide_rows_.assign(static_cast<size_t>(sequences), -1);
+  int64_t batch = sequences;
+  for (int64_t i = 0; i < sequences; ++i) {
     u[i] = active_[i]->input;
     pos[i] = active_[i]->position;
     slots[i] = active_[i]->slot;
+    if (active_[i]->guide_slot >= 0) {
+      u[batch] = active_[i]->input;
+      pos[batch] = active_[i]->position;
+      slots[batch] = active_[i]->guide_slot;
+      guide_rows_[i] = batch++;
+    }
   }
+  *rows = batch;
   float* logits = host_logits_.data_ptr<float>();
   if (packed_.cpu != nullptr) {  // the packed CPU step: raw host arrays in and out
     const absl::Status st = packed_.cpu->Step(u, pos, slots, batch, &cache_, logits);
@@ -165,15 +196,17 @@ const float* DecodeEngine::RunDecodeStep() {
   return logits;
 }
 
-std::vector<int64_t> DecodeEngine::WaitingPrefillTokens(int64_t limit) const {
+std::vector<int64_t> DecodeEngine::WaitingPrefillTokens(int64_t free_slots) const {
   const bool start = model_->config().start_token;
   std::vector<int64_t> out;
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& s : pending_) {
-    if (static_cast<int64_t>(out.size()) >= limit) break;
-    // Admit() prefills every known input but the last: [START,] prompt.
+    const int64_t need = SlotsOf(s->request);
+    if (need > free_slots) break;  // Step() admits in order: the rest wait behind it
+    free_slots -= need;
+    // Admit() prefills every known input but the last: [START,] prompt; once per slot.
     const int64_t p = static_cast<int64_t>(s->request.prompt.size());
-    out.push_back(std::max<int64_t>(0, start ? p : p - 1));
+    out.push_back(need * std::max<int64_t>(0, start ? p : p - 1));
   }
   return out;
 }
@@ -212,10 +245,15 @@ StepStats DecodeEngine::Step(int64_t max_admit) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     while (!pending_.empty() && static_cast<int64_t>(admitted.size()) < max_admit) {
-      auto slot = pool_.Reserve();
-      if (!slot.ok()) break;  // full: the rest wait
-      pool_.Commit(*slot);
-      pending_.front()->slot = *slot;
+      Sequence& s = *pending_.front();
+      // Oldest first: a guided request waits for two free slots, and the rest behind it.
+      if (SlotsOf(s.request) > free_slots()) break;
+      s.slot = *pool_.Reserve();  // free_slots() said there is one
+      pool_.Commit(s.slot);
+      if (s.request.guided()) {
+        s.guide_slot = *pool_.Reserve();
+        pool_.Commit(s.guide_slot);
+      }
       admitted.push_back(std::move(pending_.front()));
       pending_.pop_front();
     }
@@ -227,7 +265,7 @@ StepStats DecodeEngine::Step(int64_t max_admit) {
     if (!st.ok()) {
       Finish(s.get(), st, &stats);
     } else {
-      stats.prefill_tokens += s->position;  // the prefix Admit ran
+      stats.prefill_tokens += SlotsOf(s->request) * s->position;  // the prefixes Admit ran
       active_.push_back(std::move(s));
     }
   }
@@ -236,19 +274,24 @@ StepStats DecodeEngine::Step(int64_t max_admit) {
   if (active_.empty()) return stats;
 
   const int64_t batch = static_cast<int64_t>(active_.size());
-  stats.batch = batch;
   const float* lp = nullptr;
   try {
-    lp = RunDecodeStep();
-    // Each sequence's draw depends on its own logits, seed and pixel index only: the draws of
-    // a large batch are split over the threads (a few microseconds each), then delivered in
-    // order on this thread.
+    lp = RunDecodeStep(&stats.batch);
+    // Each sequence's draw depends on its own logits (and its guide row's), seed and pixel
+    // index only: the draws of a large batch are split over the threads (a few microseconds
+    // each), then delivered in order on this thread.
     samples_.resize(static_cast<size_t>(batch));
     at::parallel_for(0, batch, kSamplesPerTask, [&](int64_t i0, int64_t i1) {
+      float guided[256];
       for (int64_t i = i0; i < i1; ++i) {
         const Sequence& s = *active_[i];
-        samples_[i] = SamplePixel(lp + i * 256, s.request.sampling,
-                                  static_cast<uint64_t>(s.pixels.size()));
+        const float* logits = lp + i * 256;
+        if (guide_rows_[i] >= 0) {
+          GuideLogits(logits, lp + guide_rows_[i] * 256, s.request.guidance, guided);
+          logits = guided;
+        }
+        samples_[i] =
+            SamplePixel(logits, s.request.sampling, static_cast<uint64_t>(s.pixels.size()));
       }
     });
   } catch (const std::exception& e) {

@@ -52,6 +52,14 @@ struct GenerationRequest {
   // Conditional models: the class to draw, 0..classes-1, or -1 for none (unconditional
   // sampling). Unconditional models: must be -1.
   int64_t label = -1;
+  // Classifier-free guidance (conditional models, with a class): each subpixel is drawn from
+  // logits u + guidance * (c - u), c given the class and u given the null class. 1 (the
+  // default) is plain conditional sampling; any other value in [0, kMaxGuidance] runs the
+  // sequence twice per step (a second cache slot, a second row of the decode step, a second
+  // prefill of the prompt): twice the compute and cache of an unguided image.
+  double guidance = 1.0;
+  static constexpr double kMaxGuidance = 20.0;
+  bool guided() const { return guidance != 1.0; }
   // Pixel index, value: called for every generated subpixel, in order.
   std::function<void(int64_t, uint8_t)> on_pixel;
   // Optional: called once when the request gets a cache slot (before its prefill).
@@ -77,7 +85,7 @@ struct StepStats {
   int64_t prefill_tokens = 0;   // positions those prefills ran
   double prefill_seconds = 0;   // wall time of the admissions (prefills)
   double decode_seconds = 0;    // wall time of the decode step and the draws
-  int64_t batch = 0;      // sequences in the decode step
+  int64_t batch = 0;      // rows of the decode step: sequences, plus one per guided sequence
   int64_t finished = 0;   // left with OK
   int64_t cancelled = 0;  // left cancelled
   int64_t failed = 0;     // left with an error
@@ -96,10 +104,13 @@ class DecodeEngine {
   // One scheduling step (engine thread): admits up to `max_admit` waiting requests (oldest
   // first, while slots are free), then decodes every active sequence. Returns what happened.
   StepStats Step(int64_t max_admit = std::numeric_limits<int64_t>::max());
-  // The prefill positions of the first `limit` waiting requests, oldest first (what admitting
-  // them would cost; for the worker's plan).
-  std::vector<int64_t> WaitingPrefillTokens(int64_t limit) const;
+  // The prefill positions of the waiting requests that `free_slots` slots admit, oldest first
+  // (what admitting them would cost, a guided request's two prefills counted; for the worker's
+  // plan).
+  std::vector<int64_t> WaitingPrefillTokens(int64_t free_slots) const;
   int64_t free_slots() const { return pool_.capacity() - pool_.in_use(); }
+  // Cache slots a request takes: 2 when guided, else 1.
+  static int64_t SlotsOf(const GenerationRequest& r) { return r.guided() ? 2 : 1; }
   // True while anything is queued or active.
   bool Busy() const;
 
@@ -118,14 +129,16 @@ class DecodeEngine {
     int64_t id = 0;
     GenerationRequest request;
     int64_t slot = -1;
+    int64_t guide_slot = -1;  // guided: the slot decoding the same pixels with the null class
     int64_t position = 0;  // model position of the next decode step
     int64_t input = 0;     // model-input token at that position
     std::vector<uint8_t> pixels;
   };
 
   DecodeEngine(const Arm* model, ArmKvCache cache, int64_t slots, const EngineOptions& options);
-  // The decode step over the active sequences: logits [S, 256] on the host (host_logits_).
-  const float* RunDecodeStep();
+  // The decode step over the active sequences and their guide slots: logits [rows, 256] on the
+  // host (host_logits_); sets *rows and guide_rows_.
+  const float* RunDecodeStep(int64_t* rows);
   // Draws per parallel task: below twice this a step samples on the engine thread.
   static constexpr int64_t kSamplesPerTask = 16;
   absl::Status Admit(Sequence* s);  // prefill into a committed slot
@@ -143,6 +156,8 @@ class DecodeEngine {
   SlotPool pool_;
   std::vector<std::unique_ptr<Sequence>> active_;
   std::vector<uint8_t> samples_;  // this step's draws, per active sequence
+  // The decode-step row of each active sequence's guide slot (-1: unguided).
+  std::vector<int64_t> guide_rows_;
 
   mutable std::mutex mu_;  // guards the two members below and next_id_
   std::deque<std::unique_ptr<Sequence>> pending_;

@@ -102,4 +102,10 @@ uint8_t SamplePixel(const float* logits, const SamplingParams& p, uint64_t index
   return SampleInOrder(logits, order, p, index);
 }
 
+void GuideLogits(const float* conditional, const float* unconditional, double guidance,
+                 float* out) {
+  const float g = static_cast<float>(guidance);
+  for (int v = 0; v < 256; ++v) out[v] = unconditional[v] + g * (conditional[v] - unconditional[v]);
+}
+
 }  // namespace krause

@@ -14,12 +14,13 @@ namespace krause {
 
 absl::StatusOr<at::Tensor> SampleImages(const Arm& model, const std::vector<int64_t>& labels,
                                         uint64_t seed, const SamplingParams& sampling,
-                                        const std::function<void(int64_t)>& progress) {
+                                        const std::function<void(int64_t)>& progress,
+                                        double guidance) {
   const ArmConfig& c = model.config();
   const int64_t count = static_cast<int64_t>(labels.size()), n = c.seq_len();
   if (count == 0) return at::empty({0, c.channels, c.height, c.width_px}, at::kByte);
   EngineOptions eo;
-  eo.max_sequences = std::min<int64_t>(count, 64);
+  eo.max_sequences = std::min<int64_t>(count * (guidance != 1.0 ? 2 : 1), 64);
   auto engine = DecodeEngine::Create(&model, eo);
   if (!engine.ok()) return engine.status();
   at::Tensor x = at::zeros({count, n}, at::kByte);
@@ -30,6 +31,7 @@ absl::StatusOr<at::Tensor> SampleImages(const Arm& model, const std::vector<int6
     r.sampling = sampling;
     r.sampling.seed = seed + static_cast<uint64_t>(i);
     r.label = labels[i];
+    if (r.label >= 0) r.guidance = guidance;
     r.on_done = [&x, &failure, &done, i, n](absl::Status st, std::vector<uint8_t> px) {
       ++done;
       if (!st.ok()) {

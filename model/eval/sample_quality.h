@@ -25,11 +25,13 @@
 
 namespace krause {
 
-// labels[i]: the class of image i (-1: none). Returns [N, C, H, W] uint8. `progress(done)` is
-// called after each engine step that finished images.
+// labels[i]: the class of image i (-1: none). guidance: GenerationRequest::guidance for the
+// images with a class. Returns [N, C, H, W] uint8. `progress(done)` is called after each engine
+// step that finished images.
 absl::StatusOr<at::Tensor> SampleImages(const Arm& model, const std::vector<int64_t>& labels,
                                         uint64_t seed, const SamplingParams& sampling = {},
-                                        const std::function<void(int64_t)>& progress = nullptr);
+                                        const std::function<void(int64_t)>& progress = nullptr,
+                                        double guidance = 1.0);
 
 // The samples of a class-conditional draw where image i has class i % classes (SampleImages with
 // those labels), one row per class: each row holds that class's first `per_class` images, and a
