@@ -459,8 +459,8 @@ TEST(ConditionalEngine, GuidanceIsValidated) {
   r.label = 1;
   for (double bad : {-0.5, 20.5, std::nan("")}) {
     r.guidance = bad;
-    EXPECT_THAT(engine->Submit(r).status(),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("guidance must be in [0, 20]")));
+    EXPECT_THAT(engine->Submit(r).status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                     HasSubstr("guidance must be in [0, 20]")));
   }
   r.guidance = 3;
   EXPECT_THAT(single->Submit(r).status(),

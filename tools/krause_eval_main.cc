@@ -119,8 +119,8 @@ int main(int argc, char** argv) {
   if (!conditional && absl::GetFlag(FLAGS_guidance) != 1.0)
     return Fail("--guidance needs a conditional model sampled with classes");
   std::printf("krause-eval: %s (%s), %lld samples%s, seed %llu, temperature %g, guidance %g\n",
-              gen_path.c_str(),
-              ac.attention == "krause" ? "KARM" : "ARM", static_cast<long long>(count),
+              gen_path.c_str(), ac.attention == "krause" ? "KARM" : "ARM",
+              static_cast<long long>(count),
               conditional        ? absl::StrCat(" (class i % ", ac.classes, " for image i)").c_str()
               : ac.conditional() ? " (without a class)"
                                  : "",
@@ -134,10 +134,9 @@ int main(int argc, char** argv) {
   krause::SamplingParams sp;
   sp.temperature = absl::GetFlag(FLAGS_temperature);
   const auto t_sample = Clock::now();
-  auto samples =
-      krause::SampleImages(arm, labels, absl::GetFlag(FLAGS_seed), sp,
-                           [&](int64_t done) { Progress("sampling", done, count, t_sample); },
-                           guidance);
+  auto samples = krause::SampleImages(
+      arm, labels, absl::GetFlag(FLAGS_seed), sp,
+      [&](int64_t done) { Progress("sampling", done, count, t_sample); }, guidance);
   if (!samples.ok()) return Fail(samples.status().ToString());
   const double sample_seconds = Since(t_sample);
 

@@ -67,15 +67,15 @@ absl::StatusOr<int64_t> DecodeEngine::Submit(GenerationRequest request) {
   if (!request.on_done) return absl::InvalidArgumentError("on_done callback is required");
   RETURN_IF_ERROR(model_->config().ClassRow(request.label).status());
   if (!(request.guidance >= 0 && request.guidance <= GenerationRequest::kMaxGuidance)) {
-    return absl::InvalidArgumentError(absl::StrCat("guidance must be in [0, ",
-                                                   GenerationRequest::kMaxGuidance, "], got ",
-                                                   request.guidance));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "guidance must be in [0, ", GenerationRequest::kMaxGuidance, "], got ", request.guidance));
   }
   if (request.guided()) {
     if (request.label < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "guidance ", request.guidance, " needs a class (guidance other than 1 steers the "
-          "image towards a class; without one, leave it at 1)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("guidance ", request.guidance,
+                       " needs a class (guidance other than 1 steers the "
+                       "image towards a class; without one, leave it at 1)"));
     }
     if (pool_.capacity() < 2) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -25,8 +25,7 @@ double CounterUniform(uint64_t seed, uint64_t counter);
 
 // Classifier-free guidance: out[v] = unconditional[v] + guidance * (conditional[v] -
 // unconditional[v]) for the 256 values (out may alias neither input).
-void GuideLogits(const float* conditional, const float* unconditional, double guidance,
-                 float* out);
+void GuideLogits(const float* conditional, const float* unconditional, double guidance, float* out);
 
 // Samples from logits[0..255] (fp32, finite) for pixel `index` of a request: the values ranked
 // by logit (equal logits: the lower value first), then greedy, or top-k, top-p and a draw from
