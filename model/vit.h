@@ -1,11 +1,12 @@
 // Krause ViT and its softmax baseline (the same backbone, only the attention differs), in the
-// authors' official layout (KRAUSE.md section 3): conv patch embedding, CLS token, learned
+// authors' official layout (docs/operator.md, section 4): conv patch embedding, CLS token, learned
 // absolute positions, post-LN blocks x = norm1(x + attn(x)); x = norm2(x + ffn(x)), a final
 // LayerNorm and a linear head on the CLS token (mean of the patch tokens when cls is off).
 //
 // Krause attention uses the grid neighbourhood (radius, metric, CLS), one log_sigma per layer and
-// the top-k schedule round(linspace(k, 2k, depth)). Device-agnostic; Forward picks the windowed
-// (differentiable) operator when gradients are on and the fused CPU kernel for CPU inference.
+// the top-k schedule round(linspace(k, 2k, depth)). Device-agnostic; Forward picks a
+// differentiable operator when gradients are on (the fused CPU training path for fp32 CPU
+// tensors, else the windowed one) and the fused CPU kernel for CPU inference.
 // Thread-safety: Forward is const and may run concurrently with itself; loading is not.
 #pragma once
 
@@ -58,7 +59,7 @@ class ViT {
   // Forward is head(Features). Sample-quality metrics compare these (model/eval/).
   at::Tensor Features(const at::Tensor& images, KrauseImpl impl = KrauseImpl::kAuto) const;
 
-  // Executed and dense-equivalent FLOPs per image (KRAUSE.md section 5).
+  // Executed and dense-equivalent FLOPs per image (docs/operator.md, section 3).
   AttentionCost FlopsPerImage() const;
 
   const ViTConfig& config() const { return config_; }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Converter parity: PyTorch itself writes state_dicts of Krause ViT, ViT, KARM and ARM (an
-independent PyTorch implementation of the official architectures, written here from
-../shared/KRAUSE.md), tools/convert_pth.py converts them, and krause-forward's logits must match
+independent PyTorch implementation of the official architectures as docs/operator.md, section 4,
+describes them), tools/convert_pth.py converts them, and krause-forward's logits must match
 PyTorch's forward of the same weights (max error <= 1e-4 of the logit scale).
 
 Usage: convert_test.py KRAUSE_FORWARD_BINARY REPO_ROOT. Exits 77 (skipped) without PyTorch.

@@ -3,7 +3,7 @@
 safetensors checkpoint with the model config in its __metadata__.
 
 Tensor names are kept: krause-serve's models use the authors' state_dict layout (see
-../shared/KRAUSE.md section 3), so conversion is by name. Derived buffers (local_mask_buffer,
+docs/operator.md section 4), so conversion is by name. Derived buffers (local_mask_buffer,
 valid_i_indices, valid_j_indices) are dropped. Floating tensors are stored as F32 (or --fp16).
 
 Usage:

@@ -1,4 +1,4 @@
-// Analytic FLOP counts of one Krause attention call (KRAUSE.md section 5), executed and
+// Analytic FLOP counts of one Krause attention call (docs/operator.md, section 3), executed and
 // dense-equivalent side by side, with the selection work as its own figure.
 //
 // Conventions (one multiply-add = 2 FLOPs), per head, with c_i = |N(i)| candidates and

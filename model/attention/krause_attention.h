@@ -1,6 +1,6 @@
 // Krause attention: the one entry point and the implementations behind it.
 //
-// The operator (../shared/KRAUSE.md, section 2), per head h with sigma_h = exp(log_sigma_h):
+// The operator (docs/operator.md, section 1), per head h with sigma_h = exp(log_sigma_h):
 //   score(i, j) = -||q_i - k_j||^2 / (2 sigma_h^2)             for j in N(i)
 //   S(i)        = the min(top_k, |N(i)|) members of N(i) with the largest score
 //   out_i       = sum_{j in S(i)} softmax_S(i)(score)_j * v_j
@@ -21,8 +21,9 @@
 //   kCuda       inference kernels for fp32 CUDA tensors (cuda/krause_cuda.h): one block per query
 //               row, exact radix top-k in shared memory. No autograd. Only in builds with
 //               KRAUSE_WITH_CUDA; elsewhere asking for it is InvalidArgument.
-//   kAuto       kFusedCpu for fp32 CPU tensors and kCuda for fp32 CUDA tensors (CUDA builds)
-//               when no gradient is needed, else kWindowed.
+//   kAuto       without gradients: kFusedCpu for fp32 CPU tensors and kCuda for fp32 CUDA
+//               tensors (CUDA builds); with gradients: kFusedCpuTrain for fp32 CPU tensors,
+//               else kWindowed.
 //
 // Scores in the fast paths use the equivalent bias form (q_i . k_j + b_j) / sigma^2 with
 // b_j = -||k_j||^2 / 2: ||q_i||^2 is constant per row and cancels in ranking and softmax.

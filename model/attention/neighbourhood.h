@@ -1,4 +1,4 @@
-// Neighbourhoods N(i) of Krause attention (../shared/KRAUSE.md, section 2) and their candidate
+// Neighbourhoods N(i) of Krause attention (docs/operator.md, section 1.1) and their candidate
 // enumeration, shared by every implementation (reference, windowed, fused CPU, decode, CUDA) so
 // that all of them agree on exactly which keys a query may see.
 //
