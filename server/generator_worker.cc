@@ -47,7 +47,7 @@ absl::StatusOr<std::vector<int64_t>> GeneratorWorker::Submit(
     const int64_t n = static_cast<int64_t>(requests.size());
     // Everything not yet holding a slot counts as waiting, including this call's images.
     const int64_t waiting = static_cast<int64_t>(live_.size()) - active_.load();
-    const int64_t free_slots = slots_ - active_.load();
+    const int64_t free_slots = slots_ - slots_in_use_.load();
     if (waiting + n - free_slots > options_.max_waiting)
       return absl::UnavailableError(
           absl::StrCat("generator queue is full (", std::max<int64_t>(waiting, 0),
@@ -220,6 +220,7 @@ void GeneratorWorker::Loop() {
       e.active = engine_->active();
       e.waiting = engine_->waiting();
       active_.store(e.active);
+      slots_in_use_.store(engine_->pool().in_use());
       waiting_.store(e.waiting);
       credit.OnDecode(e.stats.decode_seconds);
       if (e.stats.prefill_tokens > 0) {

@@ -81,6 +81,8 @@ class GeneratorWorker {
   void Stop();
 
   int64_t active() const { return active_.load(); }
+  // Cache slots held (a guided sequence holds two).
+  int64_t slots_in_use() const { return slots_in_use_.load(); }
   int64_t waiting() const { return waiting_.load(); }
   int64_t slots() const { return slots_; }
   int64_t bytes_per_sequence() const { return bytes_per_sequence_; }
@@ -112,7 +114,7 @@ class GeneratorWorker {
   std::vector<std::shared_ptr<StepListener>> new_listeners_;
   bool stopping_ = false;
   bool wake_ = false;
-  std::atomic<int64_t> active_{0}, waiting_{0};
+  std::atomic<int64_t> active_{0}, waiting_{0}, slots_in_use_{0};
   std::atomic<int64_t> score_jobs_{0};  // accepted Score jobs not yet done
   std::thread thread_;
 };

@@ -102,9 +102,10 @@ class Metrics::Gauges : public prometheus::Collectable {
           AddGauge(&queued, name, static_cast<double>(g.waiting()));
           AddGauge(&active, name, static_cast<double>(g.active()));
           AddGauge(&slots, name, static_cast<double>(g.slots()));
-          AddGauge(&used, name, static_cast<double>(g.active()));  // one slot per active sequence
+          // A guided sequence holds two slots.
+          AddGauge(&used, name, static_cast<double>(g.slots_in_use()));
           AddGauge(&bytes, name, per * static_cast<double>(g.slots()));
-          AddGauge(&bytes_used, name, per * static_cast<double>(g.active()));
+          AddGauge(&bytes_used, name, per * static_cast<double>(g.slots_in_use()));
         }
       }
     }
@@ -211,10 +212,10 @@ WorkerHooks Metrics::Hooks() {
   h.on_decode_step = [this](const std::string& model, const DecodeEvent& e) {
     if (e.stats.batch > 0) {
       decode_batch_.Add({{"model", model}}, SizeBuckets())
-          .Observe(static_cast<double>(e.stats.batch));
+          .Observe(static_cast<double>(e.stats.sequences));
       compute_.Add({{"model", model}, {"work", "decode_step"}}, SecondsBuckets())
           .Observe(e.seconds);
-      pixels_.Add({{"model", model}}).Increment(static_cast<double>(e.stats.batch));
+      pixels_.Add({{"model", model}}).Increment(static_cast<double>(e.stats.sequences));
     }
   };
   return h;

@@ -63,6 +63,22 @@ TEST(ServerMetrics, ScrapeMatchesAKnownWorkload) {
     while (reader->Read(&m)) ++messages;
     ASSERT_TRUE(reader->Finish().ok());
   }
+  // 1 guided generate call of 2 images on karm-cond: 2 slots and 2 decode rows per image, but
+  // each image's subpixels are counted once (its FLOPs twice).
+  {
+    v1::GenerateRequest req;
+    req.set_model("karm-cond");
+    req.set_num_images(2);
+    req.set_seed(3);
+    req.set_label("one");
+    req.set_guidance(2.0f);
+    grpc::ClientContext ctx;
+    auto reader = stub->Generate(&ctx, req);
+    v1::GenerateResponse m;
+    while (reader->Read(&m)) {
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+  }
   // 1 score call of 3 images.
   {
     v1::ScoreRequest req;
@@ -99,7 +115,7 @@ TEST(ServerMetrics, ScrapeMatchesAKnownWorkload) {
       sample("krause_requests_total", {{"rpc", "Generate"}, {"model", "karm"}, {"code", "OK"}}), 2);
   EXPECT_EQ(sample("krause_requests_total", {{"rpc", "Score"}, {"model", "arm"}, {"code", "OK"}}),
             1);
-  EXPECT_EQ(client::PrometheusSum(*text, "krause_requests_total"), 3 + 1 + 1 + 2 + 1);
+  EXPECT_EQ(client::PrometheusSum(*text, "krause_requests_total"), 3 + 1 + 1 + 2 + 1 + 1);
   EXPECT_EQ(
       sample("krause_request_duration_seconds_count", {{"rpc", "Classify"}, {"model", "vit"}}), 4);
   EXPECT_EQ(
@@ -129,6 +145,14 @@ TEST(ServerMetrics, ScrapeMatchesAKnownWorkload) {
       6 * vit.dense_equivalent_flops);
   EXPECT_DOUBLE_EQ(sample("krause_flops_executed_total", {{"rpc", "Generate"}, {"model", "karm"}}),
                    4 * karm.executed_flops);
+  auto cond_model = LoadModel(models.dir + "/cond.safetensors");
+  ASSERT_TRUE(cond_model.ok());
+  EXPECT_EQ(sample("krause_generated_pixels_total", {{"model", "karm-cond"}}), 2 * 36);
+  EXPECT_EQ(sample("krause_decode_batch_sequences_sum", {{"model", "karm-cond"}}), 2 * 36);
+  EXPECT_DOUBLE_EQ(
+      sample("krause_flops_executed_total", {{"rpc", "Generate"}, {"model", "karm-cond"}}),
+      2 * 2 * cond_model->FlopsPerImage().executed_flops);
+  EXPECT_EQ(sample("krause_kv_cache_slots_in_use", {{"model", "karm-cond"}}), 0);
   EXPECT_EQ(sample("krause_kv_cache_slots", {{"model", "karm"}}), 4);
   EXPECT_EQ(sample("krause_kv_cache_slots_in_use", {{"model", "karm"}}), 0);
   EXPECT_EQ(sample("krause_active_sequences", {{"model", "karm"}}), 0);

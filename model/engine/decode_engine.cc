@@ -274,6 +274,7 @@ StepStats DecodeEngine::Step(int64_t max_admit) {
   if (active_.empty()) return stats;
 
   const int64_t batch = static_cast<int64_t>(active_.size());
+  stats.sequences = batch;
   const float* lp = nullptr;
   try {
     lp = RunDecodeStep(&stats.batch);
@@ -322,8 +323,11 @@ StepStats DecodeEngine::Step(int64_t max_admit) {
   return stats;
 }
 
-absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const Arm& model, const at::Tensor& images,
-                                                    const std::vector<int64_t>& labels) {
+namespace {
+
+absl::StatusOr<std::vector<double>> ScoreBitsPerDimUnguarded(const Arm& model,
+                                                             const at::Tensor& images,
+                                                             const std::vector<int64_t>& labels) {
   const int64_t n = model.config().seq_len();
   if (!images.defined() || images.dim() != 2 || images.size(1) != n) {
     return absl::InvalidArgumentError(
@@ -358,6 +362,19 @@ absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const Arm& model, const at::
             .to(at::kCPU)
             .contiguous();
     return std::vector<double>(bpd.data_ptr<float>(), bpd.data_ptr<float>() + bpd.numel());
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("scoring failed: ", e.what()));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const Arm& model, const at::Tensor& images,
+                                                    const std::vector<int64_t>& labels) {
+  // The checks before the scoring run LibTorch ops too (conversion, min/max): nothing may throw
+  // out of here into the worker thread.
+  try {
+    return ScoreBitsPerDimUnguarded(model, images, labels);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("scoring failed: ", e.what()));
   }

@@ -86,6 +86,7 @@ struct StepStats {
   double prefill_seconds = 0;   // wall time of the admissions (prefills)
   double decode_seconds = 0;    // wall time of the decode step and the draws
   int64_t batch = 0;            // rows of the decode step: sequences, plus one per guided sequence
+  int64_t sequences = 0;        // sequences in the decode step (each got one subpixel)
   int64_t finished = 0;   // left with OK
   int64_t cancelled = 0;  // left cancelled
   int64_t failed = 0;     // left with an error
