@@ -173,6 +173,7 @@ class GenerateState : public StepListener, public std::enable_shared_from_this<G
     int64_t known = 0;  // subpixels known (prompt + sampled), a prefix
     int64_t rows_sent = 0;
     uint64_t seed = 0;
+    bool admitted = false;  // holds a cache slot (or held one)
     bool done = false, png_sent = false;
     absl::Status status;
   };
@@ -208,7 +209,11 @@ class GenerateState : public StepListener, public std::enable_shared_from_this<G
   }
 
   // Engine thread: an image got its cache slot; its wait is the call's queue time.
-  void OnAdmitted() {
+  void OnAdmitted(int64_t image) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      images_[image].admitted = true;
+    }
     if (CallObserver* obs = svc_->observer())
       obs->OnQueued("Generate", model_->spec.name, SecondsSince(start_));
   }
@@ -408,7 +413,8 @@ void GenerateState::FlushOnce() {
       p->set_images_done(static_cast<uint32_t>(images_done_));
       p->set_images_total(static_cast<uint32_t>(Total()));
       int64_t started = 0;
-      for (const Image& im : images_) started += (im.known > 0 || im.done) ? 1 : 0;
+      // (Not `known > 0`: a completion's prompt is known before the image has a slot.)
+      for (const Image& im : images_) started += (im.admitted || im.done) ? 1 : 0;
       const int64_t row_len = model_->shape.width * model_->shape.channels;
       bool news = false;
       for (int64_t i = 0; i < Total(); ++i) {
@@ -567,7 +573,7 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
     r.guidance = guidance;
     std::shared_ptr<GenerateState> s = state_;
     r.on_pixel = [s, i](int64_t index, uint8_t v) { s->OnPixel(i, index, v); };
-    r.on_admitted = [s] { s->OnAdmitted(); };
+    r.on_admitted = [s, i] { s->OnAdmitted(i); };
     r.on_done = [s, i](absl::Status status, std::vector<uint8_t>) {
       s->OnDone(i, std::move(status));
     };

@@ -1,5 +1,7 @@
 // krause.v1.KrauseService on gRPC's callback API. Handlers validate and hand work to the model's
-// worker (ClassifyBatcher / GeneratorWorker); they never run a model. The workers hand results to
+// worker (ClassifyBatcher / GeneratorWorker); they run no model, except that a Classify may run
+// its forward on the RPC thread when it arrives at an idle batcher (RunOnArrival,
+// classify_batcher.h). The workers hand results to
 // the service's ReplyPool, whose threads build the reply messages (PNG encoding included) and
 // finish or write the calls, so a model thread does not serialise while work waits for it (a
 // classify batcher with an empty queue replies itself: then the hop would only add latency). Every

@@ -5,7 +5,7 @@
 // before exp, softmax over the kept set, aggregation of V.
 //
 // Plain CUDA: no LibTorch header, so the file compiles standalone with nvcc (CI compile-checks
-// it for sm_90 on machines without a GPU). krause_attention.cc wraps the launchers for CUDA
+// it for sm_90 on machines without a GPU). cuda/dispatch_cuda.cc wraps the launchers for CUDA
 // tensors. All pointers are device pointers; launches go to `stream` and are asynchronous.
 #pragma once
 
