@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The README's serving performance report: krause-loadgen against a real krause-server on this
-# machine, side by side in one run. Writes bench/results/serving-cpu/*.json and prints a table.
+# The serving performance report of docs/benchmarks.md: krause-loadgen against a real
+# krause-server on this machine, side by side in one run. Writes bench/results/serving-cpu/*.json
+# and prints a table.
 #   scripts/perf-report.sh            (after scripts/build.sh; about 4 minutes on 2 cores)
 # Environment: BUILD_DIR (build), DURATION (15 s of measured classify load), OUT (folder).
 set -euo pipefail

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sanitizer runs (not part of .ci/run: they would double or triple CI's time; run them before a
 # release or after touching memory-owning or threaded code). Timings on the 2-core development
-# machine are in the README ("Tests").
+# machine are in docs/building-and-testing.md ("Tests").
 #
 #   scripts/sanitize.sh [CTEST_ARGS...]   the whole ctest suite under AddressSanitizer +
 #                                         UndefinedBehaviorSanitizer, in build-asan/

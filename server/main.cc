@@ -1,5 +1,5 @@
 // krause-server: serves Krause ViT classifiers and KARM generators (and their softmax baselines)
-// over gRPC. See --help and the README's API reference.
+// over gRPC. See --help and the API reference, docs/api.md.
 #include <unistd.h>
 
 #include <cerrno>

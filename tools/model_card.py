@@ -47,7 +47,8 @@ def main():
               "| epoch | train loss | test metric | seconds |", "|---|---|---|---|"]
     for h in s["history"]:
         lines.append(f"| {h['epoch']} | {h['train_loss']:.4f} | {h['test_metric']:.4f} | {h['train_seconds']:.0f} |")
-    lines += ["", "FLOPs follow ../README.md (FLOP accounting): one multiply-add is 2 FLOPs; "
+    lines += ["", "FLOPs follow [../docs/kernels.md (FLOP accounting)]"
+              "(../docs/kernels.md#flop-accounting-modelattentionflopsh): one multiply-add is 2 FLOPs; "
               "the dense-equivalent is the same model with every token visible."]
     print("\n".join(lines))
 
