@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what it needs, builds, runs every ctest test (labels unit,
-# parity, e2e; gpu tests skip themselves without a GPU), then the fuzzers for 30 s each
+# slow, build, parity, e2e; gpu tests skip themselves without a GPU), then the fuzzers for 30 s each
 # (scripts/fuzz.sh; FUZZ_SECONDS=0 skips them), then the threaded tests under ThreadSanitizer
 # (scripts/sanitize.sh --thread, in build-tsan/; TSAN=0 skips them). Extra arguments go to ctest,
 # e.g.

@@ -12,26 +12,32 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "model/util/threads.h"
+#include "server/options.h"
 #include "server/server.h"
 
-ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
+namespace {
+// The flags' defaults are ServerOptions' own, so that the two cannot disagree.
+const krause::server::ServerOptions kDefaults;
+}  // namespace
+
+ABSL_FLAG(std::string, listen, kDefaults.listen,
           "address:port to serve gRPC on (port 0: any free port)");
 ABSL_FLAG(std::string, manifest, "",
           "model manifest (JSON, see server/options.h); empty: every model in --models_dir");
-ABSL_FLAG(std::string, models_dir, "models",
+ABSL_FLAG(std::string, models_dir, kDefaults.models_dir,
           "folder of the bundled models (used without --manifest)");
-ABSL_FLAG(std::string, device, "cpu",
+ABSL_FLAG(std::string, device, kDefaults.device,
           "device of the bundled models: cpu, cuda or cuda:N (with --manifest each model sets its "
           "own \"device\")");
-ABSL_FLAG(bool, cuda_graphs, false,
+ABSL_FLAG(bool, cuda_graphs, kDefaults.cuda_graphs,
           "bundled generators on a GPU: replay the KARM decode step as CUDA graphs (with "
           "--manifest each model sets its own \"cuda_graphs\")");
-ABSL_FLAG(int32_t, threads, 0, "LibTorch intra-op threads (0: all cores)");
-ABSL_FLAG(int32_t, reply_threads, 1,
+ABSL_FLAG(int32_t, threads, kDefaults.threads, "LibTorch intra-op threads (0: all cores)");
+ABSL_FLAG(int32_t, reply_threads, kDefaults.reply_threads,
           "threads that build and send replies (protobuf, PNG), off the model threads");
-ABSL_FLAG(int64_t, max_message_bytes, 64 << 20, "largest request or response message in bytes");
+ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes, "largest request or response message in bytes");
 ABSL_FLAG(
-    double, drain_seconds, 20,
+    double, drain_seconds, kDefaults.drain_seconds,
     "on SIGTERM/SIGINT: seconds in-flight calls may take to finish before they are cancelled");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve TLS (with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
@@ -39,7 +45,7 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: require client certificates signed by it (mutual TLS)");
 ABSL_FLAG(std::string, auth_tokens, "",
           "file of bearer tokens, one per line: calls need 'authorization: Bearer <token>'");
-ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
+ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen,
           "address:port for Prometheus text metrics at /metrics (empty: off); every interface "
           "by default, so that Prometheus can scrape the pod: use 127.0.0.1:9464 or "
           "--metrics_tokens to keep it private");

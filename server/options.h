@@ -61,7 +61,9 @@ struct ServerOptions {
   // TLS: both or neither; with tls_client_ca, clients must present a certificate it signed.
   std::string tls_cert, tls_key, tls_client_ca;
   std::string auth_tokens_file;  // one token per line ('#' comments); empty: no auth
-  std::string metrics_listen;    // host:port for Prometheus /metrics; empty: off
+  // host:port for Prometheus /metrics; empty: off. Every interface by default, so that
+  // Prometheus can scrape a pod.
+  std::string metrics_listen = "0.0.0.0:9464";
   std::string metrics_tokens_file;  // tokens a scrape must send as a bearer token; empty: none
   bool quiet = false;
   // Tests only (no flag): see KrauseService's fault hook.

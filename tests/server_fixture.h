@@ -117,6 +117,7 @@ inline TinyModels WriteTinyModels(const std::string& tag, int delay_ms = 20, int
 inline server::ServerOptions LoopbackOptions(const std::string& manifest) {
   server::ServerOptions o;
   o.listen = "127.0.0.1:0";
+  o.metrics_listen = "";  // off unless a test asks for it
   o.manifest = manifest;
   o.quiet = true;
   o.drain_seconds = 5;

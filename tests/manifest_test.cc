@@ -1,0 +1,134 @@
+// The model manifest (server/options.h): every error ParseManifest can return, with the entry,
+// the key and the limit it names; defaults for absent keys; checkpoint paths resolved against
+// the manifest's folder.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "server/options.h"
+#include "tests/test_util.h"
+
+namespace krause::server {
+namespace {
+
+using ::krause::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// One entry {"name": "m", "checkpoint": "m.safetensors", EXTRA}.
+std::string Entry(const std::string& extra) {
+  return R"({"models": [{"name": "m", "checkpoint": "m.safetensors")" +
+         (extra.empty() ? "" : ", " + extra) + "}]}";
+}
+
+struct BadManifest {
+  std::string json;
+  std::string message;  // a part of the error message
+};
+
+TEST(Manifest, EveryErrorNamesWhatIsWrong) {
+  const std::vector<BadManifest> cases = {
+      // The document.
+      {"", "expected a JSON object {\"models\": [...]}"},
+      {"[1, 2]", "expected a JSON object"},
+      {R"({"model": []})", "expected a JSON object"},
+      {R"({"models": {"name": "m"}})", "expected a JSON object"},
+      {R"({"models": []})", "manifest: models is empty"},
+      {R"({"models": [7]})", "manifest: models[0] is not an object"},
+      // Keys and types.
+      {Entry(R"("max_batch": 4)"), "models[0]: unknown key \"max_batch\" (known: checkpoint,"},
+      {Entry(R"("max_sequences": 2.5)"), "models[0].max_sequences must be an integer, got number 2.5"},
+      {Entry(R"("max_sequences": "8")"), "models[0].max_sequences must be an integer, got string"},
+      {Entry(R"("max_waiting": 18446744073709551615)"),
+       "models[0].max_waiting is too large: 18446744073709551615"},
+      {Entry(R"("default": 1)"), "models[0].default must be true or false, got number"},
+      {Entry(R"("device": 0)"), "models[0].device must be a string, got number"},
+      {R"({"models": [{"checkpoint": "m.safetensors"}]})",
+       "models[0].name must match [A-Za-z0-9._-]{1,64}, got \"\""},
+      {R"({"models": [{"name": "a b", "checkpoint": "m.safetensors"}]})",
+       "models[0].name must match [A-Za-z0-9._-]{1,64}, got \"a b\""},
+      {R"({"models": [{"name": ")" + std::string(65, 'x') + R"(", "checkpoint": "m"}]})",
+       "models[0].name must match"},
+      {R"({"models": [{"name": "m", "checkpoint": "a"}, {"name": "m", "checkpoint": "b"}]})",
+       "models[1].name \"m\" is repeated"},
+      {R"({"models": [{"name": "m"}]})", "models[0].checkpoint is required"},
+      // Ranges: each limit at both ends.
+      {Entry(R"("max_batch_size": 0)"), "models[0].max_batch_size must be in [1, 4096], got 0"},
+      {Entry(R"("max_batch_size": 4097)"), "max_batch_size must be in [1, 4096], got 4097"},
+      {Entry(R"("max_queue_delay_ms": -1)"), "max_queue_delay_ms must be in [0, 10000], got -1"},
+      {Entry(R"("max_queue_delay_ms": 10001)"), "max_queue_delay_ms must be in [0, 10000]"},
+      {Entry(R"("max_queued_images": 0)"), "max_queued_images must be in [1, 1048576], got 0"},
+      {Entry(R"("max_queued_images": 1048577)"), "max_queued_images must be in [1, 1048576]"},
+      {Entry(R"("max_sequences": 0)"), "max_sequences must be in [1, 4096], got 0"},
+      {Entry(R"("max_sequences": 4097)"), "max_sequences must be in [1, 4096], got 4097"},
+      {Entry(R"("max_waiting": -1)"), "max_waiting must be in [0, 1048576], got -1"},
+      {Entry(R"("max_waiting": 1048577)"), "max_waiting must be in [0, 1048576]"},
+      {Entry(R"("max_images_per_request": -1)"),
+       "max_images_per_request must be in [0, 4096], got -1"},
+      {Entry(R"("max_images_per_request": 4097)"), "max_images_per_request must be in [0, 4096]"},
+      {Entry(R"("kv_cache_dtype": "fp8")"),
+       "models[0].kv_cache_dtype must be float32, bfloat16 or float16, got \"fp8\""},
+  };
+  for (const BadManifest& c : cases) {
+    EXPECT_THAT(ParseManifest(c.json, "/srv/models").status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)))
+        << c.json;
+  }
+}
+
+TEST(Manifest, AbsentKeysTakeTheDefaultsAndPathsResolveAgainstTheManifestFolder) {
+  KRAUSE_ASSERT_OK_AND_ASSIGN(
+      std::vector<ModelSpec> specs,
+      ParseManifest(R"({"models": [{"name": "a", "checkpoint": "sub/../a.safetensors"},
+        {"name": "b", "checkpoint": "/abs/b.safetensors", "device": "cuda", "default": true,
+         "max_batch_size": 8, "max_queue_delay_ms": 3, "max_queued_images": 9,
+         "max_sequences": 2, "max_waiting": 0, "max_images_per_request": 8,
+         "cuda_graphs": true, "kv_cache_dtype": "bfloat16"}]})",
+                    "/srv/models"));
+  ASSERT_EQ(specs.size(), 2u);
+  const ModelSpec defaults;
+  const ModelSpec& a = specs[0];
+  EXPECT_EQ(a.name, "a");
+  EXPECT_EQ(a.checkpoint, "/srv/models/a.safetensors");
+  EXPECT_EQ(a.device, defaults.device);
+  EXPECT_EQ(a.is_default, defaults.is_default);
+  EXPECT_EQ(a.max_batch_size, defaults.max_batch_size);
+  EXPECT_EQ(a.max_queue_delay_ms, defaults.max_queue_delay_ms);
+  EXPECT_EQ(a.max_queued_images, defaults.max_queued_images);
+  EXPECT_EQ(a.max_sequences, defaults.max_sequences);
+  EXPECT_EQ(a.max_waiting, defaults.max_waiting);
+  EXPECT_EQ(a.max_images_per_request, defaults.max_images_per_request);
+  EXPECT_EQ(a.cuda_graphs, defaults.cuda_graphs);
+  EXPECT_EQ(a.kv_cache_dtype, defaults.kv_cache_dtype);
+  const ModelSpec& b = specs[1];
+  EXPECT_EQ(b.checkpoint, "/abs/b.safetensors");  // absolute: kept
+  EXPECT_EQ(b.device, "cuda");
+  EXPECT_TRUE(b.is_default);
+  EXPECT_EQ(b.max_batch_size, 8);
+  EXPECT_EQ(b.max_queue_delay_ms, 3);
+  EXPECT_EQ(b.max_queued_images, 9);
+  EXPECT_EQ(b.max_sequences, 2);
+  EXPECT_EQ(b.max_waiting, 0);
+  EXPECT_EQ(b.max_images_per_request, 8);
+  EXPECT_TRUE(b.cuda_graphs);
+  EXPECT_EQ(b.kv_cache_dtype, "bfloat16");
+  // No folder: relative paths stay relative.
+  KRAUSE_ASSERT_OK_AND_ASSIGN(std::vector<ModelSpec> here,
+                              ParseManifest(Entry(""), ""));
+  EXPECT_EQ(here[0].checkpoint, "m.safetensors");
+}
+
+TEST(Manifest, ReadManifestNamesTheFileInItsErrors) {
+  EXPECT_THAT(ReadManifest("/nonexistent/manifest.json").status(),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("/nonexistent/manifest.json: cannot open")));
+  const std::string path = ::testing::TempDir() + "/manifest_test.json";
+  std::ofstream(path) << R"({"models": [{"name": "m"}]})";
+  EXPECT_THAT(ReadManifest(path).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(path + ": manifest: models[0].checkpoint is required")));
+}
+
+}  // namespace
+}  // namespace krause::server
