@@ -12,10 +12,31 @@
 
 namespace krause::client {
 
+std::string ServiceConfigJson(bool retry) {
+  // Round robin over every resolved address (gRPC's default, pick_first, would send every call
+  // to the first one).
+  std::string json = R"({"loadBalancingConfig": [{"round_robin": {}}])";
+  if (retry) {
+    json += R"(, "methodConfig": [{"name": [)";
+    const char* methods[] = {"ListModels", "GetModel", "Classify", "Score", "Generate"};
+    for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); ++i) {
+      json += absl::StrCat(i ? ", " : "", R"({"service": "krause.v1.KrauseService", "method": ")",
+                           methods[i], R"("})");
+    }
+    json += R"(], "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.05s", )"
+            R"("maxBackoff": "1s", "backoffMultiplier": 2, )"
+            R"("retryableStatusCodes": ["UNAVAILABLE"]}}])";
+  }
+  return json + "}";
+}
+
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptions& o,
                                                            int channel_index) {
   grpc::ChannelArguments args;
   if (channel_index > 0) args.SetInt("krause.channel_index", channel_index);
+  args.SetServiceConfigJSON(ServiceConfigJson(o.retry));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
   args.SetMaxReceiveMessageSize(static_cast<int>(o.max_message_bytes));
   args.SetMaxSendMessageSize(static_cast<int>(o.max_message_bytes));
   std::shared_ptr<grpc::ChannelCredentials> creds;

@@ -14,7 +14,13 @@
 namespace krause::client {
 
 struct ConnectionOptions {
+  // Any gRPC target: host:port, dns:///name:port (every address the name resolves to, e.g. a
+  // headless Kubernetes Service), ipv4:a:p,b:p. Calls are spread round-robin over the addresses.
   std::string server = "localhost:50051";
+  // Retry UNAVAILABLE (a replica draining, restarting or full) on another address, up to
+  // 4 attempts with backoff from 50 ms: ListModels, GetModel, Classify and Score, and Generate
+  // before its first message (gRPC commits a call once the server answered).
+  bool retry = false;
   bool tls = false;               // TLS with the system roots (or tls_ca)
   std::string tls_ca;             // PEM roots to verify the server with (implies tls)
   std::string tls_cert, tls_key;  // client certificate for mutual TLS (implies tls)
@@ -25,9 +31,12 @@ struct ConnectionOptions {
 };
 
 // `channel_index` > 0 gives a channel its own connection (distinct channel arguments), so
-// several channels spread calls over several connections.
+// several channels spread calls over several connections. The channel pings idle connections
+// every 60 s (the server allows that; server/server.cc).
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptions& o,
                                                            int channel_index = 0);
+// The channel's service config: round robin, and with `retry` the retry policy above.
+std::string ServiceConfigJson(bool retry);
 // Adds the token and the deadline to a call's context.
 void PrepareContext(const ConnectionOptions& o, grpc::ClientContext* ctx);
 // "INVALID_ARGUMENT: images[0]: ..." plus a hint for the codes a user can act on.

@@ -43,7 +43,12 @@
 #include "server/images.h"
 #include "server/status.h"
 
-ABSL_FLAG(std::string, server, "localhost:50051", "server address host:port");
+ABSL_FLAG(std::string, server, "localhost:50051",
+          "server: host:port or any gRPC target (dns:///name:port, ipv4:a:p,b:p: calls are "
+          "spread round-robin over its addresses)");
+ABSL_FLAG(bool, retry, false,
+          "retry UNAVAILABLE up to 4 attempts (off by default: the report counts what the "
+          "servers answered)");
 ABSL_FLAG(std::string, token, "", "bearer token");
 ABSL_FLAG(std::string, tls_ca, "", "PEM roots to verify the server with (enables TLS)");
 ABSL_FLAG(std::string, mode, "closed", "closed (fixed concurrency) or open (fixed arrival rate)");
@@ -346,6 +351,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   krause::client::ConnectionOptions conn;
   conn.server = absl::GetFlag(FLAGS_server);
+  conn.retry = absl::GetFlag(FLAGS_retry);
   conn.token = absl::GetFlag(FLAGS_token);
   conn.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   const std::string mode = absl::GetFlag(FLAGS_mode), workload = absl::GetFlag(FLAGS_workload);

@@ -38,7 +38,12 @@
 #include "model/util/files.h"
 #include "server/images.h"
 
-ABSL_FLAG(std::string, server, "localhost:50051", "server address host:port");
+ABSL_FLAG(std::string, server, "localhost:50051",
+          "server: host:port or any gRPC target (dns:///name:port, ipv4:a:p,b:p: calls are "
+          "spread round-robin over its addresses)");
+ABSL_FLAG(bool, retry, true,
+          "retry UNAVAILABLE (a replica draining or full) up to 4 attempts with backoff: list, "
+          "classify, score, and generate before its first message");
 ABSL_FLAG(std::string, model, "", "model name (empty: the server's default of the right kind)");
 ABSL_FLAG(bool, json, false, "print the result as JSON");
 ABSL_FLAG(double, timeout, 0, "deadline per call in seconds (0: none)");
@@ -491,6 +496,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> rest(args.begin() + 2, args.end());
   ConnectionOptions o;
   o.server = absl::GetFlag(FLAGS_server);
+  o.retry = absl::GetFlag(FLAGS_retry);
   o.tls = absl::GetFlag(FLAGS_tls);
   o.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   o.tls_cert = absl::GetFlag(FLAGS_tls_cert);

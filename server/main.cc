@@ -39,6 +39,15 @@ ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes, "largest requ
 ABSL_FLAG(
     double, drain_seconds, kDefaults.drain_seconds,
     "on SIGTERM/SIGINT: seconds in-flight calls may take to finish before they are cancelled");
+ABSL_FLAG(double, max_connection_age_seconds, kDefaults.max_connection_age_seconds,
+          "ask each client to reconnect after this many seconds (so that clients spread over "
+          "replicas added since; 0: never)");
+ABSL_FLAG(double, max_connection_age_grace_seconds, kDefaults.max_connection_age_grace_seconds,
+          "calls in flight on a connection past its age get this many seconds more");
+ABSL_FLAG(double, keepalive_seconds, kDefaults.keepalive_seconds,
+          "ping idle client connections this often (0: off)");
+ABSL_FLAG(double, keepalive_timeout_seconds, kDefaults.keepalive_timeout_seconds,
+          "drop a connection whose ping is not answered within this many seconds");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve TLS (with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -95,6 +104,10 @@ int main(int argc, char** argv) {
   o.reply_threads = absl::GetFlag(FLAGS_reply_threads);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
+  o.max_connection_age_seconds = absl::GetFlag(FLAGS_max_connection_age_seconds);
+  o.max_connection_age_grace_seconds = absl::GetFlag(FLAGS_max_connection_age_grace_seconds);
+  o.keepalive_seconds = absl::GetFlag(FLAGS_keepalive_seconds);
+  o.keepalive_timeout_seconds = absl::GetFlag(FLAGS_keepalive_timeout_seconds);
   o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key = absl::GetFlag(FLAGS_tls_key);
   o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);

@@ -58,6 +58,14 @@ struct ServerOptions {
   int reply_threads = 1;                 // threads that build and send replies (ReplyPool)
   int64_t max_message_bytes = 64 << 20;  // largest request and response message
   double drain_seconds = 20;             // SIGTERM: how long in-flight calls may finish
+  // Connections: after max_connection_age_seconds the server asks a client to reconnect (a GOAWAY;
+  // calls in flight get max_connection_age_grace_seconds more), so that clients re-resolve and
+  // spread over replicas added since (0: never). Keepalive pings every keepalive_seconds on idle
+  // connections, dropped after keepalive_timeout_seconds without an answer (0: off).
+  double max_connection_age_seconds = 300;
+  double max_connection_age_grace_seconds = 60;
+  double keepalive_seconds = 60;
+  double keepalive_timeout_seconds = 20;
   // TLS: both or neither; with tls_client_ca, clients must present a certificate it signed.
   std::string tls_cert, tls_key, tls_client_ca;
   std::string auth_tokens_file;  // one token per line ('#' comments); empty: no auth

@@ -5,6 +5,7 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <set>
@@ -61,6 +62,15 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
                                                                   const WorkerHooks& hooks) {
   std::unique_ptr<KrauseServer> s(new KrauseServer());
   s->options_ = options;
+  for (const auto& [flag, value] :
+       {std::pair{"--max_connection_age_seconds", options.max_connection_age_seconds},
+        {"--max_connection_age_grace_seconds", options.max_connection_age_grace_seconds},
+        {"--keepalive_seconds", options.keepalive_seconds},
+        {"--keepalive_timeout_seconds", options.keepalive_timeout_seconds}}) {
+    if (!(value >= 0 && value <= 1e6))
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " must be in [0, 1000000] seconds, got ", value));
+  }
   // The manifest and tokens are checked before anything listens.
   absl::StatusOr<std::vector<ModelSpec>> specs =
       options.manifest.empty()
@@ -115,6 +125,21 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  auto ms = [](double seconds) { return static_cast<int>(std::min(seconds * 1e3, 2e9)); };
+  if (options.max_connection_age_seconds > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                               ms(options.max_connection_age_seconds));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                               ms(options.max_connection_age_grace_seconds));
+  }
+  if (options.keepalive_seconds > 0) {
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ms(options.keepalive_seconds));
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                               ms(options.keepalive_timeout_seconds));
+  }
+  // Clients (client/connection.cc) ping idle connections every 60 s: allow pings that often.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 30000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0)
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
