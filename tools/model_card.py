@@ -2,6 +2,10 @@
 """Writes a model card (Markdown) from a krause-train summary.json.
 
 Usage: python3 tools/model_card.py train-runs/krause_vit/summary.json > models/krause_vit_fmnist.md
+       python3 tools/model_card.py SUMMARY NAME [--grid FILE.png] [EVAL_REPORT.json ...]
+
+Generators: each krause-eval report.json given adds a row to a sample-quality table (the first
+one also its per-class table); --grid names the grid image to show (a path relative to the card).
 """
 import json
 import sys
@@ -11,9 +15,59 @@ def fmt_flops(x):
     return f"{x / 1e6:.2f} MFLOPs"
 
 
+def eval_section(name, reports, grid):
+    """The sample-quality section of a generator's card from krause-eval reports."""
+    lines = ["", "## Sample quality (`krause-eval`)", ""]
+    first = reports[0]
+    lines += ["Measured by the project's own evaluation command with the bundled Krause ViT as the judge "
+              f"({first['samples']} samples, image i with seed {first['seed']} + i"
+              + (", class i % classes" if first["conditional"] else "") +
+              f"; {first['real_images']} real test images; the floor is the distance between two "
+              "disjoint sets of real test images):", "",
+              "```sh"]
+    for r in reports:
+        g = r.get("guidance", 1.0)
+        lines.append(f"build/bin/krause-eval --generator models/{name.replace('-', '_')}.safetensors "
+                     f"--samples {r['samples']}" + (f" --guidance {g:g}" if g != 1.0 else ""))
+    lines += ["```", "",
+              "| guidance | class agreement | Frechet distance (floor) | mean top-1 probability (real) | "
+              "bits/dim, whole test set | sampling seconds |",
+              "|---|---|---|---|---|---|"]
+    for r in reports:
+        agree = (f"{100 * r['assigned_to_requested_class_mean']:.1f}%"
+                 if "assigned_to_requested_class_mean" in r else "-")
+        if "bits_per_dim_conditional" in r:
+            bpd = f"{r['bits_per_dim_conditional']:.4f} given the class, {r['bits_per_dim_unconditional']:.4f} without"
+        elif "bits_per_dim_unconditional" in r:
+            bpd = f"{r['bits_per_dim_unconditional']:.4f}"
+        else:
+            bpd = "-"
+        lines.append(f"| {r.get('guidance', 1.0):g} | {agree} | {r['frechet_distance']:.2f} "
+                     f"({r['frechet_distance_real_floor']:.2f}) | {r['mean_top1_probability_samples']:.3f} "
+                     f"({r['mean_top1_probability_real']:.3f}) | {bpd} | {r['sampling_seconds']:.0f} |")
+    if "classifier_accuracy_real" in first:
+        lines += ["", f"The judge's own accuracy on those real test images: "
+                      f"{100 * first['classifier_accuracy_real']:.1f}%."]
+    if "assigned_to_requested_class" in first:
+        lines += ["", f"Per class (guidance {first.get('guidance', 1.0):g}):", "",
+                  "| class | assigned to it |", "|---|---|"]
+        for c in first["assigned_to_requested_class"]:
+            lines.append(f"| {c['label']} | {100 * c['assigned']:.0f}% |")
+    if grid:
+        lines += ["", f"![samples, one row per class]({grid})"]
+    return lines
+
+
 def main():
-    s = json.load(open(sys.argv[1]))
-    name = sys.argv[2] if len(sys.argv) > 2 else s["model"]
+    args = sys.argv[1:]
+    grid = None
+    if "--grid" in args:
+        i = args.index("--grid")
+        grid = args[i + 1]
+        del args[i:i + 2]
+    s = json.load(open(args[0]))
+    name = args[1] if len(args) > 1 else s["model"]
+    reports = [json.load(open(p)) for p in args[2:]]
     cfg = s["config"]
     classifier = "test_accuracy" in s
     lines = [f"# {name}", ""]
@@ -50,6 +104,8 @@ def main():
     lines += ["", "FLOPs follow [../docs/kernels.md (FLOP accounting)]"
               "(../docs/kernels.md#flop-accounting-modelattentionflopsh): one multiply-add is 2 FLOPs; "
               "the dense-equivalent is the same model with every token visible."]
+    if reports:
+        lines += eval_section(name, reports, grid)
     print("\n".join(lines))
 
 
