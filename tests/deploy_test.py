@@ -4,7 +4,9 @@
 Usage: deploy_test.py BIN_DIR PROJECT_DIR
 
 - every Kubernetes manifest parses (YAML), has apiVersion/kind/metadata.name, and every
-  kustomization's resources and patches exist; the Deployment's probes are gRPC and its grace
+  kustomization's resources and patches exist; where kubectl exists, the cpu, gpu and gpu-hpa
+  overlays render (kubectl kustomize) with the autoscaler each should have (the CPU HPA, the KEDA
+  ScaledObject, the queue HPA) scaling the Deployment, and every metric a scaler uses is exported; the Deployment's probes are gRPC and its grace
   period covers the drain plus the preStop pause;
 - the Grafana dashboard parses and every panel has a query;
 - krause-server serves the bundled models, krause-client sends a classify, a generate and a score,
@@ -64,7 +66,8 @@ for path in sorted(glob.glob(os.path.join(DEPLOY, "k8s", "**", "*.yaml"), recurs
             else:
                 check("name" in doc.get("metadata", {}), f"{path}: metadata.name")
             docs.setdefault(doc.get("kind"), []).append((path, doc))
-for kind in ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ServiceMonitor", "ConfigMap"]:
+for kind in ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ServiceMonitor", "ConfigMap",
+             "ScaledObject"]:
     check(kind in docs, f"a {kind} manifest exists")
 dep = next(d for p, d in docs["Deployment"] if "base" in p)
 c = dep["spec"]["template"]["spec"]["containers"][0]
@@ -81,6 +84,57 @@ check(gpu and gpu[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["
 for path, cm in docs["ConfigMap"]:
     m = json.loads(cm["data"]["manifest.json"])
     check(len(m["models"]) > 0, f"{path}: the model manifest parses")
+
+# --- rendered overlays (kubectl kustomize, where kubectl exists) ------------------------------
+scaler_metrics = set()
+for _, so in docs.get("ScaledObject", []):
+    if "$patch" in so:
+        continue
+    for t in so["spec"]["triggers"]:
+        check(t["type"] == "prometheus", "the ScaledObject's trigger is Prometheus")
+        check(float(t["metadata"]["activationThreshold"]) < float(t["metadata"]["threshold"]),
+              "the activation threshold is below the target")
+        scaler_metrics |= metric_names(t["metadata"]["query"])
+for _, hpa in docs.get("HorizontalPodAutoscaler", []):
+    if "$patch" in hpa:
+        continue
+    for m in hpa["spec"]["metrics"]:
+        if m["type"] == "Pods":
+            scaler_metrics.add(m["pods"]["metric"]["name"])
+check("krause_queued_images" in scaler_metrics, "the scalers use the queue gauge")
+kubectl = shutil.which("kubectl")
+if kubectl is None:
+    print("kubectl not installed: the overlays are not rendered")
+else:
+    want = {"cpu": ("HorizontalPodAutoscaler", "ScaledObject"), "gpu": ("ScaledObject", "HorizontalPodAutoscaler"),
+            "gpu-hpa": ("HorizontalPodAutoscaler", "ScaledObject")}
+    for overlay, (present, absent) in want.items():
+        r = subprocess.run([kubectl, "kustomize", os.path.join(DEPLOY, "k8s", "overlays", overlay)],
+                           capture_output=True, text=True)
+        check(r.returncode == 0, f"overlay {overlay} renders: {r.stderr.strip()[:300]}")
+        if r.returncode != 0:
+            continue
+        rendered = [d for d in yaml.safe_load_all(r.stdout) if d]
+        kinds = [d["kind"] for d in rendered]
+        for k in ["Deployment", "Service", "ConfigMap", "PodDisruptionBudget", present]:
+            check(k in kinds, f"overlay {overlay} has a {k}")
+        check(absent not in kinds, f"overlay {overlay} has no {absent}")
+        for d in rendered:
+            check("name" in d.get("metadata", {}), f"overlay {overlay}: {d['kind']} has a name")
+            if d["kind"] in ("HorizontalPodAutoscaler", "ScaledObject"):
+                ref = d["spec"]["scaleTargetRef"]
+                check(ref["kind"] == "Deployment" and ref["name"] in
+                      [x["metadata"]["name"] for x in rendered if x["kind"] == "Deployment"],
+                      f"overlay {overlay}: the {d['kind']} scales the Deployment")
+            if d["kind"] == "HorizontalPodAutoscaler":
+                types = [m["type"] for m in d["spec"]["metrics"]]
+                check(types == (["Pods"] if overlay == "gpu-hpa" else ["Resource"]),
+                      f"overlay {overlay}: the HPA scales on {types}")
+            if d["kind"] == "Deployment":
+                c0 = d["spec"]["template"]["spec"]["containers"][0]
+                gpus = c0.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+                check((gpus == 1) == overlay.startswith("gpu"), f"overlay {overlay}: GPU limit {gpus}")
+        print(f"overlay {overlay}: {len(rendered)} objects ({', '.join(sorted(set(kinds)))})")
 
 # --- dashboard and alert rules ---------------------------------------------------------------
 with open(os.path.join(DEPLOY, "grafana", "krause-serve.json")) as f:
@@ -132,6 +186,8 @@ for line in scrape.splitlines():
         exported.add(re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group(0))
 for name in sorted(used):
     check(name in exported, f"metric {name} (dashboard/alerts) is exported by the server")
+for name in sorted(scaler_metrics):
+    check(name in exported, f"metric {name} (autoscaling) is exported by the server")
 
 # --- promtool ---------------------------------------------------------------------------------
 promtool = shutil.which("promtool")
