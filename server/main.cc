@@ -61,6 +61,10 @@ ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen,
 ABSL_FLAG(std::string, metrics_tokens, "",
           "file of bearer tokens, one per line: scrapes need 'Authorization: Bearer <token>' "
           "(separate from --auth_tokens)");
+ABSL_FLAG(std::string, request_log, "",
+          "one JSON line per finished call (rpc, model, code, images, queue and run seconds, "
+          "peer, the caller's x-request-id / traceparent) to this file, '-' for stderr; empty: "
+          "none");
 ABSL_FLAG(bool, quiet, false, "no log lines on stderr");
 ABSL_FLAG(std::string, port_file, "",
           "once serving, write the port listened on to this file (for scripts and --listen :0)");
@@ -108,6 +112,7 @@ int main(int argc, char** argv) {
   o.max_connection_age_grace_seconds = absl::GetFlag(FLAGS_max_connection_age_grace_seconds);
   o.keepalive_seconds = absl::GetFlag(FLAGS_keepalive_seconds);
   o.keepalive_timeout_seconds = absl::GetFlag(FLAGS_keepalive_timeout_seconds);
+  o.request_log = absl::GetFlag(FLAGS_request_log);
   o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key = absl::GetFlag(FLAGS_tls_key);
   o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);

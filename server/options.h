@@ -73,6 +73,9 @@ struct ServerOptions {
   // Prometheus can scrape a pod.
   std::string metrics_listen = "0.0.0.0:9464";
   std::string metrics_tokens_file;  // tokens a scrape must send as a bearer token; empty: none
+  // One JSON line per finished call (server/request_log.h) to this file, "-" for stderr;
+  // empty: none.
+  std::string request_log;
   bool quiet = false;
   // Tests only (no flag): see KrauseService's fault hook.
   std::function<void(const char* point)> fault_hook_for_test;

@@ -118,6 +118,12 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   s->service_ = std::make_unique<KrauseService>(&s->gate_, s->metrics_.get(), options.reply_threads,
                                                 options.fault_hook_for_test);
+  if (!options.request_log.empty()) {
+    auto log = RequestLog::Open(options.request_log);
+    if (!log.ok()) return log.status();
+    s->request_log_ = std::move(*log);
+    s->service_->SetRequestLog(s->request_log_.get());
+  }
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, *creds, &s->port_);
   builder.RegisterService(s->service_.get());

@@ -42,6 +42,7 @@ class KrauseServer {
   ServerOptions options_;
   Gate gate_;
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<RequestLog> request_log_;  // outlives the service that writes to it
   std::unique_ptr<KrauseService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Registry> registry_;

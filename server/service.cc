@@ -37,13 +37,33 @@ class CallBook {
  public:
   CallBook(KrauseService* svc, const char* rpc) : svc_(svc), rpc_(rpc), start_(Clock::now()) {}
 
-  absl::Status Enter(const grpc::CallbackServerContext* ctx) {
+  absl::Status Enter(grpc::CallbackServerContext* ctx) {
+    // The caller's request ids go back in the initial metadata (nothing is sent yet) and into
+    // the request log.
+    const auto& md = ctx->client_metadata();
+    for (const char* key : {"x-request-id", "traceparent"}) {
+      const auto it = md.find(key);
+      if (it == md.end()) continue;
+      std::string value(it->second.data(), std::min<size_t>(it->second.size(), 256));
+      ctx->AddInitialMetadata(key, value);
+      (key[0] == 'x' ? request_id_ : traceparent_) = std::move(value);
+    }
+    if (svc_->request_log()) peer_ = ctx->peer();
     const absl::Status st = svc_->gate()->Enter(ctx);
     entered_ = st.ok();
     return st;
   }
   void set_model(const std::string& m) { model_ = m; }
   Clock::time_point start() const { return start_; }
+  // For the request log: the call's images, and the time its work waited (the longest wait).
+  void set_images(int64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    images_ = n;
+  }
+  void NoteQueued(double seconds) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_seconds_ = std::max(queue_seconds_, seconds);
+  }
 
   // reactor->Finish may end the call and free the reactor (and this object with it): what is
   // needed afterwards is copied first.
@@ -51,8 +71,24 @@ class CallBook {
   void Finish(Reactor* reactor, const absl::Status& st) {
     if (finished_.exchange(true)) return;  // a barrier's error after a normal finish
     const grpc::Status g = ToGrpcStatus(st);
-    if (svc_->observer())
-      svc_->observer()->OnCallDone(rpc_, model_, g.error_code(), SecondsSince(start_));
+    const double seconds = SecondsSince(start_);
+    if (svc_->observer()) svc_->observer()->OnCallDone(rpc_, model_, g.error_code(), seconds);
+    if (RequestLog* log = svc_->request_log()) {
+      CallRecord r;
+      r.rpc = rpc_;
+      r.model = model_;
+      r.code = GrpcCodeName(g.error_code());
+      r.peer = peer_;
+      r.request_id = request_id_;
+      r.traceparent = traceparent_;
+      r.seconds = seconds;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        r.images = images_;
+        r.queue_seconds = queue_seconds_;
+      }
+      log->Write(r);
+    }
     const bool entered = entered_;
     Gate* gate = svc_->gate();
     reactor->Finish(g);
@@ -64,8 +100,12 @@ class CallBook {
   const char* const rpc_;
   const Clock::time_point start_;
   std::string model_;
+  std::string peer_, request_id_, traceparent_;
   bool entered_ = false;
   std::atomic<bool> finished_{false};
+  std::mutex mu_;  // guards the two below (set from model threads)
+  int64_t images_ = 0;
+  double queue_seconds_ = 0;
 };
 
 // A unary call on the default reactor.
@@ -75,12 +115,14 @@ class UnaryCall {
       : book_(svc, rpc), reactor_(ctx->DefaultReactor()) {}
 
   // Enters the gate; on refusal finishes the call and returns false.
-  bool Enter(const grpc::CallbackServerContext* ctx) {
+  bool Enter(grpc::CallbackServerContext* ctx) {
     const absl::Status st = book_.Enter(ctx);
     if (!st.ok()) Finish(st);
     return st.ok();
   }
   void set_model(const std::string& m) { book_.set_model(m); }
+  void set_images(int64_t n) { book_.set_images(n); }
+  void NoteQueued(double seconds) { book_.NoteQueued(seconds); }
   grpc::ServerUnaryReactor* reactor() const { return reactor_; }
   void Finish(const absl::Status& st) { book_.Finish(reactor_, st); }
 
@@ -122,6 +164,7 @@ absl::StatusOr<ResolvedCall> ResolveImageCall(
   auto found = svc.gate()->registry()->Find(model, kind);
   if (!found.ok()) return found.status();
   call->set_model((*found)->spec.name);
+  call->set_images(images.size());
   auto decoded = DecodeBatch(images, **found, svc);
   if (!decoded.ok()) return decoded.status();
   return ResolvedCall{*found, *decoded};
@@ -203,6 +246,10 @@ class GenerateState : public StepListener, public std::enable_shared_from_this<G
     pixels_total_ = n * (len - static_cast<int64_t>(prompt.size()));
     seed_ = seed;
   }
+  double max_queued_seconds() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_queued_seconds_;
+  }
   void SetIds(std::vector<int64_t> ids) {
     std::lock_guard<std::mutex> lock(mu_);
     ids_ = std::move(ids);
@@ -210,12 +257,13 @@ class GenerateState : public StepListener, public std::enable_shared_from_this<G
 
   // Engine thread: an image got its cache slot; its wait is the call's queue time.
   void OnAdmitted(int64_t image) {
+    const double waited = SecondsSince(start_);
     {
       std::lock_guard<std::mutex> lock(mu_);
       images_[image].admitted = true;
+      max_queued_seconds_ = std::max(max_queued_seconds_, waited);
     }
-    if (CallObserver* obs = svc_->observer())
-      obs->OnQueued("Generate", model_->spec.name, SecondsSince(start_));
+    if (CallObserver* obs = svc_->observer()) obs->OnQueued("Generate", model_->spec.name, waited);
   }
 
   // Engine thread.
@@ -298,11 +346,12 @@ class GenerateState : public StepListener, public std::enable_shared_from_this<G
   const Clock::duration interval_;
   const bool stream_rows_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::vector<Image> images_;
   std::vector<int64_t> ids_;
   int64_t pixels_total_ = 0, pixels_done_ = 0, images_done_ = 0;
   int64_t passes_ = 1;
+  double max_queued_seconds_ = 0;  // the longest wait of an image for its cache slot
   int64_t last_sent_pixels_ = -1;
   uint64_t seed_ = 0;
   double first_pixel_seconds_ = 0;
@@ -331,7 +380,10 @@ class GenerateCall : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   void OnDone() override { delete this; }
 
   // Finishes exactly once (GenerateState guarantees it for the streaming part).
-  void FinishCall(const absl::Status& st) { book_.Finish(this, st); }
+  void FinishCall(const absl::Status& st) {
+    if (state_) book_.NoteQueued(state_->max_queued_seconds());
+    book_.Finish(this, st);
+  }
 
  private:
   absl::Status Start(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req);
@@ -562,6 +614,7 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
   uint64_t seed = req.has_seed() ? req.seed() : std::random_device{}() * 0x100000001ull;
   state_ = std::make_shared<GenerateState>(svc_, m, this, SteadyDeadline(ctx), book_.start(),
                                            interval, !req.has_stream_rows() || req.stream_rows());
+  book_.set_images(n);
   state_->Init(n, prompt, seed, guidance != 1.0 ? 2 : 1);
   std::vector<GenerationRequest> requests(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -688,6 +741,7 @@ grpc::ServerUnaryReactor* KrauseService::Classify(grpc::CallbackServerContext* c
     auto reply = [this, call, response, top_k, full, cost, labels, name = m->spec.name](
                      absl::StatusOr<at::Tensor> probs, double queue_seconds) {
       if (observer_ && queue_seconds > 0) observer_->OnQueued("Classify", name, queue_seconds);
+      call->NoteQueued(queue_seconds);
       call->Finish(Guarded("Classify", [&]() -> absl::Status {
         Fault("reply");
         if (!probs.ok()) return probs.status();

@@ -22,6 +22,7 @@
 #include "krause/v1/krause.grpc.pb.h"
 #include "server/registry.h"
 #include "server/reply_pool.h"
+#include "server/request_log.h"
 
 namespace krause::server {
 
@@ -99,11 +100,15 @@ class KrauseService final : public v1::KrauseService::CallbackService {
 
   Gate* gate() const { return gate_; }
   CallObserver* observer() const { return observer_; }
+  // Optional: one line per finished call (request_log.h). Set before serving.
+  void SetRequestLog(RequestLog* log) { request_log_ = log; }
+  RequestLog* request_log() const { return request_log_; }
   ReplyPool* replies() { return &replies_; }
 
  private:
   Gate* const gate_;
   CallObserver* const observer_;
+  RequestLog* request_log_ = nullptr;
   const std::function<void(const char*)> fault_;  // before replies_: its tasks may call it
   ReplyPool replies_;
 };

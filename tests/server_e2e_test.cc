@@ -9,9 +9,12 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <fstream>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "model/data/png.h"
 #include "model/engine/decode_engine.h"
@@ -890,6 +893,72 @@ TEST_F(ServerTest, TokenAuthentication) {
   grpc::ClientContext ctx;
   grpc::health::v1::HealthCheckResponse r;
   EXPECT_TRUE(health->Check(&ctx, {}, &r).ok());
+}
+
+TEST_F(ServerTest, RequestLogHasALinePerCallAndTheCallersIdsComeBack) {
+  server_->Shutdown();
+  const std::string log = models_.dir + "/requests.jsonl";
+  server::ServerOptions o = LoopbackOptions(models_.manifest);
+  o.request_log = log;
+  StartServer(o);
+  // Classify with a request id: echoed in the initial metadata.
+  {
+    v1::ClassifyRequest req;
+    req.set_model("vit");
+    *req.add_images() = RawImage(RandomImages(1, 8, 8, 1, 4)[0]);
+    *req.add_images() = RawImage(RandomImages(1, 8, 8, 1, 5)[0]);
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("x-request-id", "req-42");
+    v1::ClassifyResponse r;
+    ASSERT_TRUE(stub_->Classify(&ctx, req, &r).ok());
+    const auto& md = ctx.GetServerInitialMetadata();
+    const auto it = md.find("x-request-id");
+    ASSERT_NE(it, md.end());
+    EXPECT_EQ(std::string(it->second.data(), it->second.size()), "req-42");
+  }
+  // Generate with a traceparent, and a call for an unknown model.
+  const std::string trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+  {
+    v1::GenerateRequest req;
+    req.set_model("karm");
+    req.set_num_images(2);
+    req.set_seed(1);
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("traceparent", trace);
+    auto reader = stub_->Generate(&ctx, req);
+    v1::GenerateResponse m;
+    while (reader->Read(&m)) {
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+    const auto& md = ctx.GetServerInitialMetadata();
+    ASSERT_NE(md.find("traceparent"), md.end());
+  }
+  {
+    v1::GetModelRequest g;
+    g.set_name("nope");
+    grpc::ClientContext ctx;
+    v1::ModelInfo info;
+    EXPECT_EQ(stub_->GetModel(&ctx, g, &info).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  server_->Shutdown();  // every line written
+  std::ifstream in(log);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["rpc"], "Classify");
+  EXPECT_EQ(lines[0]["model"], "vit");
+  EXPECT_EQ(lines[0]["code"], "OK");
+  EXPECT_EQ(lines[0]["images"], 2);
+  EXPECT_EQ(lines[0]["request_id"], "req-42");
+  EXPECT_FALSE(lines[0].contains("traceparent"));
+  EXPECT_GE(lines[0]["seconds"].get<double>(), lines[0]["queue_seconds"].get<double>());
+  EXPECT_EQ(lines[1]["rpc"], "Generate");
+  EXPECT_EQ(lines[1]["model"], "karm");
+  EXPECT_EQ(lines[1]["images"], 2);
+  EXPECT_EQ(lines[1]["traceparent"], trace);
+  EXPECT_EQ(lines[2]["rpc"], "GetModel");
+  EXPECT_EQ(lines[2]["code"], "NOT_FOUND");
+  for (const auto& l : lines) EXPECT_NE(l["peer"].get<std::string>().find("127.0.0.1"), std::string::npos);
 }
 
 TEST_F(ServerTest, TlsAndMutualTls) {
