@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <random>
