@@ -35,6 +35,8 @@ ABSL_FLAG(int64_t, samples, 1000,
 ABSL_FLAG(bool, unconditional, false, "a conditional model samples without a class");
 ABSL_FLAG(uint64_t, seed, 1, "image i is sampled with seed + i");
 ABSL_FLAG(double, temperature, 1.0, "sampling temperature");
+ABSL_FLAG(double, top_p, 1.0, "nucleus sampling: keep the most likely values up to this mass (1: off)");
+ABSL_FLAG(int32_t, top_k, 0, "keep the k most likely values (0: off)");
 ABSL_FLAG(double, guidance, 1.0,
           "conditional models: classifier-free guidance scale (1: off; other values run each "
           "image twice per decode step)");
@@ -118,14 +120,17 @@ int main(int argc, char** argv) {
   const double guidance = conditional ? absl::GetFlag(FLAGS_guidance) : 1.0;
   if (!conditional && absl::GetFlag(FLAGS_guidance) != 1.0)
     return Fail("--guidance needs a conditional model sampled with classes");
-  std::printf("krause-eval: %s (%s), %lld samples%s, seed %llu, temperature %g, guidance %g\n",
+  std::printf(
+      "krause-eval: %s (%s), %lld samples%s, seed %llu, temperature %g, top_p %g, top_k %d, "
+      "guidance %g\n",
               gen_path.c_str(), ac.attention == "krause" ? "KARM" : "ARM",
               static_cast<long long>(count),
               conditional        ? absl::StrCat(" (class i % ", ac.classes, " for image i)").c_str()
               : ac.conditional() ? " (without a class)"
                                  : "",
               static_cast<unsigned long long>(absl::GetFlag(FLAGS_seed)),
-              absl::GetFlag(FLAGS_temperature), guidance);
+              absl::GetFlag(FLAGS_temperature), absl::GetFlag(FLAGS_top_p),
+              absl::GetFlag(FLAGS_top_k), guidance);
 
   // 1. Samples.
   std::vector<int64_t> labels(count, -1);
@@ -133,6 +138,9 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < count; ++i) labels[i] = i % ac.classes;
   krause::SamplingParams sp;
   sp.temperature = absl::GetFlag(FLAGS_temperature);
+  sp.top_p = absl::GetFlag(FLAGS_top_p);
+  sp.top_k = absl::GetFlag(FLAGS_top_k);
+  if (absl::Status st = krause::ValidateSampling(sp); !st.ok()) return Fail(st.ToString());
   const auto t_sample = Clock::now();
   auto samples = krause::SampleImages(
       arm, labels, absl::GetFlag(FLAGS_seed), sp,
@@ -160,6 +168,8 @@ int main(int argc, char** argv) {
                            {"seed", absl::GetFlag(FLAGS_seed)},
                            {"temperature", absl::GetFlag(FLAGS_temperature)},
                            {"guidance", guidance},
+                           {"top_p", sp.top_p},
+                           {"top_k", sp.top_k},
                            {"sampling_seconds", sample_seconds},
                            {"frechet_distance", *fd},
                            {"frechet_distance_real_floor", *floor},

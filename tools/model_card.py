@@ -28,11 +28,14 @@ def eval_section(name, reports, grid):
     for r in reports:
         g = r.get("guidance", 1.0)
         lines.append(f"build/bin/krause-eval --generator models/{name.replace('-', '_')}.safetensors "
-                     f"--samples {r['samples']}" + (f" --guidance {g:g}" if g != 1.0 else ""))
+                     f"--samples {r['samples']}" + (f" --guidance {g:g}" if g != 1.0 else "")
+                     + (f" --top_p {r['top_p']:g}" if r.get("top_p", 1.0) != 1.0 else "")
+                     + (f" --top_k {r['top_k']}" if r.get("top_k", 0) else "")
+                     + ("" if "bits_per_dim_unconditional" in r else " --bits_per_dim=false"))
     lines += ["```", "",
-              "| guidance | class agreement | Frechet distance (floor) | mean top-1 probability (real) | "
+              "| guidance | top_p | class agreement | Frechet distance (floor) | mean top-1 probability (real) | "
               "bits/dim, whole test set | sampling seconds |",
-              "|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|"]
     for r in reports:
         agree = (f"{100 * r['assigned_to_requested_class_mean']:.1f}%"
                  if "assigned_to_requested_class_mean" in r else "-")
@@ -42,14 +45,14 @@ def eval_section(name, reports, grid):
             bpd = f"{r['bits_per_dim_unconditional']:.4f}"
         else:
             bpd = "-"
-        lines.append(f"| {r.get('guidance', 1.0):g} | {agree} | {r['frechet_distance']:.2f} "
+        lines.append(f"| {r.get('guidance', 1.0):g} | {r.get('top_p', 1.0):g} | {agree} | {r['frechet_distance']:.2f} "
                      f"({r['frechet_distance_real_floor']:.2f}) | {r['mean_top1_probability_samples']:.3f} "
                      f"({r['mean_top1_probability_real']:.3f}) | {bpd} | {r['sampling_seconds']:.0f} |")
     if "classifier_accuracy_real" in first:
         lines += ["", f"The judge's own accuracy on those real test images: "
                       f"{100 * first['classifier_accuracy_real']:.1f}%."]
     if "assigned_to_requested_class" in first:
-        lines += ["", f"Per class (guidance {first.get('guidance', 1.0):g}):", "",
+        lines += ["", f"Per class (guidance {first.get('guidance', 1.0):g}, top_p {first.get('top_p', 1.0):g}):", "",
                   "| class | assigned to it |", "|---|---|"]
         for c in first["assigned_to_requested_class"]:
             lines.append(f"| {c['label']} | {100 * c['assigned']:.0f}% |")
