@@ -1,8 +1,8 @@
 // KARM (Krause autoregressive pixel model) and its softmax ARM baseline, in the authors' official
-// layout (docs/operator.md, section 4): pixels are 8-bit tokens in raster order (row, column, channel),
-// token_emb + pos_emb, pre-LN blocks x += attn(ln1(x)); x += mlp(ln2(x)), ln_f, head -> 256.
-// KARM attention: causal(W), top-k, one log_sigma per head ([H, 1, 1]). ARM: full causal softmax
-// attention with 1/sqrt(d_head), projections named q_proj/k_proj/v_proj/out_proj.
+// layout (docs/operator.md, section 4): pixels are 8-bit tokens in raster order (row, column,
+// channel), token_emb + pos_emb, pre-LN blocks x += attn(ln1(x)); x += mlp(ln2(x)), ln_f, head ->
+// 256. KARM attention: causal(W), top-k, one log_sigma per head ([H, 1, 1]). ARM: full causal
+// softmax attention with 1/sqrt(d_head), projections named q_proj/k_proj/v_proj/out_proj.
 //
 // Sequence convention:
 //   start_token = false (official checkpoints): input position t holds pixel x_t, and its logits

@@ -35,7 +35,8 @@ ABSL_FLAG(bool, cuda_graphs, kDefaults.cuda_graphs,
 ABSL_FLAG(int32_t, threads, kDefaults.threads, "LibTorch intra-op threads (0: all cores)");
 ABSL_FLAG(int32_t, reply_threads, kDefaults.reply_threads,
           "threads that build and send replies (protobuf, PNG), off the model threads");
-ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes, "largest request or response message in bytes");
+ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes,
+          "largest request or response message in bytes");
 ABSL_FLAG(
     double, drain_seconds, kDefaults.drain_seconds,
     "on SIGTERM/SIGINT: seconds in-flight calls may take to finish before they are cancelled");

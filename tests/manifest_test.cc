@@ -38,7 +38,8 @@ TEST(Manifest, EveryErrorNamesWhatIsWrong) {
       {R"({"models": [7]})", "manifest: models[0] is not an object"},
       // Keys and types.
       {Entry(R"("max_batch": 4)"), "models[0]: unknown key \"max_batch\" (known: checkpoint,"},
-      {Entry(R"("max_sequences": 2.5)"), "models[0].max_sequences must be an integer, got number 2.5"},
+      {Entry(R"("max_sequences": 2.5)"),
+       "models[0].max_sequences must be an integer, got number 2.5"},
       {Entry(R"("max_sequences": "8")"), "models[0].max_sequences must be an integer, got string"},
       {Entry(R"("max_waiting": 18446744073709551615)"),
        "models[0].max_waiting is too large: 18446744073709551615"},
@@ -114,15 +115,14 @@ TEST(Manifest, AbsentKeysTakeTheDefaultsAndPathsResolveAgainstTheManifestFolder)
   EXPECT_TRUE(b.cuda_graphs);
   EXPECT_EQ(b.kv_cache_dtype, "bfloat16");
   // No folder: relative paths stay relative.
-  KRAUSE_ASSERT_OK_AND_ASSIGN(std::vector<ModelSpec> here,
-                              ParseManifest(Entry(""), ""));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(std::vector<ModelSpec> here, ParseManifest(Entry(""), ""));
   EXPECT_EQ(here[0].checkpoint, "m.safetensors");
 }
 
 TEST(Manifest, ReadManifestNamesTheFileInItsErrors) {
-  EXPECT_THAT(ReadManifest("/nonexistent/manifest.json").status(),
-              StatusIs(absl::StatusCode::kNotFound,
-                       HasSubstr("/nonexistent/manifest.json: cannot open")));
+  EXPECT_THAT(
+      ReadManifest("/nonexistent/manifest.json").status(),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/manifest.json: cannot open")));
   const std::string path = ::testing::TempDir() + "/manifest_test.json";
   std::ofstream(path) << R"({"models": [{"name": "m"}]})";
   EXPECT_THAT(ReadManifest(path).status(),

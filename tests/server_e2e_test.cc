@@ -11,10 +11,9 @@
 #include <condition_variable>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "model/data/png.h"
 #include "model/engine/decode_engine.h"
@@ -958,7 +957,8 @@ TEST_F(ServerTest, RequestLogHasALinePerCallAndTheCallersIdsComeBack) {
   EXPECT_EQ(lines[1]["traceparent"], trace);
   EXPECT_EQ(lines[2]["rpc"], "GetModel");
   EXPECT_EQ(lines[2]["code"], "NOT_FOUND");
-  for (const auto& l : lines) EXPECT_NE(l["peer"].get<std::string>().find("127.0.0.1"), std::string::npos);
+  for (const auto& l : lines)
+    EXPECT_NE(l["peer"].get<std::string>().find("127.0.0.1"), std::string::npos);
 }
 
 TEST_F(ServerTest, TlsAndMutualTls) {

@@ -35,7 +35,8 @@ ABSL_FLAG(int64_t, samples, 1000,
 ABSL_FLAG(bool, unconditional, false, "a conditional model samples without a class");
 ABSL_FLAG(uint64_t, seed, 1, "image i is sampled with seed + i");
 ABSL_FLAG(double, temperature, 1.0, "sampling temperature");
-ABSL_FLAG(double, top_p, 1.0, "nucleus sampling: keep the most likely values up to this mass (1: off)");
+ABSL_FLAG(double, top_p, 1.0,
+          "nucleus sampling: keep the most likely values up to this mass (1: off)");
 ABSL_FLAG(int32_t, top_k, 0, "keep the k most likely values (0: off)");
 ABSL_FLAG(double, guidance, 1.0,
           "conditional models: classifier-free guidance scale (1: off; other values run each "
@@ -123,14 +124,12 @@ int main(int argc, char** argv) {
   std::printf(
       "krause-eval: %s (%s), %lld samples%s, seed %llu, temperature %g, top_p %g, top_k %d, "
       "guidance %g\n",
-              gen_path.c_str(), ac.attention == "krause" ? "KARM" : "ARM",
-              static_cast<long long>(count),
-              conditional        ? absl::StrCat(" (class i % ", ac.classes, " for image i)").c_str()
-              : ac.conditional() ? " (without a class)"
-                                 : "",
-              static_cast<unsigned long long>(absl::GetFlag(FLAGS_seed)),
-              absl::GetFlag(FLAGS_temperature), absl::GetFlag(FLAGS_top_p),
-              absl::GetFlag(FLAGS_top_k), guidance);
+      gen_path.c_str(), ac.attention == "krause" ? "KARM" : "ARM", static_cast<long long>(count),
+      conditional        ? absl::StrCat(" (class i % ", ac.classes, " for image i)").c_str()
+      : ac.conditional() ? " (without a class)"
+                         : "",
+      static_cast<unsigned long long>(absl::GetFlag(FLAGS_seed)), absl::GetFlag(FLAGS_temperature),
+      absl::GetFlag(FLAGS_top_p), absl::GetFlag(FLAGS_top_k), guidance);
 
   // 1. Samples.
   std::vector<int64_t> labels(count, -1);

@@ -1,4 +1,5 @@
-// The batched Krause decode step over ring-buffer KV caches (docs/operator.md, sections 1 and 2.1, bias form).
+// The batched Krause decode step over ring-buffer KV caches (docs/operator.md, sections 1 and 2.1,
+// bias form).
 //
 // Each sequence owns one slot of a KrauseRingCache per layer. The slot holds the keys, values and
 // key biases b = -||k||^2 / 2 of the sequence's last W positions, position p at ring column

@@ -1,8 +1,8 @@
 // ParameterStore: a model's named parameters in the authors' state_dict layout, with strict
 // loading from a checkpoint and the list used by the optimiser.
 //
-// Names are the official ones (docs/operator.md, section 4), so a converted official checkpoint loads by
-// name. Thread-safety: none; a model is built, loaded and then only read by inference.
+// Names are the official ones (docs/operator.md, section 4), so a converted official checkpoint
+// loads by name. Thread-safety: none; a model is built, loaded and then only read by inference.
 #pragma once
 
 #include <ATen/core/Tensor.h>
