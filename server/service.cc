@@ -603,20 +603,18 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
     label = *cls;
   }
   const double guidance = req.has_guidance() ? req.guidance() : 1.0;
-  if (guidance != 1.0) {
-    if (!(guidance >= 0 && guidance <= GenerationRequest::kMaxGuidance))
-      return absl::InvalidArgumentError(absl::StrCat(
-          "guidance must be in [0, ", GenerationRequest::kMaxGuidance, "], got ", guidance));
-    if (label < 0)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "guidance ", guidance, " needs a class (label or class_index); model ", m->spec.name,
-          m->model.arm->config().conditional() ? " was given none" : " is unconditional"));
+  if (const absl::Status st = ValidateGuidance(guidance, label); !st.ok()) {
+    if (label >= 0) return st;  // the range
+    return absl::InvalidArgumentError(absl::StrCat(
+        st.message(), "; model ", m->spec.name,
+        m->model.arm->config().conditional() ? " was given none (label or class_index)"
+                                             : " is unconditional"));
   }
   uint64_t seed = req.has_seed() ? req.seed() : std::random_device{}() * 0x100000001ull;
   state_ = std::make_shared<GenerateState>(svc_, m, this, SteadyDeadline(ctx), book_.start(),
                                            interval, !req.has_stream_rows() || req.stream_rows());
   book_.set_images(n);
-  state_->Init(n, prompt, seed, guidance != 1.0 ? 2 : 1);
+  state_->Init(n, prompt, seed, GenerationRequest::SlotsFor(guidance));
   std::vector<GenerationRequest> requests(n);
   for (int64_t i = 0; i < n; ++i) {
     GenerationRequest& r = requests[i];

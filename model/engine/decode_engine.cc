@@ -66,21 +66,11 @@ absl::StatusOr<int64_t> DecodeEngine::Submit(GenerationRequest request) {
   }
   if (!request.on_done) return absl::InvalidArgumentError("on_done callback is required");
   RETURN_IF_ERROR(model_->config().ClassRow(request.label).status());
-  if (!(request.guidance >= 0 && request.guidance <= GenerationRequest::kMaxGuidance)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "guidance must be in [0, ", GenerationRequest::kMaxGuidance, "], got ", request.guidance));
-  }
-  if (request.guided()) {
-    if (request.label < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("guidance ", request.guidance,
-                       " needs a class (guidance other than 1 steers the "
-                       "image towards a class; without one, leave it at 1)"));
-    }
-    if (pool_.capacity() < 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "guidance needs 2 cache slots per image; this engine has ", pool_.capacity()));
-    }
+  RETURN_IF_ERROR(ValidateGuidance(request.guidance, request.label));
+  if (request.slots() > pool_.capacity()) {
+    return absl::InvalidArgumentError(absl::StrCat("guidance needs ", request.slots(),
+                                                   " cache slots per image; this engine has ",
+                                                   pool_.capacity()));
   }
   auto s = std::make_unique<Sequence>();
   s->request = std::move(request);
@@ -201,7 +191,7 @@ std::vector<int64_t> DecodeEngine::WaitingPrefillTokens(int64_t free_slots) cons
   std::vector<int64_t> out;
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& s : pending_) {
-    const int64_t need = SlotsOf(s->request);
+    const int64_t need = s->request.slots();
     if (need > free_slots) break;  // Step() admits in order: the rest wait behind it
     free_slots -= need;
     // Admit() prefills every known input but the last: [START,] prompt; once per slot.
@@ -247,7 +237,7 @@ StepStats DecodeEngine::Step(int64_t max_admit) {
     while (!pending_.empty() && static_cast<int64_t>(admitted.size()) < max_admit) {
       Sequence& s = *pending_.front();
       // Oldest first: a guided request waits for two free slots, and the rest behind it.
-      if (SlotsOf(s.request) > free_slots()) break;
+      if (s.request.slots() > free_slots()) break;
       s.slot = *pool_.Reserve();  // free_slots() said there is one
       pool_.Commit(s.slot);
       if (s.request.guided()) {
@@ -265,7 +255,7 @@ StepStats DecodeEngine::Step(int64_t max_admit) {
     if (!st.ok()) {
       Finish(s.get(), st, &stats);
     } else {
-      stats.prefill_tokens += SlotsOf(s->request) * s->position;  // the prefixes Admit ran
+      stats.prefill_tokens += s->request.slots() * s->position;  // the prefixes Admit ran
       active_.push_back(std::move(s));
     }
   }
@@ -321,6 +311,20 @@ StepStats DecodeEngine::Step(int64_t max_admit) {
   stats.decode_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_start).count();
   return stats;
+}
+
+absl::Status ValidateGuidance(double guidance, int64_t label) {
+  if (GenerationRequest::SlotsFor(guidance) > 1 && label < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("guidance ", guidance,
+                     " needs a class (guidance other than 1 steers the image towards a class; "
+                     "without one, leave it at 1)"));
+  }
+  if (!(guidance >= 0 && guidance <= GenerationRequest::kMaxGuidance)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "guidance must be in [0, ", GenerationRequest::kMaxGuidance, "], got ", guidance));
+  }
+  return absl::OkStatus();
 }
 
 namespace {

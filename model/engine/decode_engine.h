@@ -60,6 +60,10 @@ struct GenerationRequest {
   double guidance = 1.0;
   static constexpr double kMaxGuidance = 20.0;
   bool guided() const { return guidance != 1.0; }
+  // Cache slots (and rows of every decode step) an image takes at this guidance: 2 when
+  // guided, else 1.
+  static int64_t SlotsFor(double guidance) { return guidance != 1.0 ? 2 : 1; }
+  int64_t slots() const { return SlotsFor(guidance); }
   // Pixel index, value: called for every generated subpixel, in order.
   std::function<void(int64_t, uint8_t)> on_pixel;
   // Optional: called once when the request gets a cache slot (before its prefill).
@@ -110,8 +114,6 @@ class DecodeEngine {
   // plan).
   std::vector<int64_t> WaitingPrefillTokens(int64_t free_slots) const;
   int64_t free_slots() const { return pool_.capacity() - pool_.in_use(); }
-  // Cache slots a request takes: 2 when guided, else 1.
-  static int64_t SlotsOf(const GenerationRequest& r) { return r.guided() ? 2 : 1; }
   // True while anything is queued or active.
   bool Busy() const;
 
@@ -165,6 +167,10 @@ class DecodeEngine {
   std::set<int64_t> cancelled_;
   int64_t next_id_ = 1;
 };
+
+// GenerationRequest::guidance with `label` (-1: none): InvalidArgument when a guidance other
+// than 1 has no class ("guidance G needs a class ...") or lies outside [0, kMaxGuidance].
+absl::Status ValidateGuidance(double guidance, int64_t label);
 
 // Bits per dimension of images under a generator (teacher-forced), per image.
 // images: [B, N] (uint8 or int64, raster order). labels: empty, or one class per image (-1: none)

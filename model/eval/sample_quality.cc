@@ -20,7 +20,7 @@ absl::StatusOr<at::Tensor> SampleImages(const Arm& model, const std::vector<int6
   const int64_t count = static_cast<int64_t>(labels.size()), n = c.seq_len();
   if (count == 0) return at::empty({0, c.channels, c.height, c.width_px}, at::kByte);
   EngineOptions eo;
-  eo.max_sequences = std::min<int64_t>(count * (guidance != 1.0 ? 2 : 1), 64);
+  eo.max_sequences = std::min<int64_t>(count * GenerationRequest::SlotsFor(guidance), 64);
   auto engine = DecodeEngine::Create(&model, eo);
   if (!engine.ok()) return engine.status();
   at::Tensor x = at::zeros({count, n}, at::kByte);
