@@ -605,10 +605,10 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
   const double guidance = req.has_guidance() ? req.guidance() : 1.0;
   if (const absl::Status st = ValidateGuidance(guidance, label); !st.ok()) {
     if (label >= 0) return st;  // the range
-    return absl::InvalidArgumentError(absl::StrCat(
-        st.message(), "; model ", m->spec.name,
-        m->model.arm->config().conditional() ? " was given none (label or class_index)"
-                                             : " is unconditional"));
+    return absl::InvalidArgumentError(absl::StrCat(st.message(), "; model ", m->spec.name,
+                                                   m->model.arm->config().conditional()
+                                                       ? " was given none (label or class_index)"
+                                                       : " is unconditional"));
   }
   uint64_t seed = req.has_seed() ? req.seed() : std::random_device{}() * 0x100000001ull;
   state_ = std::make_shared<GenerateState>(svc_, m, this, SteadyDeadline(ctx), book_.start(),
