@@ -70,12 +70,14 @@ bool ParseOptions(int argc, char** argv, Options* o) {
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "krause-train-bench [--rounds N (7)] [--threads T (0: one per core)] [--json PATH]\n"
-          "                   [--profile krause_vit|vit|karm]\n"
+          "                   [--profile krause_vit|vit|karm|arm]\n"
           "Training step and inference throughput of the bundled model sizes: OpenBLAS at\n"
           "T threads vs single-threaded BLAS calls (classifiers), the windowed grid routes\n"
           "(candidate table vs dense rows; Krause ViT training) and the training implementation\n"
           "of Krause attention (windowed autograd vs fused forward + hand-written backward;\n"
-          "Krause ViT and KARM training), A and B alternating round by round.\n"
+          "Krause ViT and KARM training) and of the ARM's causal softmax attention (LibTorch\n"
+          "reference vs fused CPU kernel + hand-written backward), A and B alternating round by\n"
+          "round.\n"
           "--profile MODEL: instead, 3 training steps of that model with a per-op self-time\n"
           "profile (ATen RecordFunction; forward ops and autograd backward functions).\n");
       std::exit(0);
@@ -95,7 +97,7 @@ double Median(std::vector<double> v) {
 // A model of a bundled size with its own optimizer and a fixed random batch. Not movable: the
 // optimizer points at the model's parameters.
 struct Workload {
-  std::string model;                    // krause_vit | vit | karm
+  std::string model;                    // krause_vit | vit | karm | arm
   KrauseImpl impl = KrauseImpl::kAuto;  // of Krause attention in the training step
   std::unique_ptr<ViT> vit;
   std::unique_ptr<Arm> arm;
@@ -104,8 +106,8 @@ struct Workload {
 
   explicit Workload(const std::string& kind) : model(kind) {
     at::manual_seed(3);
-    if (kind == "karm") {
-      arm = std::make_unique<Arm>(MakeKarm());
+    if (kind == "karm" || kind == "arm") {
+      arm = std::make_unique<Arm>(MakeArm(kind == "karm" ? "krause" : "softmax"));
       opt = std::make_unique<AdamW>(&arm->parameters(), AdamWOptions{});
       train_x = at::randint(0, 256, {32, 784}, at::kLong);
       return;
@@ -117,8 +119,9 @@ struct Workload {
     infer_x = at::randn({64, 1, 28, 28});
   }
 
-  static Arm MakeKarm() {
-    ArmConfig c;  // the bundled generator's sizes (models/karm_fmnist.md)
+  static Arm MakeArm(const std::string& attention) {
+    ArmConfig c;  // the bundled generators' sizes (models/karm_fmnist.md, models/arm_fmnist.md)
+    c.attention = attention;
     c.width = 32;
     c.depth = 3;
     c.heads = 2;
@@ -179,8 +182,9 @@ int Main(int argc, char** argv) {
   const int t = setup.intra_op;
   if (setup.blas == 0) std::fprintf(stderr, "OpenBLAS is not loaded here: no BLAS comparison\n");
   if (!o.profile.empty()) {
-    if (o.profile != "krause_vit" && o.profile != "vit" && o.profile != "karm") {
-      std::fprintf(stderr, "--profile must be krause_vit, vit or karm\n");
+    if (o.profile != "krause_vit" && o.profile != "vit" && o.profile != "karm" &&
+        o.profile != "arm") {
+      std::fprintf(stderr, "--profile must be krause_vit, vit, karm or arm\n");
       return 2;
     }
     Workload w(o.profile);
@@ -198,6 +202,7 @@ int Main(int argc, char** argv) {
   loads.push_back(std::make_unique<Workload>("krause_vit"));
   loads.push_back(std::make_unique<Workload>("vit"));
   loads.push_back(std::make_unique<Workload>("karm"));
+  loads.push_back(std::make_unique<Workload>("arm"));
   const std::vector<std::string> kinds = {"train_step", "inference"};
   std::vector<Comparison> comparisons;
   if (setup.blas != 0) {
@@ -225,6 +230,14 @@ int Main(int argc, char** argv) {
                            w.impl = use_b ? KrauseImpl::kFusedCpuTrain : KrauseImpl::kWindowed;
                          },
                          {"krause_vit", "karm"}});
+  comparisons.push_back({"softmax train impl",
+                         "reference",
+                         "fused_train",
+                         [](Workload& w, bool use_b) {
+                           SetBlasThreads(1);
+                           w.impl = use_b ? KrauseImpl::kFusedCpuTrain : KrauseImpl::kReference;
+                         },
+                         {"arm"}});
 
   int total = 0;
   for (const Comparison& c : comparisons)
@@ -239,7 +252,7 @@ int Main(int argc, char** argv) {
       Workload& w = *load;
       const bool listed =
           std::find(c.only_models.begin(), c.only_models.end(), w.model) != c.only_models.end();
-      if (c.only_models.empty() ? w.model == "karm" : !listed) continue;
+      if (c.only_models.empty() ? w.arm != nullptr : !listed) continue;
       for (const std::string& kind : kinds) {
         if (!c.only_models.empty() && kind != "train_step") continue;
         auto run = [&] { return kind == "train_step" ? w.TrainStep(3) : w.Inference(5); };

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "model/attention/causal_softmax.h"
 #include "model/engine/cpu_decoder.h"
 #include "model/engine/kv_cache.h"
 #include "model/nn/layers.h"
@@ -157,13 +158,9 @@ at::Tensor Arm::Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl,
   if (kv != nullptr) kv->push_back({k.detach(), v.detach()});
   at::Tensor out;
   if (!krause) {
-    const int64_t t = x.size(1);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-    const at::Tensor future =
-        at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu(1);
-    const at::Tensor s =
-        (at::matmul(q, k.transpose(-1, -2)) * scale).masked_fill(future, -INFINITY);
-    out = at::matmul(at::softmax(s, -1), v);
+    auto r = CausalSoftmaxAttention(q, k, v, impl);
+    TORCH_CHECK(r.ok(), r.status().ToString());
+    out = *r;
   } else {
     KrauseOptions o;
     o.neighbourhood = Neighbourhood::Causal(config_.window);

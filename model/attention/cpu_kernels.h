@@ -88,6 +88,28 @@ struct LinearRowsArgs {
   int64_t m, k, n_pad;
 };
 
+// One (batch, head) slice of causal softmax attention, the ARM baseline's training path
+// (causal_softmax.h): out_i = sum_{j <= i} p_ij v_j with p_ij = softmax over j <= i of
+// scale * q_i . k_j. kt and vt hold k and v transposed ([d, stride], stride >=
+// RoundUpToChunk(n), columns n.. zero). The forward writes out and lse (the per-query logsumexp
+// of the scaled scores); the backward reads them with g = dL/d out and adds dL/dq, dL/dk and
+// dL/dv into dq, dk and dv (zeroed by the caller), recomputing p from lse.
+struct SoftmaxSlice {
+  const float* q;   // [n, d]
+  const float* k;   // [n, d]
+  const float* kt;  // [d, stride]
+  const float* v;   // [n, d]
+  const float* vt;  // [d, stride] (backward)
+  float scale;
+  int64_t n, d, stride;
+  float* out;      // [n, d] forward: written; backward: read
+  float* lse;      // [n]    forward: written; backward: read
+  const float* g;  // [n, d] backward
+  float *dq, *dk, *dv;
+};
+// Scratch floats a softmax slice of length n needs.
+inline int64_t SoftmaxScratchFloats(int64_t n) { return 2 * kQueryGroup * RoundUpToChunk(n); }
+
 struct CpuKernelTable {
   const char* name;
   void (*linear_rows)(const LinearRowsArgs& args, int64_t chunk_begin, int64_t chunk_end);
@@ -97,6 +119,11 @@ struct CpuKernelTable {
   void (*decode)(const DecodeItem& item, const Scratch& scratch);
   // y[0, n) = GELU(x) (exact erf form, erf to 1.5e-7; the decode step's MLP).
   void (*gelu)(const float* x, int64_t n, float* y);
+  // Causal softmax attention: the forward of queries [query_begin, query_end) of a slice, and
+  // the backward of a whole slice (its key and value gradients sum over all its queries).
+  void (*softmax_forward)(const SoftmaxSlice& slice, int64_t query_begin, int64_t query_end,
+                          float* scratch);
+  void (*softmax_backward)(const SoftmaxSlice& slice, float* scratch);
 };
 
 const CpuKernelTable& CpuKernels();
