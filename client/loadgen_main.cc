@@ -13,7 +13,6 @@
 // also scrapes the server's /metrics before and after and reports the server's view (FLOP savings,
 // batch sizes). SIGINT or SIGTERM ends the load early: no new calls, the ones in flight finish, the
 // report covers what was measured.
-#include <ATen/ATen.h>
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -28,6 +27,7 @@
 #include <nlohmann/json.hpp>
 #include <csignal>
 #include <random>
+#include <string_view>
 #include <sys/resource.h>
 #include <thread>
 #include <vector>
@@ -39,8 +39,8 @@
 #include "client/connection.h"
 #include "client/http_get.h"
 #include "krause/v1/krause.grpc.pb.h"
-#include "model/data/datasets.h"
-#include "server/images.h"
+#include "model/data/idx.h"
+#include "server/raw_image.h"
 #include "server/status.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051",
@@ -283,10 +283,17 @@ class LoadGen {
 std::vector<v1::Image> LoadImages() {
   std::vector<v1::Image> out;
   if (absl::GetFlag(FLAGS_data) == "fashion-mnist") {
-    auto ds = krause::LoadFashionMnist("/usr/share/datasets/fashion-mnist", false);
+    auto ds = krause::ReadIdxArray(
+        krause::MnistStyleFile(krause::kFashionMnistDir, /*train=*/false, "images-idx3"));
+    if (ds.ok() && (ds->dims.size() != 3 || ds->dims[0] < 1000)) {
+      ds = absl::DataLossError("the Fashion-MNIST test images are not 1000 or more N x H x W");
+    }
     if (ds.ok()) {
+      const int64_t px = ds->dims[1] * ds->dims[2];
+      const std::string_view data = ds->data;
       for (int64_t i = 0; i < 1000; ++i) {
-        out.push_back(krause::server::EncodeRawImage(ds->images[i].permute({1, 2, 0})));
+        out.push_back(krause::server::RawImageProto(ds->dims[1], ds->dims[2], 1,
+                                                    data.substr(i * px, px)));
       }
       return out;
     }

@@ -10,7 +10,6 @@
 // FILE: a PNG, or an IDX image file (MNIST / Fashion-MNIST, gzip or raw) with --index A:B.
 // classify and score split the images into calls the model accepts (at most its
 // max_images_per_request, and --batch).
-#include <ATen/ATen.h>
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -19,6 +18,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -33,10 +33,9 @@
 #include "client/connection.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "krause/v1/krause.grpc.pb.h"
-#include "model/data/datasets.h"
-#include "model/data/png.h"
+#include "model/data/idx.h"
 #include "model/util/files.h"
-#include "server/images.h"
+#include "server/raw_image.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051",
           "server: host:port or any gRPC target (dns:///name:port, ipv4:a:p,b:p: calls are "
@@ -132,22 +131,24 @@ absl::StatusOr<std::vector<InputImage>> ReadInputs(const std::vector<std::string
       out.push_back(std::move(in));
       continue;
     }
-    auto t = krause::ReadIdx(f);
+    auto t = krause::ReadIdxArray(f);
     if (!t.ok()) return t.status();
-    if (t->dim() != 3)
+    if (t->dims.size() != 3)
+      return absl::InvalidArgumentError(absl::StrCat(
+          f, ": not an IDX image file (", t->dims.size(), " dimensions, expected 3)"));
+    const int64_t count = t->dims[0], h = t->dims[1], w = t->dims[2];
+    if (absl::GetFlag(FLAGS_index).empty() && count > 1000) {
       return absl::InvalidArgumentError(
-          absl::StrCat(f, ": not an IDX image file (", t->dim(), " dimensions, expected 3)"));
-    if (absl::GetFlag(FLAGS_index).empty() && t->size(0) > 1000) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(f, " holds ", t->size(0), " images: choose some with --index A:B"));
+          absl::StrCat(f, " holds ", count, " images: choose some with --index A:B"));
     }
-    auto range = IndexRange(t->size(0));
+    auto range = IndexRange(count);
     if (!range.ok()) return range.status();
     const auto [a, b] = *range;
+    const std::string_view data = t->data;
     for (int64_t i = a; i < b; ++i) {
       InputImage in;
       in.name = absl::StrCat(f, "[", i, "]");
-      in.image = krause::server::EncodeRawImage((*t)[i].unsqueeze(-1));  // [H, W] gray
+      in.image = krause::server::RawImageProto(h, w, 1, data.substr(i * h * w, h * w));  // gray
       out.push_back(std::move(in));
     }
   }
@@ -197,20 +198,21 @@ absl::StatusOr<ClassChoice> ChosenClass() {
 absl::StatusOr<std::vector<int64_t>> ScoreIndices(size_t n) {
   const std::string file = absl::GetFlag(FLAGS_labels_file);
   if (file.empty()) return std::vector<int64_t>();
-  auto t = krause::ReadIdx(file);
+  auto t = krause::ReadIdxArray(file);
   if (!t.ok()) return t.status();
-  if (t->dim() != 1)
+  if (t->dims.size() != 1)
     return absl::InvalidArgumentError(absl::StrCat(file, ": not an IDX label file"));
-  auto range = IndexRange(t->size(0));
+  const int64_t count = t->dims[0];
+  auto range = IndexRange(count);
   if (!range.ok())
     return absl::InvalidArgumentError(absl::StrCat(file, ": ", range.status().message()));
   const int64_t a = range->first;
-  if (a + static_cast<int64_t>(n) > t->size(0)) {
+  if (a + static_cast<int64_t>(n) > count) {
     return absl::InvalidArgumentError(
-        absl::StrCat(file, " has ", t->size(0), " labels; the images need ", a + n));
+        absl::StrCat(file, " has ", count, " labels; the images need ", a + n));
   }
   std::vector<int64_t> out(n);
-  for (size_t i = 0; i < n; ++i) out[i] = (*t)[a + static_cast<int64_t>(i)].item<int64_t>();
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(t->data[a + i]);
   return out;
 }
 

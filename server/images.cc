@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "model/data/png.h"
+#include "server/raw_image.h"
 
 namespace krause::server {
 namespace {
@@ -75,13 +76,9 @@ absl::StatusOr<at::Tensor> DecodeImage(const v1::Image& image, const std::string
 
 v1::Image EncodeRawImage(const at::Tensor& hwc) {
   const at::Tensor c = hwc.contiguous();
-  v1::Image im;
-  v1::RawImage* raw = im.mutable_raw();
-  raw->set_height(static_cast<uint32_t>(c.size(0)));
-  raw->set_width(static_cast<uint32_t>(c.size(1)));
-  raw->set_channels(static_cast<uint32_t>(c.size(2)));
-  raw->set_pixels(c.data_ptr<uint8_t>(), static_cast<size_t>(c.numel()));
-  return im;
+  return RawImageProto(
+      c.size(0), c.size(1), c.size(2),
+      std::string_view(reinterpret_cast<const char*>(c.data_ptr<uint8_t>()), c.numel()));
 }
 
 }  // namespace krause::server

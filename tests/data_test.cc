@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -49,6 +50,24 @@ TEST(Idx, ReadsRawAndGzipImagesAndLabels) {
     EXPECT_EQ(d.images[1][0][2][3].item<int>(), (23 * 7) % 256);
     EXPECT_EQ(d.labels[1].item<int64_t>(), 9);
   }
+}
+
+// The LibTorch-free reader the clients use (model/data/idx.h): dimensions and row-major bytes;
+// MnistStyleFile prefers the .gz file when both exist.
+TEST(Idx, TheArrayReaderAndTheSplitFileNames) {
+  std::vector<uint8_t> pixels(2 * 3 * 4);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(200 + i);
+  KRAUSE_ASSERT_OK_AND_ASSIGN(IdxArray a, ReadIdxArray(Write("arr.gz", Idx({2, 3, 4}, pixels), true)));
+  EXPECT_EQ(a.dims, (std::vector<int64_t>{2, 3, 4}));
+  ASSERT_EQ(a.data.size(), 24u);
+  EXPECT_EQ(static_cast<uint8_t>(a.data[23]), 223);
+  const std::string dir = ::testing::TempDir() + "/split";
+  std::filesystem::create_directories(dir);
+  Write("split/t10k-labels-idx1-ubyte", Idx({1}, {1}));
+  EXPECT_EQ(MnistStyleFile(dir, false, "labels-idx1"), dir + "/t10k-labels-idx1-ubyte");
+  Write("split/t10k-labels-idx1-ubyte.gz", Idx({1}, {1}), true);
+  EXPECT_EQ(MnistStyleFile(dir, false, "labels-idx1"), dir + "/t10k-labels-idx1-ubyte.gz");
+  EXPECT_EQ(MnistStyleFile(dir, true, "images-idx3"), dir + "/train-images-idx3-ubyte");
 }
 
 TEST(Idx, TruncatedOrCorruptFilesGiveClearErrors) {

@@ -1,10 +1,8 @@
 #include "model/data/datasets.h"
 
 #include <ATen/ATen.h>
-#include <zlib.h>
 
 #include <cstring>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "model/util/status_macros.h"
@@ -17,70 +15,10 @@ const char* const kFashionMnistLabels[10] = {"T-shirt/top", "Trouser",   "Pullov
 const char* const kCifar10Labels[10] = {"airplane", "automobile", "bird",  "cat",  "deer",
                                         "dog",      "frog",       "horse", "ship", "truck"};
 
-absl::StatusOr<std::string> ReadMaybeGzip(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::string out;
-  char buf[1 << 16];
-  while (true) {
-    const int n = gzread(f, buf, sizeof(buf));
-    if (n < 0) {
-      int err = 0;
-      const std::string msg = gzerror(f, &err);
-      gzclose(f);
-      return absl::DataLossError(absl::StrCat(path, ": corrupt compressed data (", msg, ")"));
-    }
-    if (n == 0) break;
-    out.append(buf, n);
-  }
-  int err = 0;
-  const char* msg = gzerror(f, &err);
-  const std::string message = msg ? msg : "";
-  gzclose(f);
-  if (err != Z_OK && err != Z_STREAM_END) {
-    return absl::DataLossError(absl::StrCat(path, ": ", message));
-  }
-  return out;
-}
-
-namespace {
-
-uint32_t BigEndian32(const std::string& b, size_t at) {
-  return (uint32_t{static_cast<uint8_t>(b[at])} << 24) |
-         (uint32_t{static_cast<uint8_t>(b[at + 1])} << 16) |
-         (uint32_t{static_cast<uint8_t>(b[at + 2])} << 8) |
-         uint32_t{static_cast<uint8_t>(b[at + 3])};
-}
-
-}  // namespace
-
 absl::StatusOr<at::Tensor> ReadIdx(const std::string& path) {
-  ASSIGN_OR_RETURN(const std::string bytes, ReadMaybeGzip(path));
-  if (bytes.size() < 4 || bytes[0] != 0 || bytes[1] != 0) {
-    return absl::DataLossError(absl::StrCat(path, ": not an IDX file (bad magic)"));
-  }
-  if (static_cast<uint8_t>(bytes[2]) != 0x08) {
-    return absl::DataLossError(absl::StrCat(path, ": IDX element type 0x",
-                                            absl::Hex(static_cast<uint8_t>(bytes[2])),
-                                            " is not unsigned byte (0x08)"));
-  }
-  const int dims = static_cast<uint8_t>(bytes[3]);
-  if (dims < 1 || dims > 4 || bytes.size() < 4 + 4 * static_cast<size_t>(dims)) {
-    return absl::DataLossError(absl::StrCat(path, ": truncated IDX header"));
-  }
-  std::vector<int64_t> shape;
-  uint64_t numel = 1;
-  for (int i = 0; i < dims; ++i) {
-    shape.push_back(BigEndian32(bytes, 4 + 4 * i));
-    numel *= shape.back();
-  }
-  const size_t offset = 4 + 4 * dims;
-  if (bytes.size() - offset != numel) {
-    return absl::DataLossError(absl::StrCat(path, ": IDX data has ", bytes.size() - offset,
-                                            " bytes, the header says ", numel, " (truncated?)"));
-  }
-  at::Tensor t = at::empty(shape, at::kByte);
-  std::memcpy(t.data_ptr(), bytes.data() + offset, numel);
+  ASSIGN_OR_RETURN(const IdxArray a, ReadIdxArray(path));
+  at::Tensor t = at::empty(a.dims, at::kByte);
+  std::memcpy(t.data_ptr(), a.data.data(), a.data.size());
   return t;
 }
 
@@ -105,13 +43,8 @@ absl::StatusOr<ImageDataset> ReadMnistIdx(const std::string& images_path,
 namespace {
 
 absl::StatusOr<ImageDataset> LoadMnistStyle(const std::string& dir, bool train) {
-  const std::string split = train ? "train" : "t10k";
-  auto find = [&](const std::string& stem) {
-    const std::string plain = absl::StrCat(dir, "/", split, "-", stem, "-ubyte");
-    std::ifstream gz(plain + ".gz");
-    return gz.good() ? plain + ".gz" : plain;
-  };
-  return ReadMnistIdx(find("images-idx3"), find("labels-idx1"));
+  return ReadMnistIdx(MnistStyleFile(dir, train, "images-idx3"),
+                      MnistStyleFile(dir, train, "labels-idx1"));
 }
 
 }  // namespace
@@ -169,7 +102,7 @@ absl::StatusOr<ImageDataset> LoadCifar10(const std::string& dir, bool train) {
 absl::StatusOr<ImageDataset> LoadDataset(const std::string& name, const std::string& dir,
                                          bool train) {
   if (name == "fashion-mnist") {
-    return LoadFashionMnist(dir.empty() ? "/usr/share/datasets/fashion-mnist" : dir, train);
+    return LoadFashionMnist(dir.empty() ? kFashionMnistDir : dir, train);
   }
   if (name == "mnist") {
     if (dir.empty()) return absl::InvalidArgumentError("--data mnist needs --data_dir");

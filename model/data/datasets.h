@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/data/idx.h"
 
 namespace krause {
 
@@ -19,8 +20,6 @@ struct ImageDataset {
   int64_t size() const { return images.defined() ? images.size(0) : 0; }
 };
 
-// Reads a whole file, transparently gunzipping it if it is gzip-compressed.
-absl::StatusOr<std::string> ReadMaybeGzip(const std::string& path);
 
 // An IDX file of unsigned bytes (type 0x08): a uint8 tensor with the file's dimensions.
 absl::StatusOr<at::Tensor> ReadIdx(const std::string& path);
