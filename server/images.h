@@ -9,12 +9,9 @@
 
 #include "absl/status/statusor.h"
 #include "krause/v1/krause.pb.h"
+#include "server/model_info.h"
 
 namespace krause::server {
-
-struct ImageShape {
-  int64_t height = 0, width = 0, channels = 0;
-};
 
 // What a request image must be, checked from the PNG header (or the raw fields) before any pixel
 // is decoded or copied, so that a small file claiming a huge size costs nothing.

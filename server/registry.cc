@@ -6,48 +6,43 @@
 namespace krause::server {
 namespace {
 
-v1::ModelInfo Describe(const ServedModel& m) {
-  v1::ModelInfo info;
-  info.set_name(m.spec.name);
-  info.set_device(m.spec.device);
-  info.set_checkpoint(m.model.path);
-  const auto summary = m.model.metadata.find("summary");
-  if (summary != m.model.metadata.end()) info.set_summary(summary->second);
-  info.set_parameters(static_cast<uint64_t>(m.model.NumParameters()));
-  const AttentionCost& cost = m.flops;
-  info.set_flops_per_image_executed(cost.executed_flops);
-  info.set_flops_per_image_dense_equivalent(cost.dense_equivalent_flops);
-  info.set_height(static_cast<uint32_t>(m.shape.height));
-  info.set_width(static_cast<uint32_t>(m.shape.width));
-  info.set_channels(static_cast<uint32_t>(m.shape.channels));
-  info.set_max_images_per_request(static_cast<uint32_t>(m.max_images_per_request));
-  if (m.model.classifier()) {
-    const ViTConfig& c = m.model.vit->config();
-    info.set_kind(v1::ModelInfo::CLASSIFIER);
+// The model's description, once its worker exists (shape and limits set by Load).
+void Describe(ServedModel* m) {
+  ModelInfo& info = m->info;
+  info.name = m->spec.name;
+  info.device = m->spec.device;
+  info.checkpoint = m->model.path;
+  const auto summary = m->model.metadata.find("summary");
+  if (summary != m->model.metadata.end()) info.summary = summary->second;
+  info.parameters = m->model.NumParameters();
+  info.flops_per_image_executed = m->flops.executed_flops;
+  info.flops_per_image_dense_equivalent = m->flops.dense_equivalent_flops;
+  if (m->model.classifier()) {
+    const ViTConfig& c = m->model.vit->config();
+    info.kind = ModelKind::kClassifier;
     const bool krause = c.attention == "krause";
-    info.set_attention(krause ? v1::ModelInfo::KRAUSE : v1::ModelInfo::SOFTMAX);
-    for (const std::string& l : c.labels) info.add_labels(l);
+    info.attention = krause ? AttentionKind::kKrause : AttentionKind::kSoftmax;
+    info.labels = c.labels;
     if (krause) {
-      info.set_window(static_cast<uint32_t>(c.radius));
-      for (int64_t k : c.TopKSchedule()) info.add_top_k(static_cast<uint32_t>(k));
+      info.window = c.radius;
+      info.top_k = c.TopKSchedule();
     }
-    info.set_max_batch_size(static_cast<uint32_t>(m.spec.max_batch_size));
-    info.set_max_queue_delay_ms(static_cast<uint32_t>(m.spec.max_queue_delay_ms));
+    info.max_batch_size = m->spec.max_batch_size;
+    info.max_queue_delay_ms = m->spec.max_queue_delay_ms;
   } else {
-    const ArmConfig& c = m.model.arm->config();
-    info.set_kind(v1::ModelInfo::GENERATOR);
+    const ArmConfig& c = m->model.arm->config();
+    info.kind = ModelKind::kGenerator;
     const bool krause = c.attention == "krause";
-    info.set_attention(krause ? v1::ModelInfo::KRAUSE : v1::ModelInfo::SOFTMAX);
+    info.attention = krause ? AttentionKind::kKrause : AttentionKind::kSoftmax;
     if (krause) {
-      info.set_window(static_cast<uint32_t>(c.window));
-      for (int64_t i = 0; i < c.depth; ++i) info.add_top_k(static_cast<uint32_t>(c.top_k));
+      info.window = c.window;
+      info.top_k.assign(c.depth, c.top_k);
     }
-    info.set_classes(static_cast<uint32_t>(c.classes));
-    for (const std::string& l : c.labels) info.add_labels(l);
-    info.set_max_batch_size(static_cast<uint32_t>(m.generator->slots()));
-    info.set_kv_cache_bytes_per_sequence(static_cast<uint64_t>(m.generator->bytes_per_sequence()));
+    info.classes = c.classes;
+    info.labels = c.labels;
+    info.max_batch_size = m->generator->slots();
+    info.kv_cache_bytes_per_sequence = m->generator->bytes_per_sequence();
   }
-  return info;
 }
 
 }  // namespace
@@ -72,14 +67,14 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Load(const std::vector<Model
     }
     if (m->model.classifier()) {
       const ViTConfig& c = m->model.vit->config();
-      m->shape = {c.image_size, c.image_size, c.channels};
+      m->info.shape = {c.image_size, c.image_size, c.channels};
       // Requests are never split over batches, so one holds at most a batch.
       if (spec.max_images_per_request > spec.max_batch_size)
         return absl::InvalidArgumentError(absl::StrCat(
             "model ", spec.name, ": max_images_per_request (", spec.max_images_per_request,
             ") is over max_batch_size (", spec.max_batch_size,
             "); a request is never split over batches, so lower it or raise max_batch_size"));
-      m->max_images_per_request =
+      m->info.max_images_per_request =
           spec.max_images_per_request > 0 ? spec.max_images_per_request : spec.max_batch_size;
       BatchingOptions b;
       b.max_batch_size = spec.max_batch_size;
@@ -100,8 +95,8 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Load(const std::vector<Model
           std::make_unique<ClassifyBatcher>(m->model.vit, spec.device, b, on_batch, packed);
     } else {
       const ArmConfig& c = m->model.arm->config();
-      m->shape = {c.height, c.width_px, c.channels};
-      m->max_images_per_request =
+      m->info.shape = {c.height, c.width_px, c.channels};
+      m->info.max_images_per_request =
           spec.max_images_per_request > 0 ? spec.max_images_per_request : 16;
       GeneratorOptions g;
       g.engine.max_sequences = spec.max_sequences;
@@ -125,17 +120,17 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Load(const std::vector<Model
           "model ", spec.name, ": a second default ",
           m->model.classifier() ? "classifier" : "generator", " (at most one per kind)"));
     have_default = have_default || spec.is_default;
-    m->info = Describe(*m);
-    m->info.set_is_default(spec.is_default);
+    Describe(m.get());
+    m->info.is_default = spec.is_default;
     reg->models_.push_back(std::move(m));
   }
   // Without an explicit default, the first model of each kind is the default.
-  for (auto kind : {v1::ModelInfo::CLASSIFIER, v1::ModelInfo::GENERATOR}) {
-    const bool have = kind == v1::ModelInfo::CLASSIFIER ? default_classifier : default_generator;
+  for (ModelKind kind : {ModelKind::kClassifier, ModelKind::kGenerator}) {
+    const bool have = kind == ModelKind::kClassifier ? default_classifier : default_generator;
     if (have) continue;
     for (auto& m : reg->models_) {
-      if (m->info.kind() == kind) {
-        m->info.set_is_default(true);
+      if (m->info.kind == kind) {
+        m->info.is_default = true;
         break;
       }
     }
@@ -161,17 +156,16 @@ absl::StatusOr<ServedModel*> Registry::FindAny(const std::string& name) const {
       "model \"", name, "\" is not served (models: ", absl::StrJoin(names, ", "), ")"));
 }
 
-absl::StatusOr<ServedModel*> Registry::Find(const std::string& name,
-                                            v1::ModelInfo::Kind kind) const {
-  const char* kind_name = kind == v1::ModelInfo::CLASSIFIER ? "classifier" : "generator";
+absl::StatusOr<ServedModel*> Registry::Find(const std::string& name, ModelKind kind) const {
+  const char* kind_name = ModelKindName(kind);
   if (name.empty()) {
     for (const auto& m : models_)
-      if (m->info.kind() == kind && m->info.is_default()) return m.get();
+      if (m->info.kind == kind && m->info.is_default) return m.get();
     return absl::NotFoundError(absl::StrCat("model is empty and this server has no ", kind_name));
   }
   auto m = FindAny(name);
   if (!m.ok()) return m.status();
-  if ((*m)->info.kind() != kind)
+  if ((*m)->info.kind != kind)
     return absl::FailedPreconditionError(absl::StrCat("model \"", name, "\" is not a ", kind_name));
   return *m;
 }

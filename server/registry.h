@@ -9,11 +9,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "krause/v1/krause.pb.h"
 #include "model/loader.h"
 #include "server/classify_batcher.h"
 #include "server/generator_worker.h"
-#include "server/images.h"
+#include "server/model_info.h"
 #include "server/options.h"
 
 namespace krause::server {
@@ -22,9 +21,7 @@ struct ServedModel {
   ModelSpec spec;
   LoadedModel model;
   AttentionCost flops;  // per image, computed once at load (the calls' FLOP figures)
-  v1::ModelInfo info;
-  ImageShape shape;
-  int64_t max_images_per_request = 0;
+  ModelInfo info;       // what ListModels / GetModel say (model_info_proto.h converts it)
   std::unique_ptr<ClassifyBatcher> batcher;    // classifiers
   std::unique_ptr<GeneratorWorker> generator;  // generators
 };
@@ -46,7 +43,7 @@ class Registry {
 
   // The model called `name`, or the default of `kind` when name is empty. NOT_FOUND for an
   // unknown name; FAILED_PRECONDITION when it is of another kind.
-  absl::StatusOr<ServedModel*> Find(const std::string& name, v1::ModelInfo::Kind kind) const;
+  absl::StatusOr<ServedModel*> Find(const std::string& name, ModelKind kind) const;
   absl::StatusOr<ServedModel*> FindAny(const std::string& name) const;
   const std::vector<std::unique_ptr<ServedModel>>& models() const { return models_; }
 

@@ -11,7 +11,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "model/data/png.h"
+#include "server/generate_stream.h"
 #include "server/images.h"
+#include "server/model_info_proto.h"
 #include "server/status.h"
 
 namespace krause::server {
@@ -136,16 +138,16 @@ class UnaryCall {
 absl::StatusOr<at::Tensor> DecodeBatch(const google::protobuf::RepeatedPtrField<v1::Image>& images,
                                        const ServedModel& m, const KrauseService& svc) {
   if (images.empty()) return absl::InvalidArgumentError("images is empty (send 1 or more images)");
-  if (images.size() > m.max_images_per_request)
+  if (images.size() > m.info.max_images_per_request)
     return absl::InvalidArgumentError(absl::StrCat("images has ", images.size(), " images; model ",
                                                    m.spec.name, " takes at most ",
-                                                   m.max_images_per_request, " per request"));
+                                                   m.info.max_images_per_request, " per request"));
   std::vector<at::Tensor> out;
   out.reserve(images.size());
   for (int i = 0; i < images.size(); ++i) {
     const std::string field = absl::StrCat("images[", i, "]");
     svc.Fault("decode");
-    auto t = DecodeImage(images[i], field, ImageBounds{m.shape, m.spec.name});
+    auto t = DecodeImage(images[i], field, ImageBounds{m.info.shape, m.spec.name});
     if (!t.ok()) return t.status();
     out.push_back(t->permute({2, 0, 1}));
   }
@@ -160,7 +162,7 @@ struct ResolvedCall {
 // The common start of Classify and Score (after the gate): find the model of `kind`, decode the
 // images.
 absl::StatusOr<ResolvedCall> ResolveImageCall(
-    UnaryCall* call, const KrauseService& svc, const std::string& model, v1::ModelInfo::Kind kind,
+    UnaryCall* call, const KrauseService& svc, const std::string& model, ModelKind kind,
     const google::protobuf::RepeatedPtrField<v1::Image>& images) {
   auto found = svc.gate()->registry()->Find(model, kind);
   if (!found.ok()) return found.status();
@@ -210,46 +212,18 @@ absl::StatusOr<std::vector<int64_t>> ScoreClasses(const v1::ScoreRequest& req, c
 
 class GenerateCall;
 
+// Carries out a GenerateStream (generate_stream.h) for one call: engine callbacks and the reactor
+// feed it events under mu_; what it decides is done here outside the lock (cancelling engine
+// requests, encoding PNGs, building the proto message, writing, finishing).
 class GenerateState : public StepListener, public std::enable_shared_from_this<GenerateState> {
  public:
-  struct Image {
-    std::vector<uint8_t> pixels;
-    int64_t known = 0;  // subpixels known (prompt + sampled), a prefix
-    int64_t rows_sent = 0;
-    uint64_t seed = 0;
-    bool admitted = false;  // holds a cache slot (or held one)
-    bool done = false, png_sent = false;
-    absl::Status status;
-  };
-
   GenerateState(KrauseService* svc, ServedModel* model, GenerateCall* reactor,
-                Clock::time_point deadline, Clock::time_point start, int64_t interval_ms,
-                bool stream_rows)
-      : svc_(svc),
-        model_(model),
-        reactor_(reactor),
-        deadline_(deadline),
-        start_(start),
-        interval_(std::chrono::milliseconds(interval_ms)),
-        stream_rows_(stream_rows) {}
+                GenerateStream::Options options)
+      : svc_(svc), model_(model), reactor_(reactor), stream_(std::move(options)) {}
 
-  // passes: decode passes per image (2 with classifier-free guidance), for the cost reported.
-  void Init(int64_t n, const std::vector<uint8_t>& prompt, uint64_t seed, int64_t passes) {
-    passes_ = passes;
-    const int64_t len = model_->shape.height * model_->shape.width * model_->shape.channels;
-    images_.resize(n);
-    for (int64_t i = 0; i < n; ++i) {
-      images_[i].pixels.assign(len, 0);
-      std::copy(prompt.begin(), prompt.end(), images_[i].pixels.begin());
-      images_[i].known = static_cast<int64_t>(prompt.size());
-      images_[i].seed = seed + static_cast<uint64_t>(i);
-    }
-    pixels_total_ = n * (len - static_cast<int64_t>(prompt.size()));
-    seed_ = seed;
-  }
   double max_queued_seconds() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return max_queued_seconds_;
+    return stream_.max_queued_seconds();
   }
   void SetIds(std::vector<int64_t> ids) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -258,55 +232,35 @@ class GenerateState : public StepListener, public std::enable_shared_from_this<G
 
   // Engine thread: an image got its cache slot; its wait is the call's queue time.
   void OnAdmitted(int64_t image) {
-    const double waited = SecondsSince(start_);
+    double waited;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      images_[image].admitted = true;
-      max_queued_seconds_ = std::max(max_queued_seconds_, waited);
+      waited = stream_.Admitted(image, Clock::now());
     }
     if (CallObserver* obs = svc_->observer()) obs->OnQueued("Generate", model_->spec.name, waited);
   }
-
-  // Engine thread.
   void OnPixel(int64_t image, int64_t index, uint8_t value) {
     std::lock_guard<std::mutex> lock(mu_);
-    Image& im = images_[image];
-    im.pixels[index] = value;
-    im.known = index + 1;
-    if (pixels_done_ == 0) first_pixel_seconds_ = SecondsSince(start_);
-    ++pixels_done_;
+    stream_.Pixel(image, index, value, Clock::now());
   }
   void OnDone(int64_t image, absl::Status st) {
     std::lock_guard<std::mutex> lock(mu_);
-    images_[image].done = true;
-    images_[image].status = std::move(st);
-    ++images_done_;
+    stream_.Done(image, std::move(st));
   }
 
+  // Engine thread, after each step. Building and sending happen on the reply pool: here only
+  // whether a flush is worth posting (one at a time; a write in flight flushes again when done).
   bool AfterStep() override {
-    bool cancel = false;
-    std::vector<int64_t> ids;
+    const Clock::time_point now = Clock::now();
+    std::vector<int64_t> cancel;
+    bool post, more;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!deadline_hit_ && Clock::now() >= deadline_ && images_done_ < Total()) {
-        deadline_hit_ = true;
-        cancel = true;
-        ids = ids_;
-      }
+      if (stream_.DeadlinePassed(now)) cancel = ids_;
+      post = stream_.ShouldPostFlush(now);
+      more = stream_.WantsSteps();
     }
-    if (cancel)
-      for (int64_t id : ids) model_->generator->Cancel(id);
-    // Building and sending happen on the reply pool: here only whether a flush is worth
-    // posting (one at a time; a write in flight flushes again when it is done).
-    bool post = false, more = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!finish_called_ && !write_in_flight_ && !flush_posted_ &&
-          (Clock::now() - last_send_ >= interval_ || images_done_ != flushed_images_done_)) {
-        flush_posted_ = post = true;
-      }
-      more = images_done_ < Total() && !finish_called_;
-    }
+    for (int64_t id : cancel) model_->generator->Cancel(id);
     if (post) svc_->replies()->Post([self = shared_from_this()] { self->Flush(); });
     return more;
   }
@@ -315,7 +269,7 @@ class GenerateState : public StepListener, public std::enable_shared_from_this<G
     std::vector<int64_t> ids;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      client_cancelled_ = true;
+      stream_.ClientCancelled();
       ids = ids_;
     }
     for (int64_t id : ids) model_->generator->Cancel(id);
@@ -324,45 +278,29 @@ class GenerateState : public StepListener, public std::enable_shared_from_this<G
   void WriteDone(bool ok) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      write_in_flight_ = false;
-      if (!ok) write_failed_ = true;
+      stream_.WriteDone(ok);
     }
     Flush();
   }
 
   // Sends what is due, or finishes the call once every image is done and the last message has
   // gone. Runs on the reply pool (posted after engine steps) and on gRPC's thread in OnWriteDone;
-  // PNGs are encoded outside the state's lock, so the engine thread's OnPixel never waits on one.
+  // PNGs are encoded outside the lock, so the engine thread's OnPixel never waits on one.
   void Flush();
 
  private:
   void FlushOnce();
-  int64_t Total() const { return static_cast<int64_t>(images_.size()); }
-  absl::Status FinalStatus() const;  // mu_ held; all images done
+  // The chunk as the proto message (PNG-encoding its finished images).
+  void BuildMessage(GenerateStream::Chunk& chunk);
 
   KrauseService* const svc_;
   ServedModel* const model_;
   GenerateCall* const reactor_;
-  const Clock::time_point deadline_, start_;
-  const Clock::duration interval_;
-  const bool stream_rows_;
 
   mutable std::mutex mu_;
-  std::vector<Image> images_;
+  GenerateStream stream_;
   std::vector<int64_t> ids_;
-  int64_t pixels_total_ = 0, pixels_done_ = 0, images_done_ = 0;
-  int64_t passes_ = 1;
-  double max_queued_seconds_ = 0;  // the longest wait of an image for its cache slot
-  int64_t last_sent_pixels_ = -1;
-  uint64_t seed_ = 0;
-  double first_pixel_seconds_ = 0;
-  bool deadline_hit_ = false, client_cancelled_ = false;
-  bool write_in_flight_ = false, write_failed_ = false, summary_sent_ = false;
-  bool finish_called_ = false;
-  bool flush_posted_ = false;       // a Flush is queued on the reply pool
-  int64_t flushed_images_done_ = 0;  // images_done_ as the last Flush saw it
-  Clock::time_point last_send_{};
-  v1::GenerateResponse message_;  // the message being written
+  v1::GenerateResponse message_;  // the message being written (one write at a time)
 };
 
 class GenerateCall : public grpc::ServerWriteReactor<v1::GenerateResponse> {
@@ -394,25 +332,6 @@ class GenerateCall : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   std::shared_ptr<GenerateState> state_;
 };
 
-absl::Status GenerateState::FinalStatus() const {
-  absl::Status error, cancelled;
-  for (const Image& im : images_) {
-    if (im.status.ok()) continue;
-    if (absl::IsCancelled(im.status)) {
-      cancelled = im.status;
-    } else if (error.ok()) {
-      error = im.status;
-    }
-  }
-  if (!error.ok()) return error;
-  if (cancelled.ok() && !write_failed_) return absl::OkStatus();
-  if (deadline_hit_) return absl::DeadlineExceededError("deadline exceeded; generation stopped");
-  if (client_cancelled_ || write_failed_) return absl::CancelledError("cancelled by the client");
-  if (model_->generator->stopping())
-    return absl::UnavailableError("the server is shutting down; generation was cancelled");
-  return cancelled.ok() ? absl::CancelledError("cancelled") : cancelled;
-}
-
 void GenerateState::Flush() {
   const absl::Status st = Guarded("Generate", [&] {
     FlushOnce();
@@ -422,16 +341,11 @@ void GenerateState::Flush() {
   // The flush threw before its write started (StartWrite is its last step): the images still
   // running stop, and the call ends with the error.
   std::vector<int64_t> ids;
-  bool finish = false;
+  bool finish;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    write_in_flight_ = false;
-    for (Image& im : images_)
-      if (im.status.ok()) im.status = st;
-    if (!finish_called_) {
-      finish_called_ = finish = true;
-      ids = ids_;
-    }
+    finish = stream_.Fail(st);
+    if (finish) ids = ids_;
   }
   for (int64_t id : ids) model_->generator->Cancel(id);
   if (finish) reactor_->FinishCall(st);
@@ -439,128 +353,83 @@ void GenerateState::Flush() {
 
 void GenerateState::FlushOnce() {
   svc_->Fault("flush");
-  absl::Status finish;
-  bool do_finish = false, do_write = false;
-  std::vector<std::pair<int64_t, std::vector<uint8_t>>> encode;  // (image, pixels) to PNG
+  GenerateStream::Action a;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    flush_posted_ = false;
-    flushed_images_done_ = images_done_;
-    if (finish_called_ || write_in_flight_) return;
-    const bool all_done = images_done_ == Total();
-    if (all_done) {
-      const absl::Status st = FinalStatus();
-      if (!st.ok() || summary_sent_) {
-        finish = st;
-        do_finish = true;
-        finish_called_ = true;
-      }
-    }
-    if (!do_finish) {
-      const Clock::time_point now = Clock::now();
-      const bool due = now - last_send_ >= interval_;
-      message_.Clear();
-      v1::GenerateProgress* p = message_.mutable_progress();
-      p->set_pixels_done(static_cast<uint64_t>(pixels_done_));
-      p->set_pixels_total(static_cast<uint64_t>(pixels_total_));
-      p->set_images_done(static_cast<uint32_t>(images_done_));
-      p->set_images_total(static_cast<uint32_t>(Total()));
-      int64_t started = 0;
-      // (Not `known > 0`: a completion's prompt is known before the image has a slot.)
-      for (const Image& im : images_) started += (im.admitted || im.done) ? 1 : 0;
-      const int64_t row_len = model_->shape.width * model_->shape.channels;
-      bool news = false;
-      for (int64_t i = 0; i < Total(); ++i) {
-        Image& im = images_[i];
-        if (stream_rows_ && (due || all_done)) {
-          const int64_t rows = im.known / row_len;
-          if (rows > im.rows_sent) {
-            v1::ImageRows* r = message_.add_rows();
-            r->set_image(static_cast<uint32_t>(i));
-            r->set_first_row(static_cast<uint32_t>(im.rows_sent));
-            r->set_num_rows(static_cast<uint32_t>(rows - im.rows_sent));
-            r->set_pixels(im.pixels.data() + im.rows_sent * row_len,
-                          static_cast<size_t>((rows - im.rows_sent) * row_len));
-            im.rows_sent = rows;
-            news = true;
-          }
-        }
-        if (im.done && im.status.ok() && !im.png_sent) {
-          encode.emplace_back(i, im.pixels);
-          im.png_sent = true;
-          news = true;
-        }
-      }
-      p->set_waiting(static_cast<uint32_t>(Total() - started));
-      if (all_done) {
-        v1::GenerateSummary* s = message_.mutable_summary();
-        s->set_model(model_->spec.name);
-        s->set_images(static_cast<uint32_t>(Total()));
-        s->set_pixels_generated(static_cast<uint64_t>(pixels_done_));
-        s->set_seconds(SecondsSince(start_));
-        s->set_seconds_to_first_pixel(first_pixel_seconds_);
-        s->set_seed(seed_);
-        const AttentionCost& cost = model_->flops;
-        const double runs = static_cast<double>(Total() * passes_);
-        s->set_flops_executed(cost.executed_flops * runs);
-        s->set_flops_dense_equivalent(cost.dense_equivalent_flops * runs);
-        if (CallObserver* obs = svc_->observer()) {
-          obs->OnFlops("Generate", model_->spec.name, s->flops_executed(),
-                       s->flops_dense_equivalent());
-          obs->OnImages("Generate", model_->spec.name, Total());
-        }
-        summary_sent_ = true;
-        do_write = true;
-      } else if (news || (due && pixels_done_ != last_sent_pixels_)) {
-        do_write = true;
-      }
-      if (do_write) {
-        write_in_flight_ = true;
-        if (CallObserver* obs = svc_->observer()) {
-          const bool first = last_send_ == Clock::time_point{};
-          obs->OnStreamChunk(
-              model_->spec.name, first,
-              std::chrono::duration<double>(now - (first ? start_ : last_send_)).count());
-        }
-        last_send_ = now;
-        last_sent_pixels_ = pixels_done_;
-      }
-    }
+    a = stream_.Flush(Clock::now(), model_->generator->stopping());
   }
-  if (do_finish) {
-    reactor_->FinishCall(finish);
+  if (a.kind == GenerateStream::Action::kFinish) {
+    reactor_->FinishCall(a.status);
     return;
   }
-  if (!do_write) return;
-  // message_ is this flush's alone until StartWrite: write_in_flight_ keeps others out.
-  for (auto& [i, pixels] : encode) {
-    const at::Tensor hwc = at::from_blob(
-        pixels.data(), {model_->shape.height, model_->shape.width, model_->shape.channels},
-        at::kByte);
-    auto png = EncodePng(hwc);
-    if (!png.ok()) {  // the call ends with this error after the message
-      std::lock_guard<std::mutex> lock(mu_);
-      images_[i].status =
-          absl::InternalError(absl::StrCat("PNG encoding failed: ", png.status().message()));
-      continue;
+  if (a.kind != GenerateStream::Action::kWrite) return;
+  GenerateStream::Chunk& c = a.chunk;
+  if (CallObserver* obs = svc_->observer()) {
+    obs->OnStreamChunk(model_->spec.name, c.first, c.seconds_since_previous);
+    if (c.has_summary) {
+      obs->OnFlops("Generate", model_->spec.name, c.summary.flops_executed,
+                   c.summary.flops_dense_equivalent);
+      obs->OnImages("Generate", model_->spec.name, c.summary.images);
     }
-    v1::GeneratedImage* g = message_.add_images();
-    g->set_image(static_cast<uint32_t>(i));
-    g->set_seed(images_[i].seed);  // immutable after Init
-    g->set_png(std::move(*png));
   }
+  // message_ is this flush's alone until StartWrite: the stream writes one chunk at a time.
+  BuildMessage(c);
   reactor_->StartWrite(&message_);
 }
 
+void GenerateState::BuildMessage(GenerateStream::Chunk& c) {
+  message_.Clear();
+  v1::GenerateProgress* p = message_.mutable_progress();
+  p->set_pixels_done(static_cast<uint64_t>(c.pixels_done));
+  p->set_pixels_total(static_cast<uint64_t>(c.pixels_total));
+  p->set_images_done(static_cast<uint32_t>(c.images_done));
+  p->set_images_total(static_cast<uint32_t>(c.images_total));
+  p->set_waiting(static_cast<uint32_t>(c.waiting));
+  for (GenerateStream::Rows& r : c.rows) {
+    v1::ImageRows* m = message_.add_rows();
+    m->set_image(static_cast<uint32_t>(r.image));
+    m->set_first_row(static_cast<uint32_t>(r.first_row));
+    m->set_num_rows(static_cast<uint32_t>(r.num_rows));
+    m->set_pixels(r.pixels.data(), r.pixels.size());
+  }
+  const ImageShape& shape = model_->info.shape;
+  for (GenerateStream::FinishedImage& im : c.images) {
+    const at::Tensor hwc =
+        at::from_blob(im.pixels.data(), {shape.height, shape.width, shape.channels}, at::kByte);
+    auto png = EncodePng(hwc);
+    if (!png.ok()) {  // the call ends with this error after the message
+      std::lock_guard<std::mutex> lock(mu_);
+      stream_.EncodeFailed(im.image, absl::InternalError(absl::StrCat(
+                                         "PNG encoding failed: ", png.status().message())));
+      continue;
+    }
+    v1::GeneratedImage* g = message_.add_images();
+    g->set_image(static_cast<uint32_t>(im.image));
+    g->set_seed(im.seed);
+    g->set_png(std::move(*png));
+  }
+  if (c.has_summary) {
+    v1::GenerateSummary* s = message_.mutable_summary();
+    s->set_model(model_->spec.name);
+    s->set_images(static_cast<uint32_t>(c.summary.images));
+    s->set_pixels_generated(static_cast<uint64_t>(c.summary.pixels_generated));
+    s->set_seconds(c.summary.seconds);
+    s->set_seconds_to_first_pixel(c.summary.seconds_to_first_pixel);
+    s->set_seed(c.summary.seed);
+    s->set_flops_executed(c.summary.flops_executed);
+    s->set_flops_dense_equivalent(c.summary.flops_dense_equivalent);
+  }
+}
+
 absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
-  auto found = svc_->gate()->registry()->Find(req.model(), v1::ModelInfo::GENERATOR);
+  auto found = svc_->gate()->registry()->Find(req.model(), ModelKind::kGenerator);
   if (!found.ok()) return found.status();
   ServedModel* m = *found;
   book_.set_model(m->spec.name);
   const int64_t n = req.num_images() == 0 ? 1 : req.num_images();
-  if (n > m->max_images_per_request)
+  if (n > m->info.max_images_per_request)
     return absl::InvalidArgumentError(absl::StrCat("num_images is ", n, "; model ", m->spec.name,
-                                                   " allows at most ", m->max_images_per_request,
+                                                   " allows at most ", m->info.max_images_per_request,
                                                    " per request"));
   SamplingParams sp;
   if (req.has_temperature()) sp.temperature = req.temperature();
@@ -576,12 +445,12 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
   if (req.has_prompt()) {
     svc_->Fault("decode");
     auto t =
-        DecodeImage(req.prompt(), "prompt", ImageBounds{m->shape, m->spec.name, /*prompt=*/true});
+        DecodeImage(req.prompt(), "prompt", ImageBounds{m->info.shape, m->spec.name, /*prompt=*/true});
     if (!t.ok()) return t.status();
     const int64_t rows = req.prompt_rows();
-    if (rows < 1 || rows >= m->shape.height)
+    if (rows < 1 || rows >= m->info.shape.height)
       return absl::InvalidArgumentError(absl::StrCat(
-          "prompt_rows must be in [1, ", m->shape.height - 1, "] with a prompt, got ", rows));
+          "prompt_rows must be in [1, ", m->info.shape.height - 1, "] with a prompt, got ", rows));
     if (rows > t->size(0))
       return absl::InvalidArgumentError(absl::StrCat(
           "prompt_rows is ", rows, " but the prompt image has only ", t->size(0), " rows"));
@@ -611,10 +480,19 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
                                                        : " is unconditional"));
   }
   uint64_t seed = req.has_seed() ? req.seed() : std::random_device{}() * 0x100000001ull;
-  state_ = std::make_shared<GenerateState>(svc_, m, this, SteadyDeadline(ctx), book_.start(),
-                                           interval, !req.has_stream_rows() || req.stream_rows());
+  GenerateStream::Options so;
+  so.shape = m->info.shape;
+  so.images = n;
+  so.prompt = prompt;
+  so.seed = seed;
+  so.passes = GenerationRequest::SlotsFor(guidance);
+  so.cost = m->flops;
+  so.start = book_.start();
+  so.deadline = SteadyDeadline(ctx);
+  so.interval = std::chrono::milliseconds(interval);
+  so.stream_rows = !req.has_stream_rows() || req.stream_rows();
+  state_ = std::make_shared<GenerateState>(svc_, m, this, std::move(so));
   book_.set_images(n);
-  state_->Init(n, prompt, seed, GenerationRequest::SlotsFor(guidance));
   std::vector<GenerationRequest> requests(n);
   for (int64_t i = 0; i < n; ++i) {
     GenerationRequest& r = requests[i];
@@ -695,7 +573,7 @@ grpc::ServerUnaryReactor* KrauseService::ListModels(grpc::CallbackServerContext*
   UnaryCall call(this, ctx, "ListModels");
   if (!call.Enter(ctx)) return call.reactor();
   call.Finish(Guarded("ListModels", [&] {
-    for (const auto& m : gate_->registry()->models()) *response->add_models() = m->info;
+    for (const auto& m : gate_->registry()->models()) *response->add_models() = ToProto(m->info);
     return absl::OkStatus();
   }));
   return call.reactor();
@@ -711,7 +589,7 @@ grpc::ServerUnaryReactor* KrauseService::GetModel(grpc::CallbackServerContext* c
     auto m = gate_->registry()->FindAny(request->name());
     if (!m.ok()) return m.status();
     call.set_model((*m)->spec.name);
-    *response = (*m)->info;
+    *response = ToProto((*m)->info);
     return absl::OkStatus();
   }));
   return call.reactor();
@@ -724,7 +602,7 @@ grpc::ServerUnaryReactor* KrauseService::Classify(grpc::CallbackServerContext* c
   grpc::ServerUnaryReactor* reactor = call->reactor();
   if (!call->Enter(ctx)) return reactor;
   const absl::Status st = Guarded("Classify", [&]() -> absl::Status {
-    auto resolved = ResolveImageCall(call.get(), *this, request->model(), v1::ModelInfo::CLASSIFIER,
+    auto resolved = ResolveImageCall(call.get(), *this, request->model(), ModelKind::kClassifier,
                                      request->images());
     if (!resolved.ok()) return resolved.status();
     ServedModel* m = resolved->model;
@@ -802,7 +680,7 @@ grpc::ServerUnaryReactor* KrauseService::Score(grpc::CallbackServerContext* ctx,
   grpc::ServerUnaryReactor* reactor = call->reactor();
   if (!call->Enter(ctx)) return reactor;
   const absl::Status st = Guarded("Score", [&]() -> absl::Status {
-    auto resolved = ResolveImageCall(call.get(), *this, request->model(), v1::ModelInfo::GENERATOR,
+    auto resolved = ResolveImageCall(call.get(), *this, request->model(), ModelKind::kGenerator,
                                      request->images());
     if (!resolved.ok()) return resolved.status();
     ServedModel* m = resolved->model;

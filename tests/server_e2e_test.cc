@@ -54,7 +54,7 @@ class ServerTest : public ::testing::Test {
   }
   server::ServedModel* Model(const std::string& name) {
     auto m = server_->registry().Find(
-        name, name == "vit" ? v1::ModelInfo::CLASSIFIER : v1::ModelInfo::GENERATOR);
+        name, name == "vit" ? server::ModelKind::kClassifier : server::ModelKind::kGenerator);
     EXPECT_TRUE(m.ok());
     return *m;
   }

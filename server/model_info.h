@@ -1,0 +1,44 @@
+// What the server tells about a served model, in native types: the registry fills it once at
+// load; the service converts it to the public krause.v1.ModelInfo at the edge
+// (model_info_proto.h), so that protobuf stays out of the registry, the workers and the metrics.
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace krause::server {
+
+struct ImageShape {
+  int64_t height = 0, width = 0, channels = 0;
+};
+
+enum class ModelKind { kClassifier, kGenerator };
+const char* ModelKindName(ModelKind kind);  // "classifier", "generator"
+
+enum class AttentionKind { kKrause, kSoftmax };
+const char* AttentionKindName(AttentionKind kind);  // "krause", "softmax"
+
+struct ModelInfo {
+  std::string name;
+  ModelKind kind = ModelKind::kClassifier;
+  AttentionKind attention = AttentionKind::kKrause;
+  bool is_default = false;  // the default model of its kind
+  ImageShape shape;         // input (classifiers) or output (generators) image
+  std::vector<std::string> labels;
+  int64_t classes = 0;             // generators: 0 unconditional
+  int64_t window = 0;              // Krause models: neighbourhood radius / causal window
+  std::vector<int64_t> top_k;      // Krause models: per layer
+  int64_t parameters = 0;
+  double flops_per_image_executed = 0, flops_per_image_dense_equivalent = 0;
+  std::string device;              // "cpu", "cuda:N"
+  int64_t max_batch_size = 0;      // classifiers: images per batch; generators: engine slots
+  int64_t max_queue_delay_ms = 0;  // classifiers
+  int64_t max_images_per_request = 0;
+  int64_t kv_cache_bytes_per_sequence = 0;  // generators
+  std::string checkpoint;                   // the file it was loaded from
+  std::string summary;                      // the checkpoint's training summary (JSON), if any
+};
+
+}  // namespace krause::server

@@ -1,0 +1,44 @@
+#include "server/model_info_proto.h"
+
+namespace krause::server {
+
+const char* ModelKindName(ModelKind kind) {
+  return kind == ModelKind::kClassifier ? "classifier" : "generator";
+}
+
+const char* AttentionKindName(AttentionKind kind) {
+  return kind == AttentionKind::kKrause ? "krause" : "softmax";
+}
+
+v1::ModelInfo::Kind ToProto(ModelKind kind) {
+  return kind == ModelKind::kClassifier ? v1::ModelInfo::CLASSIFIER : v1::ModelInfo::GENERATOR;
+}
+
+v1::ModelInfo ToProto(const ModelInfo& m) {
+  v1::ModelInfo info;
+  info.set_name(m.name);
+  info.set_kind(ToProto(m.kind));
+  info.set_attention(m.attention == AttentionKind::kKrause ? v1::ModelInfo::KRAUSE
+                                                           : v1::ModelInfo::SOFTMAX);
+  info.set_is_default(m.is_default);
+  info.set_height(static_cast<uint32_t>(m.shape.height));
+  info.set_width(static_cast<uint32_t>(m.shape.width));
+  info.set_channels(static_cast<uint32_t>(m.shape.channels));
+  for (const std::string& l : m.labels) info.add_labels(l);
+  info.set_classes(static_cast<uint32_t>(m.classes));
+  info.set_window(static_cast<uint32_t>(m.window));
+  for (int64_t k : m.top_k) info.add_top_k(static_cast<uint32_t>(k));
+  info.set_parameters(static_cast<uint64_t>(m.parameters));
+  info.set_flops_per_image_executed(m.flops_per_image_executed);
+  info.set_flops_per_image_dense_equivalent(m.flops_per_image_dense_equivalent);
+  info.set_device(m.device);
+  info.set_max_batch_size(static_cast<uint32_t>(m.max_batch_size));
+  info.set_max_queue_delay_ms(static_cast<uint32_t>(m.max_queue_delay_ms));
+  info.set_max_images_per_request(static_cast<uint32_t>(m.max_images_per_request));
+  info.set_kv_cache_bytes_per_sequence(static_cast<uint64_t>(m.kv_cache_bytes_per_sequence));
+  info.set_checkpoint(m.checkpoint);
+  info.set_summary(m.summary);
+  return info;
+}
+
+}  // namespace krause::server
