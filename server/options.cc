@@ -72,7 +72,22 @@ absl::Status ReadKey(const nlohmann::json& m, const char* key, const std::string
   return absl::OkStatus();
 }
 
+constexpr KvCacheDtype kKvCacheDtypes[] = {KvCacheDtype::kFloat32, KvCacheDtype::kBFloat16,
+                                           KvCacheDtype::kFloat16};
+
 }  // namespace
+
+const char* KvCacheDtypeName(KvCacheDtype dtype) {
+  switch (dtype) {
+    case KvCacheDtype::kFloat32:
+      return "float32";
+    case KvCacheDtype::kBFloat16:
+      return "bfloat16";
+    case KvCacheDtype::kFloat16:
+      return "float16";
+  }
+  return "?";
+}
 
 absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
                                                      const std::string& base_dir) {
@@ -103,6 +118,7 @@ absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
             where, ": unknown key \"", key, "\" (known: ", absl::StrJoin(kKeys, ", "), ")"));
     }
     ModelSpec s;
+    std::string cache_dtype = KvCacheDtypeName(s.kv_cache_dtype);
     for (absl::Status st :
          {ReadKey(m, "name", where, &s.name), ReadKey(m, "checkpoint", where, &s.checkpoint),
           ReadKey(m, "device", where, &s.device), ReadKey(m, "default", where, &s.is_default),
@@ -112,7 +128,7 @@ absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
           ReadKey(m, "max_sequences", where, &s.max_sequences),
           ReadKey(m, "max_waiting", where, &s.max_waiting),
           ReadKey(m, "cuda_graphs", where, &s.cuda_graphs),
-          ReadKey(m, "kv_cache_dtype", where, &s.kv_cache_dtype),
+          ReadKey(m, "kv_cache_dtype", where, &cache_dtype),
           ReadKey(m, "max_images_per_request", where, &s.max_images_per_request)}) {
       if (!st.ok()) return st;
     }
@@ -133,12 +149,15 @@ absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
     if (st.ok()) st = CheckRange(w + "max_waiting", s.max_waiting, 0, 1 << 20);
     if (st.ok()) st = CheckRange(w + "max_images_per_request", s.max_images_per_request, 0, 4096);
     if (!st.ok()) return st;
-    if (s.kv_cache_dtype != "float32" && s.kv_cache_dtype != "bfloat16" &&
-        s.kv_cache_dtype != "float16") {
+    const auto* dtype =
+        std::find_if(std::begin(kKvCacheDtypes), std::end(kKvCacheDtypes),
+                     [&](KvCacheDtype d) { return cache_dtype == KvCacheDtypeName(d); });
+    if (dtype == std::end(kKvCacheDtypes)) {
       return absl::InvalidArgumentError(
           absl::StrCat(w, "kv_cache_dtype must be float32, bfloat16 or float16, got \"",
-                       s.kv_cache_dtype, "\""));
+                       cache_dtype, "\""));
     }
+    s.kv_cache_dtype = *dtype;
     specs.push_back(std::move(s));
   }
   if (specs.empty()) return absl::InvalidArgumentError("manifest: models is empty");

@@ -23,6 +23,11 @@
 
 namespace krause::server {
 
+// A KARM's ring caches' dtype (keys and values; bf16 and fp16 on a GPU only): the manifest's
+// "kv_cache_dtype", parsed once by ParseManifest.
+enum class KvCacheDtype { kFloat32, kBFloat16, kFloat16 };
+const char* KvCacheDtypeName(KvCacheDtype dtype);  // "float32", "bfloat16", "float16"
+
 struct ModelSpec {
   std::string name;        // [A-Za-z0-9._-]{1,64}, unique
   std::string checkpoint;  // safetensors file written by krause-train / tools/convert_pth.py
@@ -39,8 +44,7 @@ struct ModelSpec {
   int64_t max_sequences = 64;  // cache slots (concurrent sequences in one decode step)
   int64_t max_waiting = 256;   // images waiting for a slot; beyond, UNAVAILABLE
   bool cuda_graphs = false;    // a KARM on a GPU: replay its decode step as CUDA graphs
-  // A KARM on a GPU: "float32", "bfloat16" or "float16" ring caches (keys and values).
-  std::string kv_cache_dtype = "float32";
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kFloat32;  // a KARM on a GPU
   // Images per Classify / Generate / Score request (0: max_batch_size for classifiers, 16 for
   // generators). A classifier's may not exceed its max_batch_size (a request is never split).
   // Every value must have its JSON type (integers, booleans, strings: no conversion); a wrong

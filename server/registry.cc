@@ -6,6 +6,18 @@
 namespace krause::server {
 namespace {
 
+at::ScalarType CacheScalarType(KvCacheDtype dtype) {
+  switch (dtype) {
+    case KvCacheDtype::kBFloat16:
+      return at::kBFloat16;
+    case KvCacheDtype::kFloat16:
+      return at::kHalf;
+    case KvCacheDtype::kFloat32:
+      break;
+  }
+  return at::kFloat;
+}
+
 // The model's description, once its worker exists (shape and limits set by Load).
 void Describe(ServedModel* m) {
   ModelInfo& info = m->info;
@@ -61,7 +73,7 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Load(const std::vector<Model
     m->model = std::move(*loaded);
     m->flops = m->model.FlopsPerImage();
     const std::string name = spec.name;
-    if (m->model.classifier() && spec.kv_cache_dtype != "float32") {
+    if (m->model.classifier() && spec.kv_cache_dtype != KvCacheDtype::kFloat32) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model ", spec.name, ": kv_cache_dtype is a generator's option (this is a classifier)"));
     }
@@ -102,9 +114,7 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Load(const std::vector<Model
       g.engine.max_sequences = spec.max_sequences;
       g.max_waiting = spec.max_waiting;
       g.engine.cuda_graphs = spec.cuda_graphs;
-      g.engine.cache_dtype = spec.kv_cache_dtype == "bfloat16"  ? at::kBFloat16
-                             : spec.kv_cache_dtype == "float16" ? at::kHalf
-                                                                : at::kFloat;
+      g.engine.cache_dtype = CacheScalarType(spec.kv_cache_dtype);
       std::function<void(const DecodeEvent&)> on_step;
       if (hooks.on_decode_step)
         on_step = [f = hooks.on_decode_step, name](const DecodeEvent& s) { f(name, s); };

@@ -113,7 +113,7 @@ TEST(Manifest, AbsentKeysTakeTheDefaultsAndPathsResolveAgainstTheManifestFolder)
   EXPECT_EQ(b.max_waiting, 0);
   EXPECT_EQ(b.max_images_per_request, 8);
   EXPECT_TRUE(b.cuda_graphs);
-  EXPECT_EQ(b.kv_cache_dtype, "bfloat16");
+  EXPECT_EQ(b.kv_cache_dtype, KvCacheDtype::kBFloat16);
   // No folder: relative paths stay relative.
   KRAUSE_ASSERT_OK_AND_ASSIGN(std::vector<ModelSpec> here, ParseManifest(Entry(""), ""));
   EXPECT_EQ(here[0].checkpoint, "m.safetensors");
