@@ -59,6 +59,16 @@ class ServerTest : public ::testing::Test {
     return *m;
   }
   // Waits (up to 5 s) until `model` holds no active or waiting sequence.
+  // Polls `done` (up to 5 s): for states another thread reaches, never a fixed wait.
+  template <typename F>
+  static bool Eventually(F done) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (std::chrono::steady_clock::now() < until) {
+      if (done()) return true;
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+    return done();
+  }
   bool SlotsFree(const std::string& model) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (std::chrono::steady_clock::now() < until) {
@@ -407,12 +417,15 @@ TEST_F(ServerTest, FullClassifyQueueIsUnavailableAndDeadlineIsHonoured) {
   };
   std::vector<std::thread> waiting;
   waiting.emplace_back([&] { EXPECT_TRUE(classify(1, 0).ok()); });  // runs, then holds the worker
-  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_TRUE(Eventually([&] {  // (EXPECT: the release below must still run)
+    std::lock_guard<std::mutex> l(mu);
+    return images_run == 1;
+  }));
   // Expires while queued: DEADLINE_EXCEEDED, and it never runs.
   EXPECT_EQ(classify(4, 0.1).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   // 4 (expired, not yet dropped: the worker is held) + 8 = 12 images queue up ...
   waiting.emplace_back([&] { EXPECT_TRUE(classify(8, 0).ok()); });
-  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_TRUE(Eventually([&] { return Model("vit")->batcher->queued_images() == 12; }));
   // ... and 6 more would pass the limit of 16: refused at once.
   const grpc::Status st = classify(6, 0);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
@@ -1011,7 +1024,7 @@ TEST_F(ServerTest, ShutdownCancelsStreamsAfterTheGrace) {
   ASSERT_TRUE(reader->Read(&m));
   std::thread stopper([&] { server_->Shutdown(); });
   // Draining: health says NOT_SERVING and new calls are refused.
-  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_TRUE(Eventually([&] { return server_->gate().draining(); }));
   {
     auto ch = client::MakeChannel(conn_);
     auto health = grpc::health::v1::Health::NewStub(*ch);
