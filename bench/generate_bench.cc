@@ -71,7 +71,7 @@ std::string ToJson(const Record& r) {
 
 ArmConfig PaperConfig(const std::string& which, const std::string& attention) {
   ArmConfig c;
-  c.attention = attention;
+  c.attention = ParseAttentionKind(attention).value();
   c.start_token = true;
   if (which == "mnist") {
     c.height = c.width_px = 28;

@@ -121,7 +121,7 @@ struct Workload {
 
   static Arm MakeArm(const std::string& attention) {
     ArmConfig c;  // the bundled generators' sizes (models/karm_fmnist.md, models/arm_fmnist.md)
-    c.attention = attention;
+    c.attention = ParseAttentionKind(attention).value();
     c.width = 32;
     c.depth = 3;
     c.heads = 2;
@@ -134,7 +134,7 @@ struct Workload {
 
   static ViT MakeViT(const std::string& attention) {
     ViTConfig c;  // the bundled classifiers' sizes (models/*_fmnist.md)
-    c.attention = attention;
+    c.attention = ParseAttentionKind(attention).value();
     c.metric = GridMetric::kChebyshev;
     c.top_k = 3;
     return ViT::Create(c, 1).value();

@@ -19,7 +19,7 @@ namespace krause {
 
 std::string ArmConfig::ToJson() const {
   nlohmann::json j = {
-      {"model", "arm"},       {"attention", attention},   {"height", height},
+      {"model", "arm"},       {"attention", AttentionKindName(attention)},   {"height", height},
       {"width_px", width_px}, {"channels", channels},     {"width", width},
       {"depth", depth},       {"heads", heads},           {"window", window},
       {"top_k", top_k},       {"sigma_init", sigma_init}, {"start_token", start_token}};
@@ -39,7 +39,10 @@ absl::StatusOr<ArmConfig> ArmConfig::FromJson(const std::string& text) {
   try {
     if (j.value("model", "arm") != "arm")
       return absl::InvalidArgumentError("config: model is not \"arm\"");
-    c.attention = j.value("attention", c.attention);
+    absl::StatusOr<AttentionKind> kind = ParseAttentionKind(
+        j.value("attention", std::string(AttentionKindName(c.attention))));
+    if (!kind.ok()) return kind.status();
+    c.attention = *kind;
     c.height = j.value("height", c.height);
     c.width_px = j.value("width_px", c.width_px);
     c.channels = j.value("channels", c.channels);
@@ -60,10 +63,6 @@ absl::StatusOr<ArmConfig> ArmConfig::FromJson(const std::string& text) {
 }
 
 absl::Status ArmConfig::Validate() const {
-  if (attention != "krause" && attention != "softmax") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.attention must be krause or softmax, got ", attention));
-  }
   if (height < 1 || width_px < 1 || channels < 1) {
     return absl::InvalidArgumentError("config: height, width_px and channels must be >= 1");
   }
@@ -76,7 +75,7 @@ absl::Status ArmConfig::Validate() const {
                                                    " must be >= 0 with 0 or `classes` labels, got ",
                                                    labels.size(), " labels"));
   }
-  if (attention == "krause" && (window < 1 || top_k < 1 || !(sigma_init > 0))) {
+  if (attention == AttentionKind::kKrause && (window < 1 || top_k < 1 || !(sigma_init > 0))) {
     return absl::InvalidArgumentError("config: window, top_k and sigma_init must be positive");
   }
   return absl::OkStatus();
@@ -120,7 +119,7 @@ absl::StatusOr<Arm> Arm::Create(const ArmConfig& config, uint64_t seed) {
   p.Add("token_emb.weight", nn::TruncNormal({256, d}, 0.02, gen));
   p.Add("pos_emb.weight", nn::TruncNormal({config.seq_len(), d}, 0.02, gen));
   if (config.start_token) p.Add("start_token", nn::TruncNormal({d}, 0.02, gen));
-  const bool krause = config.attention == "krause";
+  const bool krause = config.attention == AttentionKind::kKrause;
   for (int64_t l = 0; l < config.depth; ++l) {
     const std::string b = absl::StrCat("layers.", l, ".");
     nn::AddLayerNorm(&p, b + "ln1", d);
@@ -148,7 +147,7 @@ at::Tensor Arm::Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl,
                           std::vector<std::pair<at::Tensor, at::Tensor>>* kv) const {
   // x: [B, T, D] -> [B, T, D]
   const std::string a = absl::StrCat("layers.", layer, ".attn.");
-  const bool krause = config_.attention == "krause";
+  const bool krause = config_.attention == AttentionKind::kKrause;
   const at::Tensor q =
       nn::SplitHeads(nn::Linear(params_, a + (krause ? "W_q" : "q_proj"), x), config_.heads);
   const at::Tensor k =
@@ -232,7 +231,7 @@ at::Device Arm::device() const { return params_.Get("head.weight").device(); }
 
 ArmPackedWeights Arm::PackForDecode() const {
   ArmPackedWeights w;
-  if (config_.attention == "krause") {
+  if (config_.attention == AttentionKind::kKrause) {
     for (int64_t l = 0; l < config_.depth; ++l) {
       auto scale = DecodeScale::Create(params_.Get(absl::StrCat("layers.", l, ".attn.log_sigma")),
                                        config_.heads, device());
@@ -277,7 +276,7 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u_device, const DecodeIndex& index,
                            const ArmPackedWeights* packed) const {
   at::NoGradGuard no_grad;
   const int64_t s = index.size(), h = config_.heads, dh = config_.width / h;
-  const bool krause = config_.attention == "krause";
+  const bool krause = config_.attention == AttentionKind::kKrause;
   const at::Device dev = device();
   TORCH_CHECK(u_device.dim() == 1 && u_device.size(0) == s && u_device.device() == dev,
               "u must have shape [S] = [", s, "] on ", dev.str());
@@ -372,7 +371,7 @@ AttentionCost Arm::FlopsPerImage() const {
   AttentionCost total;
   for (int64_t l = 0; l < config_.depth; ++l) {
     AttentionCost a;
-    if (config_.attention == "krause") {
+    if (config_.attention == AttentionKind::kKrause) {
       a = KrauseAttentionCost(Neighbourhood::Causal(config_.window), n, config_.top_k,
                               config_.heads, dh);
     } else {

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "model/attention/decode.h"
 #include "model/attention/flops.h"
+#include "model/attention_kind.h"
 #include "model/attention/krause_attention.h"
 #include "model/nn/parameters.h"
 
@@ -46,7 +47,7 @@ struct ArmPackedWeights {
 };
 
 struct ArmConfig {
-  std::string attention = "krause";  // "krause" (KARM) or "softmax" (ARM)
+  AttentionKind attention = AttentionKind::kKrause;  // JSON "krause" or "softmax" (KARM / ARM)
   int64_t height = 28, width_px = 28, channels = 1;
   int64_t width = 64, depth = 4, heads = 4;
   int64_t window = 64, top_k = 32;  // KARM only

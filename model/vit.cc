@@ -23,7 +23,7 @@ std::vector<int64_t> ViTConfig::TopKSchedule() const {
 
 std::string ViTConfig::ToJson() const {
   nlohmann::json j = {{"model", "vit"},
-                      {"attention", attention},
+                      {"attention", AttentionKindName(attention)},
                       {"image_size", image_size},
                       {"channels", channels},
                       {"patch", patch},
@@ -52,7 +52,10 @@ absl::StatusOr<ViTConfig> ViTConfig::FromJson(const std::string& text) {
     if (j.value("model", "vit") != "vit") {
       return absl::InvalidArgumentError("config: model is not \"vit\"");
     }
-    c.attention = j.value("attention", c.attention);
+    absl::StatusOr<AttentionKind> kind = ParseAttentionKind(
+        j.value("attention", std::string(AttentionKindName(c.attention))));
+    if (!kind.ok()) return kind.status();
+    c.attention = *kind;
     c.image_size = j.value("image_size", c.image_size);
     c.channels = j.value("channels", c.channels);
     c.patch = j.value("patch", c.patch);
@@ -82,10 +85,6 @@ absl::StatusOr<ViTConfig> ViTConfig::FromJson(const std::string& text) {
 }
 
 absl::Status ViTConfig::Validate() const {
-  if (attention != "krause" && attention != "softmax") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.attention must be krause or softmax, got ", attention));
-  }
   if (image_size < 1 || channels < 1 || patch < 1 || image_size % patch != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "config: image_size ", image_size, " must be a positive multiple of patch ", patch));
@@ -139,7 +138,7 @@ absl::StatusOr<ViT> ViT::Create(const ViTConfig& config, uint64_t seed) {
     for (const char* proj : {"W_q", "W_k", "W_v", "out_proj"}) {
       nn::AddLinear(&p, b + "attention." + proj, d, d, gen);
     }
-    if (config.attention == "krause") {
+    if (config.attention == AttentionKind::kKrause) {
       p.Add(b + "attention.log_sigma", at::full({1}, std::log(config.sigma_init)));
     }
     nn::AddLayerNorm(&p, b + "norm1", d);
@@ -159,7 +158,7 @@ at::Tensor ViT::Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl) c
   const at::Tensor k = nn::SplitHeads(nn::Linear(params_, a + "W_k", x), config_.heads);
   const at::Tensor v = nn::SplitHeads(nn::Linear(params_, a + "W_v", x), config_.heads);
   at::Tensor out;
-  if (config_.attention == "softmax") {
+  if (config_.attention == AttentionKind::kSoftmax) {
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
     out = at::matmul(at::softmax(at::matmul(q, k.transpose(-1, -2)) * scale, -1), v);
   } else {
@@ -208,7 +207,7 @@ AttentionCost ViT::FlopsPerImage() const {
   const auto ks = config_.TopKSchedule();
   for (int64_t l = 0; l < config_.depth; ++l) {
     AttentionCost a;
-    if (config_.attention == "krause") {
+    if (config_.attention == AttentionKind::kKrause) {
       a = KrauseAttentionCost(nb, n, ks[l], config_.heads, dh);
     } else {
       a.executed_flops = a.dense_equivalent_flops =

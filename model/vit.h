@@ -17,13 +17,14 @@
 
 #include "absl/status/statusor.h"
 #include "model/attention/flops.h"
+#include "model/attention_kind.h"
 #include "model/attention/krause_attention.h"
 #include "model/nn/parameters.h"
 
 namespace krause {
 
 struct ViTConfig {
-  std::string attention = "krause";  // "krause" or "softmax"
+  AttentionKind attention = AttentionKind::kKrause;  // JSON "krause" or "softmax"
   int64_t image_size = 28, channels = 1, patch = 4;
   int64_t width = 64, depth = 4, heads = 4, mlp = 128, classes = 10;
   int64_t radius = 1;

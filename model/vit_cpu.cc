@@ -25,7 +25,7 @@ absl::StatusOr<std::unique_ptr<CpuViT>> CpuViT::Create(const ViT& model) {
   try {
     at::NoGradGuard no_grad;
     const ParameterStore& p = model.parameters();
-    v->krause_ = c.attention == "krause";
+    v->krause_ = c.attention == AttentionKind::kKrause;
     v->cls_ = c.cls;
     v->channels_ = c.channels;
     v->size_ = c.image_size;

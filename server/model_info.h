@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "model/attention_kind.h"
+
 namespace krause::server {
 
 struct ImageShape {
@@ -17,13 +19,10 @@ struct ImageShape {
 enum class ModelKind { kClassifier, kGenerator };
 const char* ModelKindName(ModelKind kind);  // "classifier", "generator"
 
-enum class AttentionKind { kKrause, kSoftmax };
-const char* AttentionKindName(AttentionKind kind);  // "krause", "softmax"
-
 struct ModelInfo {
   std::string name;
   ModelKind kind = ModelKind::kClassifier;
-  AttentionKind attention = AttentionKind::kKrause;
+  AttentionKind attention = AttentionKind::kKrause;  // model/attention_kind.h
   bool is_default = false;  // the default model of its kind
   ImageShape shape;         // input (classifiers) or output (generators) image
   std::vector<std::string> labels;

@@ -6,10 +6,6 @@ const char* ModelKindName(ModelKind kind) {
   return kind == ModelKind::kClassifier ? "classifier" : "generator";
 }
 
-const char* AttentionKindName(AttentionKind kind) {
-  return kind == AttentionKind::kKrause ? "krause" : "softmax";
-}
-
 v1::ModelInfo::Kind ToProto(ModelKind kind) {
   return kind == ModelKind::kClassifier ? v1::ModelInfo::CLASSIFIER : v1::ModelInfo::GENERATOR;
 }

@@ -32,8 +32,8 @@ void Describe(ServedModel* m) {
   if (m->model.classifier()) {
     const ViTConfig& c = m->model.vit->config();
     info.kind = ModelKind::kClassifier;
-    const bool krause = c.attention == "krause";
-    info.attention = krause ? AttentionKind::kKrause : AttentionKind::kSoftmax;
+    info.attention = c.attention;
+    const bool krause = c.attention == AttentionKind::kKrause;
     info.labels = c.labels;
     if (krause) {
       info.window = c.radius;
@@ -44,8 +44,8 @@ void Describe(ServedModel* m) {
   } else {
     const ArmConfig& c = m->model.arm->config();
     info.kind = ModelKind::kGenerator;
-    const bool krause = c.attention == "krause";
-    info.attention = krause ? AttentionKind::kKrause : AttentionKind::kSoftmax;
+    info.attention = c.attention;
+    const bool krause = c.attention == AttentionKind::kKrause;
     if (krause) {
       info.window = c.window;
       info.top_k.assign(c.depth, c.top_k);

@@ -62,6 +62,7 @@ TEST(Idx, TheArrayReaderAndTheSplitFileNames) {
   ASSERT_EQ(a.data.size(), 24u);
   EXPECT_EQ(static_cast<uint8_t>(a.data[23]), 223);
   const std::string dir = ::testing::TempDir() + "/split";
+  std::filesystem::remove_all(dir);  // fresh: a .gz from an earlier run would win
   std::filesystem::create_directories(dir);
   Write("split/t10k-labels-idx1-ubyte", Idx({1}, {1}));
   EXPECT_EQ(MnistStyleFile(dir, false, "labels-idx1"), dir + "/t10k-labels-idx1-ubyte");

@@ -22,7 +22,7 @@ using ::testing::HasSubstr;
 
 ArmConfig TinyConfig(const std::string& attention, bool start) {
   ArmConfig c;
-  c.attention = attention;
+  c.attention = ParseAttentionKind(attention).value();
   c.height = 4;
   c.width_px = 5;
   c.channels = 1;  // 20 subpixels

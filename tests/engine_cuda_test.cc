@@ -22,7 +22,7 @@ namespace {
 
 ArmConfig SmallArm(const std::string& attention) {
   ArmConfig c;
-  c.attention = attention;
+  c.attention = ParseAttentionKind(attention).value();
   c.height = 8;
   c.width_px = 8;
   c.channels = 3;  // 192 subpixels: the KARM ring (W 32) wraps several times

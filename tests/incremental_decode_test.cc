@@ -30,7 +30,7 @@ class IncrementalDecodeTest : public ::testing::TestWithParam<IncCase> {};
 TEST_P(IncrementalDecodeTest, MatchesTeacherForcedLogitsAtEveryPosition) {
   const IncCase& c = GetParam();
   ArmConfig cfg;
-  cfg.attention = c.attention;
+  cfg.attention = ParseAttentionKind(c.attention).value();
   cfg.height = 5;
   cfg.width_px = 4;
   cfg.channels = 2;  // 40 tokens

@@ -19,7 +19,7 @@ using ::testing::HasSubstr;
 
 ViTConfig SmallViT(const std::string& attention) {
   ViTConfig c;
-  c.attention = attention;
+  c.attention = ParseAttentionKind(attention).value();
   c.image_size = 12;
   c.patch = 3;
   c.width = 32;
@@ -32,7 +32,7 @@ ViTConfig SmallViT(const std::string& attention) {
 
 ArmConfig SmallArm(const std::string& attention, bool start) {
   ArmConfig c;
-  c.attention = attention;
+  c.attention = ParseAttentionKind(attention).value();
   c.height = 5;
   c.width_px = 6;
   c.width = 32;
@@ -206,7 +206,7 @@ TEST(Flops, KarmSavesAttentionFlopsAtLongSequences) {
   KRAUSE_ASSERT_OK_AND_ASSIGN(Arm karm, Arm::Create(k, 1));
   const AttentionCost c = karm.FlopsPerImage();
   EXPECT_LT(c.executed_flops, c.dense_equivalent_flops);
-  k.attention = "softmax";
+  k.attention = AttentionKind::kSoftmax;
   KRAUSE_ASSERT_OK_AND_ASSIGN(Arm arm, Arm::Create(k, 1));
   EXPECT_DOUBLE_EQ(arm.FlopsPerImage().executed_flops, c.dense_equivalent_flops);
 }

@@ -52,7 +52,7 @@ inline ViTConfig TinyViTConfig() {
 
 inline ArmConfig TinyArmConfig(const std::string& attention, int64_t h, int64_t w, int64_t ch) {
   ArmConfig c;
-  c.attention = attention;
+  c.attention = ParseAttentionKind(attention).value();
   c.height = h;
   c.width_px = w;
   c.channels = ch;

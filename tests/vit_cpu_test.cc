@@ -52,7 +52,7 @@ at::Tensor Packed(const CpuViT& p, const at::Tensor& pixels) {
 TEST_P(CpuViTTest, MatchesTheReferenceForwardAndIsBatchInvariant) {
   const VitCase& c = GetParam();
   ViTConfig cfg;
-  cfg.attention = c.attention;
+  cfg.attention = ParseAttentionKind(c.attention).value();
   cfg.image_size = 12;
   cfg.patch = 3;  // 4x4 patches
   cfg.channels = c.channels;

@@ -66,7 +66,7 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const Arm& model,
   try {
     at::NoGradGuard no_grad;
     const ParameterStore& p = model.parameters();
-    dec->krause_ = c.attention == "krause";
+    dec->krause_ = c.attention == AttentionKind::kKrause;
     dec->start_token_ = c.start_token;
     dec->d_ = c.width;
     dec->heads_ = c.heads;

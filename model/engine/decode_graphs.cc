@@ -47,7 +47,7 @@ void AbandonCapture() {
 
 bool DecodeGraphs::Supported(const Arm& model) {
 #ifdef KRAUSE_CUDA_GRAPHS
-  return model.device().is_cuda() && model.config().attention == "krause";
+  return model.device().is_cuda() && model.config().attention == AttentionKind::kKrause;
 #else
   (void)model;
   return false;

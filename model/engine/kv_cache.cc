@@ -34,7 +34,7 @@ absl::StatusOr<ArmKvCache> ArmKvCache::Create(const ArmConfig& c, int64_t slots,
                                               const at::Device& device, at::ScalarType dtype) {
   if (slots < 1)
     return absl::InvalidArgumentError(absl::StrCat("cache slots must be >= 1, got ", slots));
-  if (c.attention != "krause" && dtype != at::kFloat) {
+  if (c.attention != AttentionKind::kKrause && dtype != at::kFloat) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the ARM's KV cache is float32; ", c10::toString(dtype), " caches are for KARM rings"));
   }
@@ -43,7 +43,7 @@ absl::StatusOr<ArmKvCache> ArmKvCache::Create(const ArmConfig& c, int64_t slots,
   const int64_t dh = c.width / c.heads;
   try {
     for (int64_t l = 0; l < c.depth; ++l) {
-      if (c.attention == "krause") {
+      if (c.attention == AttentionKind::kKrause) {
         auto ring = KrauseRingCache::Create(slots, c.heads, dh, c.window, device, dtype);
         if (!ring.ok()) return ring.status();
         cache.rings_.push_back(std::move(ring).value());
@@ -66,7 +66,7 @@ absl::StatusOr<ArmKvCache> ArmKvCache::Create(const ArmConfig& c, int64_t slots,
 
 int64_t ArmKvCache::BytesPerSequence(const ArmConfig& c, at::ScalarType dtype) {
   const int64_t dh = c.width / c.heads;
-  if (c.attention == "krause") {
+  if (c.attention == AttentionKind::kKrause) {
     return c.depth * KrauseRingCache::BytesPerSlot(c.heads, dh, c.window, dtype);
   }
   return c.depth * c.heads * c.seq_len() * dh * 2 * 4;

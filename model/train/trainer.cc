@@ -216,7 +216,7 @@ absl::Status Train(const TrainOptions& o) {
   Trainee m;
   if (o.model == "krause_vit" || o.model == "vit") {
     ViTConfig c = o.vit;
-    c.attention = o.model == "vit" ? "softmax" : "krause";
+    c.attention = o.model == "vit" ? AttentionKind::kSoftmax : AttentionKind::kKrause;
     c.image_size = height;
     c.channels = channels;
     c.classes = static_cast<int64_t>(train.label_names.size());
@@ -233,7 +233,7 @@ absl::Status Train(const TrainOptions& o) {
     m.vit = std::move(v);
   } else if (o.model == "karm" || o.model == "arm") {
     ArmConfig c = o.arm;
-    c.attention = o.model == "arm" ? "softmax" : "krause";
+    c.attention = o.model == "arm" ? AttentionKind::kSoftmax : AttentionKind::kKrause;
     c.height = height;
     c.width_px = width;
     c.channels = channels;
