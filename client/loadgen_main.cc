@@ -14,21 +14,21 @@
 // batch sizes). SIGINT or SIGTERM ends the load early: no new calls, the ones in flight finish, the
 // report covers what was measured.
 #include <grpcpp/grpcpp.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <csignal>
 #include <random>
 #include <string_view>
-#include <sys/resource.h>
 #include <thread>
 #include <vector>
 
@@ -292,8 +292,8 @@ std::vector<v1::Image> LoadImages() {
       const int64_t px = ds->dims[1] * ds->dims[2];
       const std::string_view data = ds->data;
       for (int64_t i = 0; i < 1000; ++i) {
-        out.push_back(krause::server::RawImageProto(ds->dims[1], ds->dims[2], 1,
-                                                    data.substr(i * px, px)));
+        out.push_back(
+            krause::server::RawImageProto(ds->dims[1], ds->dims[2], 1, data.substr(i * px, px)));
       }
       return out;
     }

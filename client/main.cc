@@ -134,8 +134,8 @@ absl::StatusOr<std::vector<InputImage>> ReadInputs(const std::vector<std::string
     auto t = krause::ReadIdxArray(f);
     if (!t.ok()) return t.status();
     if (t->dims.size() != 3)
-      return absl::InvalidArgumentError(absl::StrCat(
-          f, ": not an IDX image file (", t->dims.size(), " dimensions, expected 3)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(f, ": not an IDX image file (", t->dims.size(), " dimensions, expected 3)"));
     const int64_t count = t->dims[0], h = t->dims[1], w = t->dims[2];
     if (absl::GetFlag(FLAGS_index).empty() && count > 1000) {
       return absl::InvalidArgumentError(

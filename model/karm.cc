@@ -18,11 +18,12 @@
 namespace krause {
 
 std::string ArmConfig::ToJson() const {
-  nlohmann::json j = {
-      {"model", "arm"},       {"attention", AttentionKindName(attention)},   {"height", height},
-      {"width_px", width_px}, {"channels", channels},     {"width", width},
-      {"depth", depth},       {"heads", heads},           {"window", window},
-      {"top_k", top_k},       {"sigma_init", sigma_init}, {"start_token", start_token}};
+  nlohmann::json j = {{"model", "arm"},           {"attention", AttentionKindName(attention)},
+                      {"height", height},         {"width_px", width_px},
+                      {"channels", channels},     {"width", width},
+                      {"depth", depth},           {"heads", heads},
+                      {"window", window},         {"top_k", top_k},
+                      {"sigma_init", sigma_init}, {"start_token", start_token}};
   // Unconditional configs keep the official keys only (their JSON is unchanged).
   if (classes > 0) {
     j["classes"] = classes;
@@ -39,8 +40,8 @@ absl::StatusOr<ArmConfig> ArmConfig::FromJson(const std::string& text) {
   try {
     if (j.value("model", "arm") != "arm")
       return absl::InvalidArgumentError("config: model is not \"arm\"");
-    absl::StatusOr<AttentionKind> kind = ParseAttentionKind(
-        j.value("attention", std::string(AttentionKindName(c.attention))));
+    absl::StatusOr<AttentionKind> kind =
+        ParseAttentionKind(j.value("attention", std::string(AttentionKindName(c.attention))));
     if (!kind.ok()) return kind.status();
     c.attention = *kind;
     c.height = j.value("height", c.height);

@@ -26,8 +26,8 @@
 #include "absl/status/statusor.h"
 #include "model/attention/decode.h"
 #include "model/attention/flops.h"
-#include "model/attention_kind.h"
 #include "model/attention/krause_attention.h"
+#include "model/attention_kind.h"
 #include "model/nn/parameters.h"
 
 namespace krause {

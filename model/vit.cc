@@ -52,8 +52,8 @@ absl::StatusOr<ViTConfig> ViTConfig::FromJson(const std::string& text) {
     if (j.value("model", "vit") != "vit") {
       return absl::InvalidArgumentError("config: model is not \"vit\"");
     }
-    absl::StatusOr<AttentionKind> kind = ParseAttentionKind(
-        j.value("attention", std::string(AttentionKindName(c.attention))));
+    absl::StatusOr<AttentionKind> kind =
+        ParseAttentionKind(j.value("attention", std::string(AttentionKindName(c.attention))));
     if (!kind.ok()) return kind.status();
     c.attention = *kind;
     c.image_size = j.value("image_size", c.image_size);

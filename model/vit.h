@@ -17,8 +17,8 @@
 
 #include "absl/status/statusor.h"
 #include "model/attention/flops.h"
-#include "model/attention_kind.h"
 #include "model/attention/krause_attention.h"
+#include "model/attention_kind.h"
 #include "model/nn/parameters.h"
 
 namespace krause {

@@ -23,12 +23,12 @@ struct ModelInfo {
   std::string name;
   ModelKind kind = ModelKind::kClassifier;
   AttentionKind attention = AttentionKind::kKrause;  // model/attention_kind.h
-  bool is_default = false;  // the default model of its kind
-  ImageShape shape;         // input (classifiers) or output (generators) image
+  bool is_default = false;                           // the default model of its kind
+  ImageShape shape;  // input (classifiers) or output (generators) image
   std::vector<std::string> labels;
-  int64_t classes = 0;             // generators: 0 unconditional
-  int64_t window = 0;              // Krause models: neighbourhood radius / causal window
-  std::vector<int64_t> top_k;      // Krause models: per layer
+  int64_t classes = 0;         // generators: 0 unconditional
+  int64_t window = 0;          // Krause models: neighbourhood radius / causal window
+  std::vector<int64_t> top_k;  // Krause models: per layer
   int64_t parameters = 0;
   double flops_per_image_executed = 0, flops_per_image_dense_equivalent = 0;
   std::string device;              // "cpu", "cuda:N"

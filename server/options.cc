@@ -153,9 +153,8 @@ absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
         std::find_if(std::begin(kKvCacheDtypes), std::end(kKvCacheDtypes),
                      [&](KvCacheDtype d) { return cache_dtype == KvCacheDtypeName(d); });
     if (dtype == std::end(kKvCacheDtypes)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(w, "kv_cache_dtype must be float32, bfloat16 or float16, got \"",
-                       cache_dtype, "\""));
+      return absl::InvalidArgumentError(absl::StrCat(
+          w, "kv_cache_dtype must be float32, bfloat16 or float16, got \"", cache_dtype, "\""));
     }
     s.kv_cache_dtype = *dtype;
     specs.push_back(std::move(s));

@@ -399,8 +399,8 @@ void GenerateState::BuildMessage(GenerateStream::Chunk& c) {
     auto png = EncodePng(hwc);
     if (!png.ok()) {  // the call ends with this error after the message
       std::lock_guard<std::mutex> lock(mu_);
-      stream_.EncodeFailed(im.image, absl::InternalError(absl::StrCat(
-                                         "PNG encoding failed: ", png.status().message())));
+      stream_.EncodeFailed(im.image, absl::InternalError(absl::StrCat("PNG encoding failed: ",
+                                                                      png.status().message())));
       continue;
     }
     v1::GeneratedImage* g = message_.add_images();
@@ -429,8 +429,8 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
   const int64_t n = req.num_images() == 0 ? 1 : req.num_images();
   if (n > m->info.max_images_per_request)
     return absl::InvalidArgumentError(absl::StrCat("num_images is ", n, "; model ", m->spec.name,
-                                                   " allows at most ", m->info.max_images_per_request,
-                                                   " per request"));
+                                                   " allows at most ",
+                                                   m->info.max_images_per_request, " per request"));
   SamplingParams sp;
   if (req.has_temperature()) sp.temperature = req.temperature();
   if (req.has_top_p()) sp.top_p = req.top_p();
@@ -444,8 +444,8 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
   std::vector<uint8_t> prompt;
   if (req.has_prompt()) {
     svc_->Fault("decode");
-    auto t =
-        DecodeImage(req.prompt(), "prompt", ImageBounds{m->info.shape, m->spec.name, /*prompt=*/true});
+    auto t = DecodeImage(req.prompt(), "prompt",
+                         ImageBounds{m->info.shape, m->spec.name, /*prompt=*/true});
     if (!t.ok()) return t.status();
     const int64_t rows = req.prompt_rows();
     if (rows < 1 || rows >= m->info.shape.height)

@@ -35,7 +35,7 @@ double RelErr(const at::Tensor& a, const at::Tensor& b) {
 }
 
 TEST_P(CausalSoftmaxTest, FusedMatchesReferenceOutputsAndGradients) {
-  const Shape shapes[] = {{1, 1, 1, 1},  {1, 1, 2, 3},  {2, 3, 5, 4},   {1, 2, 17, 16},
+  const Shape shapes[] = {{1, 1, 1, 1},  {1, 1, 2, 3},  {2, 3, 5, 4},    {1, 2, 17, 16},
                           {2, 1, 33, 5}, {1, 1, 64, 8}, {3, 2, 100, 16}, {1, 2, 784, 16}};
   for (const Shape& s : shapes) {
     SCOPED_TRACE(testing::Message() << "B " << s.b << " H " << s.h << " N " << s.n << " d " << s.d);

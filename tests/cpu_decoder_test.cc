@@ -220,7 +220,7 @@ TEST_P(CpuDecoderTest, BadEntriesAreRefusedByNameAndChangeNothing) {
   const ArmConfig& c = model_->config();
   auto cache = ArmKvCache::Create(c, 3).value();
   const at::Tensor before = c.attention == AttentionKind::kKrause ? cache.ring(0).values().clone()
-                                                    : cache.values(0).clone();
+                                                                  : cache.values(0).clone();
   std::vector<float> logits(3 * 256);
   auto step = [&](std::vector<int64_t> u, std::vector<int64_t> pos, std::vector<int64_t> slots) {
     return decoder_->Step(u.data(), pos.data(), slots.data(), static_cast<int64_t>(u.size()),
@@ -238,11 +238,13 @@ TEST_P(CpuDecoderTest, BadEntriesAreRefusedByNameAndChangeNothing) {
     EXPECT_THAT(step({Arm::kStartToken}, {0}, {0}),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("u[0] = 256")));
   }
-  const at::Tensor after = c.attention == AttentionKind::kKrause ? cache.ring(0).values() : cache.values(0);
+  const at::Tensor after =
+      c.attention == AttentionKind::kKrause ? cache.ring(0).values() : cache.values(0);
   EXPECT_TRUE(at::equal(before, after));
   // Another model's cache.
   ArmConfig other = c;
-  other.attention = c.attention == AttentionKind::kKrause ? AttentionKind::kSoftmax : AttentionKind::kKrause;
+  other.attention =
+      c.attention == AttentionKind::kKrause ? AttentionKind::kSoftmax : AttentionKind::kKrause;
   auto wrong = ArmKvCache::Create(other, 3).value();
   int64_t u = 1, p = 0, s = 0;
   EXPECT_THAT(decoder_->Step(&u, &p, &s, 1, &wrong, logits.data()),

@@ -57,7 +57,8 @@ TEST(Idx, ReadsRawAndGzipImagesAndLabels) {
 TEST(Idx, TheArrayReaderAndTheSplitFileNames) {
   std::vector<uint8_t> pixels(2 * 3 * 4);
   for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(200 + i);
-  KRAUSE_ASSERT_OK_AND_ASSIGN(IdxArray a, ReadIdxArray(Write("arr.gz", Idx({2, 3, 4}, pixels), true)));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(IdxArray a,
+                              ReadIdxArray(Write("arr.gz", Idx({2, 3, 4}, pixels), true)));
   EXPECT_EQ(a.dims, (std::vector<int64_t>{2, 3, 4}));
   ASSERT_EQ(a.data.size(), 24u);
   EXPECT_EQ(static_cast<uint8_t>(a.data[23]), 223);

@@ -58,7 +58,7 @@ TEST(GenerateStreamTest, ChunksFollowTheIntervalAndTheLastCarriesTheSummary) {
   s.WriteDone(true);
 
   EXPECT_DOUBLE_EQ(s.Admitted(0, At(5)), 0.005);
-  Sample(&s, 0, 0, 3, 10);  // image 0's first row
+  Sample(&s, 0, 0, 3, 10);                                   // image 0's first row
   EXPECT_EQ(s.Flush(At(50), false).kind, Action::kNothing);  // not due, nothing finished
   EXPECT_FALSE(s.ShouldPostFlush(At(50)));
   EXPECT_TRUE(s.ShouldPostFlush(At(100)));

@@ -124,7 +124,8 @@ int main(int argc, char** argv) {
   std::printf(
       "krause-eval: %s (%s), %lld samples%s, seed %llu, temperature %g, top_p %g, top_k %d, "
       "guidance %g\n",
-      gen_path.c_str(), ac.attention == krause::AttentionKind::kKrause ? "KARM" : "ARM", static_cast<long long>(count),
+      gen_path.c_str(), ac.attention == krause::AttentionKind::kKrause ? "KARM" : "ARM",
+      static_cast<long long>(count),
       conditional        ? absl::StrCat(" (class i % ", ac.classes, " for image i)").c_str()
       : ac.conditional() ? " (without a class)"
                          : "",

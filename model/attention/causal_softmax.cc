@@ -53,8 +53,7 @@ Slices SlicesOf(const at::Tensor& q) {
   return s;
 }
 
-struct FusedCausalSoftmaxFunction
-    : public torch::autograd::Function<FusedCausalSoftmaxFunction> {
+struct FusedCausalSoftmaxFunction : public torch::autograd::Function<FusedCausalSoftmaxFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
                             const at::Tensor& v_in) {
     const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
@@ -132,12 +131,12 @@ absl::Status Validate(const at::Tensor& q, const at::Tensor& k, const at::Tensor
       return absl::InvalidArgumentError(
           absl::StrCat(name, " must be [B, H, N, d], got rank ", t->defined() ? t->dim() : 0));
     if (t->sizes() != q.sizes())
-      return absl::InvalidArgumentError(absl::StrCat(name, " has shape ", c10::str(t->sizes()),
-                                                     ", q has ", c10::str(q.sizes())));
-    if (t->scalar_type() != q.scalar_type() || t->device() != q.device())
       return absl::InvalidArgumentError(
-          absl::StrCat(name, " must have q's dtype and device (", c10::str(q.scalar_type()), ", ",
-                       q.device().str(), ")"));
+          absl::StrCat(name, " has shape ", c10::str(t->sizes()), ", q has ", c10::str(q.sizes())));
+    if (t->scalar_type() != q.scalar_type() || t->device() != q.device())
+      return absl::InvalidArgumentError(absl::StrCat(name, " must have q's dtype and device (",
+                                                     c10::str(q.scalar_type()), ", ",
+                                                     q.device().str(), ")"));
   }
   if (q.size(2) == 0 || q.size(3) == 0)
     return absl::InvalidArgumentError(
@@ -156,9 +155,8 @@ absl::StatusOr<SoftmaxRoute> ChooseSoftmaxRoute(KrauseImpl impl, bool cpu_fp32, 
     case KrauseImpl::kFusedCpu:
     case KrauseImpl::kFusedCpuTrain:
       if (!cpu_fp32)
-        return absl::InvalidArgumentError(
-            absl::StrCat("impl ", KrauseImplName(impl),
-                         " (causal softmax) takes fp32 CPU tensors only"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "impl ", KrauseImplName(impl), " (causal softmax) takes fp32 CPU tensors only"));
       return SoftmaxRoute::kFusedCpu;
     case KrauseImpl::kAuto:
       return cpu_fp32 && recording ? SoftmaxRoute::kFusedCpu : SoftmaxRoute::kReference;
@@ -171,14 +169,15 @@ absl::StatusOr<at::Tensor> CausalSoftmaxAttention(const at::Tensor& q, const at:
   try {
     if (absl::Status st = Validate(q, k, v); !st.ok()) return st;
     const bool cpu_fp32 = q.device().is_cpu() && q.scalar_type() == at::kFloat;
-    const bool recording = at::GradMode::is_enabled() &&
-                           (q.requires_grad() || k.requires_grad() || v.requires_grad());
+    const bool recording =
+        at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
     absl::StatusOr<SoftmaxRoute> route = ChooseSoftmaxRoute(impl, cpu_fp32, recording);
     if (!route.ok()) return route.status();
     if (*route == SoftmaxRoute::kReference) return ReferenceCausalSoftmax(q, k, v);
     return FusedCausalSoftmaxFunction::apply(q, k, v);
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("causal softmax attention: ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat("causal softmax attention: ", e.what_without_backtrace()));
   }
 }
 

@@ -20,7 +20,6 @@ struct ImageDataset {
   int64_t size() const { return images.defined() ? images.size(0) : 0; }
 };
 
-
 // An IDX file of unsigned bytes (type 0x08): a uint8 tensor with the file's dimensions.
 absl::StatusOr<at::Tensor> ReadIdx(const std::string& path);
 
