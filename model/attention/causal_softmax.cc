@@ -53,6 +53,25 @@ Slices SlicesOf(const at::Tensor& q) {
   return s;
 }
 
+// Slice s of the forward's tensors (what the forward and the backward kernels both read).
+cpu::SoftmaxSlice SliceAt(const Slices& sl, int64_t s, const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& kt, const at::Tensor& v, const at::Tensor& out,
+                          const at::Tensor& lse) {
+  const int64_t nd = sl.n * sl.d;
+  cpu::SoftmaxSlice x{};
+  x.q = q.data_ptr<float>() + s * nd;
+  x.k = k.data_ptr<float>() + s * nd;
+  x.kt = kt.data_ptr<float>() + s * sl.d * sl.stride;
+  x.v = v.data_ptr<float>() + s * nd;
+  x.scale = sl.scale;
+  x.n = sl.n;
+  x.d = sl.d;
+  x.stride = sl.stride;
+  x.out = out.data_ptr<float>() + s * nd;
+  x.lse = lse.data_ptr<float>() + s * sl.n;
+  return x;
+}
+
 struct FusedCausalSoftmaxFunction : public torch::autograd::Function<FusedCausalSoftmaxFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
                             const at::Tensor& v_in) {
@@ -67,17 +86,7 @@ struct FusedCausalSoftmaxFunction : public torch::autograd::Function<FusedCausal
     at::parallel_for(0, sl.b * sl.h, GrainForWork(1.0 * sl.n * nd), [&](int64_t s0, int64_t s1) {
       std::vector<float> scratch(cpu::SoftmaxScratchFloats(sl.n));
       for (int64_t s = s0; s < s1; ++s) {
-        cpu::SoftmaxSlice x{};
-        x.q = q.data_ptr<float>() + s * nd;
-        x.k = k.data_ptr<float>() + s * nd;
-        x.kt = kt.data_ptr<float>() + s * sl.d * sl.stride;
-        x.v = v.data_ptr<float>() + s * nd;
-        x.scale = sl.scale;
-        x.n = sl.n;
-        x.d = sl.d;
-        x.stride = sl.stride;
-        x.out = out.data_ptr<float>() + s * nd;
-        x.lse = lse.data_ptr<float>() + s * sl.n;
+        const cpu::SoftmaxSlice x = SliceAt(sl, s, q, k, kt, v, out, lse);
         kern.softmax_forward(x, 0, sl.n, scratch.data());
       }
     });
@@ -101,18 +110,8 @@ struct FusedCausalSoftmaxFunction : public torch::autograd::Function<FusedCausal
     at::parallel_for(0, sl.b * sl.h, GrainForWork(2.5 * sl.n * nd), [&](int64_t s0, int64_t s1) {
       std::vector<float> scratch(cpu::SoftmaxScratchFloats(sl.n));
       for (int64_t s = s0; s < s1; ++s) {
-        cpu::SoftmaxSlice x{};
-        x.q = q.data_ptr<float>() + s * nd;
-        x.k = k.data_ptr<float>() + s * nd;
-        x.kt = kt.data_ptr<float>() + s * sl.d * sl.stride;
-        x.v = v.data_ptr<float>() + s * nd;
+        cpu::SoftmaxSlice x = SliceAt(sl, s, q, k, kt, v, out, lse);
         x.vt = vt.data_ptr<float>() + s * sl.d * sl.stride;
-        x.scale = sl.scale;
-        x.n = sl.n;
-        x.d = sl.d;
-        x.stride = sl.stride;
-        x.out = out.data_ptr<float>() + s * nd;
-        x.lse = lse.data_ptr<float>() + s * sl.n;
         x.g = g.data_ptr<float>() + s * nd;
         x.dq = dq.data_ptr<float>() + s * nd;
         x.dk = dk.data_ptr<float>() + s * nd;
