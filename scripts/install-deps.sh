@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Installs every Debian package that krause-serve's build, tests, benchmarks and tools use.
 # Idempotent: packages already present are left alone; safe to run on every build.
-# Usage: scripts/install-deps.sh [--fuzz]   (as root, or with sudo available)
-#   --fuzz: also clang-14 with libFuzzer and the sanitizer runtimes (scripts/fuzz.sh; kept out of
-#           the default set so that images built with this script do not carry a compiler twice)
+# Usage: scripts/install-deps.sh [--fuzz | --build-only | --containers]   (as root, or with sudo)
+#   --fuzz:       also clang-14 with libFuzzer and the sanitizer runtimes (scripts/fuzz.sh; kept
+#                 out of the default set so that images built with this script do not carry a
+#                 compiler twice)
+#   --build-only: only what compiling the server and clients needs (the image's build stage: no
+#                 test, Python or data set packages)
+#   --containers: also podman, buildah, runc and debootstrap (scripts/container-check.sh)
 set -euo pipefail
 
-PACKAGES=(
+BUILD_PACKAGES=(
   # toolchain
   build-essential cmake ninja-build ccache pkg-config git
   # LibTorch (CPU, 1.13 on Debian 12) and a fast BLAS for it
@@ -14,16 +18,19 @@ PACKAGES=(
   # gRPC, protobuf, Abseil, Prometheus
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libcivetweb-dev
+  # image and compressed-data I/O
+  libpng-dev zlib1g-dev
+  # JSON (safetensors headers, model configs, reports)
+  nlohmann-json3-dev
+)
+PACKAGES=(
+  "${BUILD_PACKAGES[@]}"
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   # the TLS tests make throw-away certificates
   openssl
   # the deployment kit test: promtool (in Debian's prometheus package) and YAML
   prometheus python3-yaml
-  # image and compressed-data I/O
-  libpng-dev zlib1g-dev
-  # JSON (safetensors headers, model configs, reports)
-  nlohmann-json3-dev
   # real data (Fashion-MNIST IDX files)
   dataset-fashion-mnist
   # PyTorch for the checkpoint converter and its test
@@ -31,12 +38,17 @@ PACKAGES=(
   # the soak's clients (tests/soak.py: gRPC from Python, messages from the .proto at run time)
   python3-grpcio python3-protobuf
 )
-if [ "${1:-}" = --fuzz ]; then
-  PACKAGES+=(clang-14 libclang-rt-14-dev libomp-14-dev)
-elif [ -n "${1:-}" ]; then
-  echo "install-deps: unknown argument $1 (usage: install-deps.sh [--fuzz])" >&2
-  exit 2
-fi
+case "${1:-}" in
+  "") ;;
+  --fuzz) PACKAGES+=(clang-14 libclang-rt-14-dev libomp-14-dev) ;;
+  --build-only) PACKAGES=("${BUILD_PACKAGES[@]}") ;;
+  # uidmap: podman's user namespaces; the rest builds, imports and runs the images
+  --containers) PACKAGES+=(podman buildah runc debootstrap uidmap) ;;
+  *)
+    echo "install-deps: unknown argument $1 (usage: install-deps.sh [--fuzz | --build-only | --containers])" >&2
+    exit 2
+    ;;
+esac
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi

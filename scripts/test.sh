@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what it needs, builds, runs every ctest test (labels unit,
 # slow, build, parity, e2e; gpu tests skip themselves without a GPU), then the fuzzers for 30 s each
-# (scripts/fuzz.sh; FUZZ_SECONDS=0 skips them), then the threaded tests under ThreadSanitizer
-# (scripts/sanitize.sh --thread, in build-tsan/; TSAN=0 skips them). Extra arguments go to ctest,
-# e.g.
+# (scripts/fuzz.sh; FUZZ_SECONDS=0 skips them), then the container check (scripts/container-check.sh:
+# builds the CPU image and runs it; needs root; CONTAINER_CHECK=0 skips it), then the threaded tests
+# under ThreadSanitizer (scripts/sanitize.sh --thread, in build-tsan/; TSAN=0 skips them). Extra
+# arguments go to ctest, e.g.
 #   scripts/test.sh -L parity
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,9 @@ BUILD_DIR=${BUILD_DIR:-build}
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
 if [ "$FUZZ_SECONDS" != 0 ]; then
   scripts/fuzz.sh "$FUZZ_SECONDS"
+fi
+if [ "${CONTAINER_CHECK:-1}" != 0 ]; then
+  BUILD_DIR="$BUILD_DIR" CLIENT="$BUILD_DIR/bin/krause-client" scripts/container-check.sh
 fi
 if [ "${TSAN:-1}" != 0 ]; then
   SKIP_INSTALL=1 scripts/sanitize.sh --thread

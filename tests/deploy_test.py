@@ -11,6 +11,9 @@ Usage: deploy_test.py BIN_DIR PROJECT_DIR
 - the Grafana dashboard parses and every panel has a query;
 - krause-server serves the bundled models, krause-client sends a classify, a generate and a score,
   and every metric name the dashboard and the alert rules use is in the server's /metrics;
+- the Dockerfile has the cpu and gpu runtime stages, non-root with a HEALTHCHECK, installing no
+  packages (the staged binaries and libraries only), the GPU build compiles the CUDA kernels, and
+  .dockerignore keeps build folders out;
 - promtool check config / rules / metrics pass (skipped with exit code 77 when promtool is missing).
 """
 import glob
@@ -136,6 +139,32 @@ else:
                 check((gpus == 1) == overlay.startswith("gpu"), f"overlay {overlay}: GPU limit {gpus}")
         print(f"overlay {overlay}: {len(rendered)} objects ({', '.join(sorted(set(kinds)))})")
 
+# --- Dockerfile (static; scripts/container-check.sh builds and runs the CPU image) ------------
+stages = {}
+with open(os.path.join(ROOT, "Dockerfile")) as f:
+    name = None
+    for line in f.read().replace("\\\n", " ").splitlines():
+        m = re.match(r"FROM\s+(\S+)(?:\s+AS\s+(\S+))?", line.strip(), re.I)
+        if m:
+            name = m.group(2) or "default"
+            stages[name] = []
+        elif name and line.strip() and not line.lstrip().startswith("#"):
+            stages[name].append(line.strip())
+check({"build-cpu", "cpu", "build-gpu", "gpu"} <= set(stages), f"Dockerfile stages: {sorted(stages)}")
+for runtime in ("cpu", "gpu"):
+    body = "\n".join(stages.get(runtime, []))
+    check("USER 10001" in body, f"the {runtime} image runs as uid 10001")
+    check("HEALTHCHECK" in body, f"the {runtime} image has a HEALTHCHECK")
+    check("install-deps" not in body and "apt-get" not in body,
+          f"the {runtime} runtime stage installs no packages (only the staged binaries and libraries)")
+    check(f"COPY --from=build-{runtime} /stage/ /" in body, f"the {runtime} image copies the staged tree")
+gpu_build = "\n".join(stages.get("build-gpu", []))
+check("-DKRAUSE_WITH_CUDA=ON" in gpu_build and "CUDACXX=" in gpu_build,
+      "the GPU build stage compiles the CUDA kernels with nvcc")
+with open(os.path.join(ROOT, ".dockerignore")) as f:
+    ignored = f.read().split()
+check("build/" in ignored and "build-*/" in ignored, ".dockerignore keeps build folders out")
+
 # --- dashboard and alert rules ---------------------------------------------------------------
 with open(os.path.join(DEPLOY, "grafana", "krause-serve.json")) as f:
     dash = json.load(f)
@@ -161,8 +190,9 @@ server = subprocess.Popen([os.path.join(BIN, "krause-server"), "--listen=127.0.0
 try:
     deadline = time.time() + 120
     while not os.path.exists(grpc_port_file):
-        check(server.poll() is None, "krause-server runs")
-        if failures or time.time() > deadline:
+        running = server.poll() is None
+        check(running, "krause-server runs")
+        if not running or time.time() > deadline:
             raise SystemExit("krause-server did not start")
         time.sleep(0.1)
     port = open(grpc_port_file).read().strip()
