@@ -29,6 +29,7 @@
 #include "model/engine/device_context.h"
 #include "model/vit.h"
 #include "model/vit_cpu.h"
+#include "server/defaults.h"
 
 namespace krause::server {
 
@@ -45,9 +46,9 @@ struct ClassifyJob {
 };
 
 struct BatchingOptions {
-  int64_t max_batch_size = 64;
+  int64_t max_batch_size = defaults::kMaxBatchSize;
   std::chrono::microseconds max_queue_delay{0};  // 0: natural batching only
-  int64_t max_queued_images = 1024;
+  int64_t max_queued_images = defaults::kMaxQueuedImages;
 };
 
 // What the batcher did with one batch (for metrics and tests).

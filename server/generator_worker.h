@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "model/engine/decode_engine.h"
 #include "model/karm.h"
+#include "server/defaults.h"
 #include "server/scheduling.h"
 
 namespace krause::server {
@@ -60,7 +61,8 @@ struct DecodeEvent {
 struct GeneratorOptions {
   EngineOptions engine;
   GeneratorSchedulingOptions scheduling;
-  int64_t max_waiting = 256;  // images waiting for a slot; beyond, Submit is UNAVAILABLE
+  // Images waiting for a slot; beyond, Submit is UNAVAILABLE.
+  int64_t max_waiting = defaults::kMaxWaiting;
 };
 
 class GeneratorWorker {

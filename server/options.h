@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/defaults.h"
 
 namespace krause::server {
 
@@ -34,21 +35,21 @@ struct ModelSpec {
   std::string device = "cpu";
   bool is_default = false;  // the default of its kind (at most one per kind; else the first)
   // Classifiers: the dynamic batcher.
-  int64_t max_batch_size = 64;       // images per batch (and per request)
+  int64_t max_batch_size = defaults::kMaxBatchSize;  // images per batch (and per request)
   // How long the first request of a batch may wait for company. 0 (default): natural batching,
   // no wait; raise it only when requests arrive faster than one forward takes but not together
   // (scheduling.h).
   int64_t max_queue_delay_ms = 0;
-  int64_t max_queued_images = 1024;  // beyond this, Classify answers UNAVAILABLE
+  int64_t max_queued_images = defaults::kMaxQueuedImages;  // beyond, Classify is UNAVAILABLE
   // Generators: the decode engine.
-  int64_t max_sequences = 64;  // cache slots (concurrent sequences in one decode step)
-  int64_t max_waiting = 256;   // images waiting for a slot; beyond, UNAVAILABLE
+  int64_t max_sequences = defaults::kMaxSequences;  // cache slots (sequences in one step)
+  int64_t max_waiting = defaults::kMaxWaiting;  // images waiting for a slot; beyond, UNAVAILABLE
   bool cuda_graphs = false;    // a KARM on a GPU: replay its decode step as CUDA graphs
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kFloat32;  // a KARM on a GPU
   // Images per Classify / Generate / Score request (0: max_batch_size for classifiers, 16 for
-  // generators). A classifier's may not exceed its max_batch_size (a request is never split).
-  // Every value must have its JSON type (integers, booleans, strings: no conversion); a wrong
-  // type is an error naming the entry and the key.
+  // generators: defaults::kGeneratorImagesPerRequest). A classifier's may not exceed its
+  // max_batch_size (a request is never split). Every value must have its JSON type (integers,
+  // booleans, strings: no conversion); a wrong type is an error naming the entry and the key.
   int64_t max_images_per_request = 0;
 };
 

@@ -2,9 +2,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/defaults.h"
 
 namespace krause::server {
 namespace {
+
+// The engine's own default (model/ cannot see server/defaults.h) must be the server's.
+static_assert(EngineOptions{}.max_sequences == defaults::kMaxSequences);
 
 at::ScalarType CacheScalarType(KvCacheDtype dtype) {
   switch (dtype) {
@@ -108,8 +112,9 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Load(const std::vector<Model
     } else {
       const ArmConfig& c = m->model.arm->config();
       m->info.shape = {c.height, c.width_px, c.channels};
-      m->info.max_images_per_request =
-          spec.max_images_per_request > 0 ? spec.max_images_per_request : 16;
+      m->info.max_images_per_request = spec.max_images_per_request > 0
+                                           ? spec.max_images_per_request
+                                           : defaults::kGeneratorImagesPerRequest;
       GeneratorOptions g;
       g.engine.max_sequences = spec.max_sequences;
       g.max_waiting = spec.max_waiting;

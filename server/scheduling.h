@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "server/defaults.h"
 
 namespace krause::server {
 
@@ -44,7 +45,7 @@ struct QueuedClassify {
 };
 
 struct ClassifyPlanOptions {
-  int64_t max_batch_size = 64;
+  int64_t max_batch_size = defaults::kMaxBatchSize;
   Clock::duration max_queue_delay{0};
 };
 
@@ -78,7 +79,7 @@ struct ClassifyArrival {
   bool caller_may_run = false;  // the packed CPU forward
   Clock::duration max_queue_delay{0};
   int64_t images = 0;  // the arriving request's
-  int64_t max_batch_size = 64;
+  int64_t max_batch_size = defaults::kMaxBatchSize;
 };
 bool RunOnArrival(const ClassifyArrival& arrival);
 
