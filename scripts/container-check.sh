@@ -113,6 +113,12 @@ step "health: $(tr '\n' ' ' < "$work/health.txt")(and the image's HEALTHCHECK pa
 
 # 5. Calls from the host.
 c() { "$CLIENT" --server="$server" --timeout=60 "$@"; }
+# The server's /metrics page, on stdout.
+scrape() {
+  python3 -c 'import sys, urllib.request
+sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \
+    "http://127.0.0.1:$metrics_port/metrics"
+}
 c list > "$work/list.txt" || fail "list"
 for m in krause-vit-fmnist karm-fmnist; do
   grep -q "$m" "$work/list.txt" || fail "list does not show $m: $(cat "$work/list.txt")"
@@ -133,9 +139,7 @@ c score --model karm-fmnist "$FMNIST/t10k-images-idx3-ubyte.gz" --index 0:8 > "$
 c generate --model karm-fmnist --label Sneaker --num 2 --seed 1 --out "$work/gen" \
   > "$work/generate.txt" 2>&1 || fail "generate: $(cat "$work/generate.txt")"
 [ "$(find "$work/gen" -name '*.png' | wc -l)" -ge 2 ] || fail "generate wrote no PNGs"
-python3 -c "import urllib.request, sys; sys.stdout.write(urllib.request.urlopen(
-  'http://127.0.0.1:$metrics_port/metrics', timeout=5).read().decode())" > "$work/metrics.txt" ||
-  fail "/metrics"
+scrape > "$work/metrics.txt" || fail "/metrics"
 grep -q '^krause_requests_total{.*rpc="Classify"' "$work/metrics.txt" ||
   fail "/metrics has no Classify request count"
 step "list, classify ($correct/32 right), score ($(tail -1 "$work/score.txt")), generate (2 PNGs), /metrics"
@@ -146,10 +150,8 @@ c generate --model arm-fmnist --label Coat --guidance 1.75 --num 16 --seed 2 --o
   > "$work/drain.txt" 2>&1 &
 gen_pid=$!
 deadline=$(($(date +%s) + 30))
-until python3 -c "import urllib.request; m = urllib.request.urlopen(
-  'http://127.0.0.1:$metrics_port/metrics', timeout=5).read().decode()
-raise SystemExit(0 if any(l.startswith('krause_calls_in_flight') and float(l.split()[-1]) >= 1
-                          for l in m.splitlines()) else 1)" 2> /dev/null; do
+until scrape 2> /dev/null |
+  awk '$1 ~ /^krause_calls_in_flight/ && $NF >= 1 { seen = 1 } END { exit !seen }'; do
   [ "$(date +%s)" -lt "$deadline" ] || fail "the generate call never showed in flight"
   kill -0 "$gen_pid" 2> /dev/null || fail "the generate call ended before SIGTERM: $(cat "$work/drain.txt")"
 done

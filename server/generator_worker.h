@@ -41,7 +41,7 @@ class StepListener {
 };
 
 struct ScoreJob {
-  at::Tensor images;  // [n, seq_len] uint8 raster order
+  at::Tensor images;            // [n, seq_len] uint8 raster order
   std::vector<int64_t> labels;  // empty, or per image its class (-1: none); validated
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   std::function<bool()> cancelled;
@@ -51,7 +51,7 @@ struct ScoreJob {
 // One engine step, as the worker saw it (for metrics).
 struct DecodeEvent {
   StepStats stats;
-  double seconds = 0;   // wall time of the step (admission prefill included)
+  double seconds = 0;        // wall time of the step (admission prefill included)
   double score_seconds = 0;  // Score work run before the step in the same iteration
   int64_t score_images = 0;
   int64_t active = 0;   // sequences holding a slot after the step
