@@ -35,8 +35,8 @@
 #include "model/engine/decode_engine.h"
 #include "model/engine/decode_graphs.h"
 #include "model/engine/device_context.h"
-#include "model/engine/kv_cache.h"
-#include "model/karm.h"
+#include "model/kv_cache.h"
+#include "model/pixel_model.h"
 #include "model/util/threads.h"
 
 namespace krause::bench {
@@ -69,14 +69,14 @@ std::string ToJson(const Record& r) {
       r.position, r.kv_bytes_per_sequence, r.device);
 }
 
-ArmConfig PaperConfig(const std::string& which, const std::string& attention) {
-  ArmConfig c;
+PixelModelConfig PaperConfig(const std::string& which, const std::string& attention) {
+  PixelModelConfig c;
   c.attention = ParseAttentionKind(attention).value();
   c.start_token = true;
   if (which == "mnist") {
     c.height = c.width_px = 28;
     c.channels = 1;
-    c.width = 256;
+    c.d_model = 256;
     c.depth = 12;
     c.heads = 8;
     c.window = 128;
@@ -84,7 +84,7 @@ ArmConfig PaperConfig(const std::string& which, const std::string& attention) {
   } else {
     c.height = c.width_px = 32;
     c.channels = 3;
-    c.width = 512;
+    c.d_model = 512;
     c.depth = 16;
     c.heads = 8;
     c.window = 256;
@@ -158,22 +158,21 @@ double CopyBytesPerSecond(const at::Device& device) {
   return 2.0 * static_cast<double>(floats) * 4 / t[t.size() / 2];
 }
 
-void FillRandom(const ArmConfig& c, ArmKvCache* cache) {
+void FillRandom(const PixelModelConfig& c, PixelKvCache* cache) {
   at::NoGradGuard g;
   for (int64_t l = 0; l < c.depth; ++l) {
-    if (cache->krause()) {
-      cache->ring(l).keys_t().normal_();
-      cache->ring(l).values().normal_();
-      cache->ring(l).bias().copy_(-0.5 * cache->ring(l).keys_t().pow(2).sum(2));
-    } else {
-      cache->keys(l).normal_();
-      cache->values(l).normal_();
+    // Krause {keys_t, values, bias}: the biases are the keys'; softmax {keys, values}.
+    std::vector<at::Tensor> storage = cache->layer(l).Storage();
+    storage[0].normal_();
+    storage[1].normal_();
+    if (cache->kind() == AttentionKind::kKrause) {
+      storage[2].copy_(-0.5 * storage[0].pow(2).sum(2));
     }
   }
 }
 
 // Images/s of S sequences generated end to end by the engine.
-double FullRun(const Arm& m, int64_t s) {
+double FullRun(const PixelModel& m, int64_t s) {
   auto engine = DecodeEngine::Create(&m, EngineOptions{s, 0});
   if (!engine.ok()) std::exit(1);
   int64_t done = 0;
@@ -255,13 +254,13 @@ int Main(int argc, char** argv) {
   std::map<std::string, int64_t> param_bytes;  // per config + model
   for (const std::string& which : configs) {
     for (const std::string attention : {"krause", "softmax"}) {
-      const ArmConfig c = PaperConfig(which, attention);
-      auto model = Arm::Create(c, 1);
+      const PixelModelConfig c = PaperConfig(which, attention);
+      auto model = PixelModel::Create(c, 1);
       if (!model.ok()) return 1;
       model->parameters().To(device);
       // The engine's choice: packed batch-invariant linear layers on the CPU, plain ones on a
       // GPU; the Krause layers' scales validated once on either.
-      const ArmPackedWeights packed = model->PackForDecode();
+      const PixelDecodeWeights packed = PackForDecode(*model);
       const int64_t n = c.seq_len();
       const std::string image = absl::StrFormat("%dx%dx%d", c.height, c.width_px, c.channels);
       const std::string name = attention == "krause" ? "KARM" : "ARM";
@@ -275,7 +274,7 @@ int Main(int argc, char** argv) {
         std::sort(positions.begin(), positions.end());
       }
       for (int64_t s : streams) {
-        auto cache = ArmKvCache::Create(c, s, device);
+        auto cache = PixelKvCache::Create(c, s, device);
         if (!cache.ok()) return 1;
         FillRandom(c, &*cache);
         const int reps = s >= 16 ? 3 : 7;
@@ -287,23 +286,23 @@ int Main(int argc, char** argv) {
               },
               s, p, reps);
           times.push_back(t);
-          Record r{which, name, image, "step", s, p, 0, t, ArmKvCache::BytesPerSequence(c)};
+          Record r{which, name, image, "step", s, p, 0, t, PixelKvCache::BytesPerSequence(c)};
           records.push_back(r);
         }
         const double total = IntegratedSeconds(positions, times);
         Record integ{which,        name,      image,
                      "integrated", s,         -1,
-                     s / total,    total / n, ArmKvCache::BytesPerSequence(c)};
+                     s / total,    total / n, PixelKvCache::BytesPerSequence(c)};
         records.push_back(integ);
         // The KARM on a GPU once more with its decode step replayed as a CUDA graph, on a stream
         // of its own as in the engine: over the fp32 cache, then over a bf16 one (half the bytes).
-        auto graphed = [&](ArmKvCache* graph_cache, const char* step_method,
+        auto graphed = [&](PixelKvCache* graph_cache, const char* step_method,
                            const char* integrated_method, at::ScalarType dtype) {
           const DeviceContext ctx(device);
           ctx.WaitForDefaultStream();
           const std::shared_ptr<void> scope = ctx.Enter();
           DecodeGraphs graphs(&*model, graph_cache, &packed, s);
-          const int64_t kv_bytes = ArmKvCache::BytesPerSequence(c, dtype);
+          const int64_t kv_bytes = PixelKvCache::BytesPerSequence(c, dtype);
           std::vector<double> graph_times;
           for (int64_t p : positions) {
             const double t =
@@ -323,7 +322,7 @@ int Main(int argc, char** argv) {
         };
         if (DecodeGraphs::Supported(*model)) {
           graphed(&*cache, "step_graph", "integ_graph", at::kFloat);
-          auto bf16 = ArmKvCache::Create(c, s, device, at::kBFloat16);
+          auto bf16 = PixelKvCache::Create(c, s, device, at::kBFloat16);
           if (bf16.ok()) {
             FillRandom(c, &*bf16);
             graphed(&*bf16, "step_bf16", "integ_bf16", at::kBFloat16);
@@ -335,7 +334,7 @@ int Main(int argc, char** argv) {
         if (which == "mnist" && !(o.quick && s > 1)) {
           const double ips = FullRun(*model, s);
           records.push_back({which, name, image, "full", s, -1, ips, s / ips / n,
-                             ArmKvCache::BytesPerSequence(c)});
+                             PixelKvCache::BytesPerSequence(c)});
           progress.Step(absl::StrFormat("%s %s S=%d full run", which, name, s));
         } else if (which == "mnist") {
           progress.Step("skipped");

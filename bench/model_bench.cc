@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
       } else {
         const at::Tensor raster = pixels.permute({0, 2, 3, 1}).reshape({b, -1}).contiguous();
         run = [&model, raster] {
-          if (!krause::ScoreBitsPerDim(*model->arm, raster).ok()) std::abort();
+          if (!krause::ScoreBitsPerDim(*model->pixel, raster).ok()) std::abort();
         };
       }
       run();  // warm-up
@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (model->classifier()) return Usage();
-  const krause::Arm& arm = *model->arm;
+  const krause::PixelModel& arm = *model->pixel;
   for (int64_t s : sizes) {
     const int64_t n = std::max(images, s);
     krause::EngineOptions eo;

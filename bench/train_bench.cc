@@ -40,7 +40,7 @@
 #include "bench/op_profile.h"
 #include "bench/progress.h"
 #include "model/attention/krause_attention.h"
-#include "model/karm.h"
+#include "model/pixel_model.h"
 #include "model/train/optimizer.h"
 #include "model/util/threads.h"
 #include "model/vit.h"
@@ -100,15 +100,15 @@ struct Workload {
   std::string model;                    // krause_vit | vit | karm | arm
   KrauseImpl impl = KrauseImpl::kAuto;  // of Krause attention in the training step
   std::unique_ptr<ViT> vit;
-  std::unique_ptr<Arm> arm;
+  std::unique_ptr<PixelModel> pixel;
   std::unique_ptr<AdamW> opt;
   at::Tensor train_x, train_y, infer_x;
 
   explicit Workload(const std::string& kind) : model(kind) {
     at::manual_seed(3);
     if (kind == "karm" || kind == "arm") {
-      arm = std::make_unique<Arm>(MakeArm(kind == "karm" ? "krause" : "softmax"));
-      opt = std::make_unique<AdamW>(&arm->parameters(), AdamWOptions{});
+      pixel = std::make_unique<PixelModel>(MakePixelModel(kind == "karm" ? "krause" : "softmax"));
+      opt = std::make_unique<AdamW>(&pixel->parameters(), AdamWOptions{});
       train_x = at::randint(0, 256, {32, 784}, at::kLong);
       return;
     }
@@ -119,15 +119,16 @@ struct Workload {
     infer_x = at::randn({64, 1, 28, 28});
   }
 
-  static Arm MakeArm(const std::string& attention) {
-    ArmConfig c;  // the bundled generators' sizes (models/karm_fmnist.md, models/arm_fmnist.md)
+  static PixelModel MakePixelModel(const std::string& attention) {
+    PixelModelConfig
+        c;  // the bundled generators' sizes (models/karm_fmnist.md, models/arm_fmnist.md)
     c.attention = ParseAttentionKind(attention).value();
-    c.width = 32;
+    c.d_model = 32;
     c.depth = 3;
     c.heads = 2;
     c.window = 56;
     c.top_k = 40;
-    return Arm::Create(c, 1).value();
+    return PixelModel::Create(c, 1).value();
   }
   Workload(const Workload&) = delete;
   Workload& operator=(const Workload&) = delete;
@@ -144,8 +145,8 @@ struct Workload {
   double TrainStep(int reps) {
     const auto t0 = Clock::now();
     for (int r = 0; r < reps; ++r) {
-      const at::Tensor loss = arm ? arm->NllPerImage(train_x, impl).mean()
-                                  : at::cross_entropy_loss(vit->Forward(train_x, impl), train_y);
+      const at::Tensor loss = pixel ? pixel->NllPerImage(train_x, impl).mean()
+                                    : at::cross_entropy_loss(vit->Forward(train_x, impl), train_y);
       opt->ZeroGrad();
       loss.backward();
       opt->Step(1e-4);
@@ -252,7 +253,7 @@ int Main(int argc, char** argv) {
       Workload& w = *load;
       const bool listed =
           std::find(c.only_models.begin(), c.only_models.end(), w.model) != c.only_models.end();
-      if (c.only_models.empty() ? w.arm != nullptr : !listed) continue;
+      if (c.only_models.empty() ? w.pixel != nullptr : !listed) continue;
       for (const std::string& kind : kinds) {
         if (!c.only_models.empty() && kind != "train_step") continue;
         auto run = [&] { return kind == "train_step" ? w.TrainStep(3) : w.Inference(5); };

@@ -1,6 +1,6 @@
 // Which attention a model uses: Krause attention or its softmax baseline's. Model configs hold it
-// parsed (ViTConfig, ArmConfig); checkpoints and the API keep the names "krause" and "softmax".
-// Thread-safety: pure functions.
+// parsed (ViTConfig, PixelModelConfig); checkpoints and the API keep the names "krause" and
+// "softmax". Thread-safety: pure functions.
 #pragma once
 
 #include <string_view>

@@ -70,14 +70,14 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string
       m->parameters().To(dev);
       out.vit = std::make_shared<const ViT>(std::move(*m));
     } else if (kind == "arm") {
-      auto cfg = ArmConfig::FromJson(it->second);
+      auto cfg = PixelModelConfig::FromJson(it->second);
       if (!cfg.ok()) return WithPath(path, cfg.status());
-      auto m = Arm::Create(*cfg, 0);
+      auto m = PixelModel::Create(*cfg, 0);
       if (!m.ok()) return WithPath(path, m.status());
       absl::Status st = m->parameters().LoadStrict(contents->tensors);
       if (!st.ok()) return WithPath(path, st);
       m->parameters().To(dev);
-      out.arm = std::make_shared<const Arm>(std::move(*m));
+      out.pixel = std::make_shared<const PixelModel>(std::move(*m));
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": config.model must be \"vit\" or \"arm\", got \"", kind, "\""));
@@ -93,7 +93,7 @@ absl::Status SaveModel(const std::string& path, const ViT& model,
   return Save(path, model, std::move(metadata));
 }
 
-absl::Status SaveModel(const std::string& path, const Arm& model,
+absl::Status SaveModel(const std::string& path, const PixelModel& model,
                        std::map<std::string, std::string> metadata) {
   return Save(path, model, std::move(metadata));
 }

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "model/karm.h"
+#include "model/pixel_model.h"
 #include "model/vit.h"
 
 namespace krause {
@@ -20,12 +20,14 @@ struct LoadedModel {
   std::map<std::string, std::string> metadata;  // the checkpoint's __metadata__
   // Exactly one is set.
   std::shared_ptr<const ViT> vit;
-  std::shared_ptr<const Arm> arm;
+  std::shared_ptr<const PixelModel> pixel;
 
   bool classifier() const { return vit != nullptr; }
-  AttentionCost FlopsPerImage() const { return vit ? vit->FlopsPerImage() : arm->FlopsPerImage(); }
+  AttentionCost FlopsPerImage() const {
+    return vit ? vit->FlopsPerImage() : pixel->FlopsPerImage();
+  }
   int64_t NumParameters() const {
-    return vit ? vit->parameters().NumParameters() : arm->parameters().NumParameters();
+    return vit ? vit->parameters().NumParameters() : pixel->parameters().NumParameters();
   }
 };
 
@@ -37,7 +39,7 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string
 // Writes a model with its config (and `metadata`) as a checkpoint LoadModel reads.
 absl::Status SaveModel(const std::string& path, const ViT& model,
                        std::map<std::string, std::string> metadata = {});
-absl::Status SaveModel(const std::string& path, const Arm& model,
+absl::Status SaveModel(const std::string& path, const PixelModel& model,
                        std::map<std::string, std::string> metadata = {});
 
 }  // namespace krause

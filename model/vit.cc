@@ -27,7 +27,7 @@ std::string ViTConfig::ToJson() const {
                       {"image_size", image_size},
                       {"channels", channels},
                       {"patch", patch},
-                      {"width", width},
+                      {"width", d_model},
                       {"depth", depth},
                       {"heads", heads},
                       {"mlp", mlp},
@@ -59,7 +59,7 @@ absl::StatusOr<ViTConfig> ViTConfig::FromJson(const std::string& text) {
     c.image_size = j.value("image_size", c.image_size);
     c.channels = j.value("channels", c.channels);
     c.patch = j.value("patch", c.patch);
-    c.width = j.value("width", c.width);
+    c.d_model = j.value("width", c.d_model);
     c.depth = j.value("depth", c.depth);
     c.heads = j.value("heads", c.heads);
     c.mlp = j.value("mlp", c.mlp);
@@ -89,9 +89,9 @@ absl::Status ViTConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "config: image_size ", image_size, " must be a positive multiple of patch ", patch));
   }
-  if (width < 1 || heads < 1 || width % heads != 0) {
+  if (d_model < 1 || heads < 1 || d_model % heads != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("config: width ", width, " must be a multiple of heads ", heads));
+        absl::StrCat("config: width (d_model) ", d_model, " must be a multiple of heads ", heads));
   }
   if (depth < 1 || mlp < 1 || classes < 1 || top_k < 1 || radius < 0 || !(sigma_init > 0)) {
     return absl::InvalidArgumentError(
@@ -127,7 +127,7 @@ absl::StatusOr<ViT> ViT::Create(const ViTConfig& config, uint64_t seed) {
   m.config_ = config;
   at::Generator gen = at::detail::createCPUGenerator(seed);
   ParameterStore& p = m.params_;
-  const int64_t d = config.width, patch_area = config.channels * config.patch * config.patch;
+  const int64_t d = config.d_model, patch_area = config.channels * config.patch * config.patch;
   p.Add("patch_embed.proj.weight", nn::TruncNormal({d, config.channels, config.patch, config.patch},
                                                    1.0 / std::sqrt(patch_area), gen));
   p.Add("patch_embed.proj.bias", at::zeros({d}));
@@ -183,7 +183,7 @@ at::Tensor ViT::Features(const at::Tensor& images, KrauseImpl impl) const {
   at::Tensor x = at::conv2d(images, params_.Get("patch_embed.proj.weight"),
                             params_.Get("patch_embed.proj.bias"), {config_.patch, config_.patch});
   x = x.flatten(2).transpose(1, 2);  // [B, G*G, D]
-  if (config_.cls) x = at::cat({params_.Get("cls_token").expand({b, 1, config_.width}), x}, 1);
+  if (config_.cls) x = at::cat({params_.Get("cls_token").expand({b, 1, config_.d_model}), x}, 1);
   x = x + params_.Get("pos_embed");
   for (int64_t l = 0; l < config_.depth; ++l) {
     const std::string p = absl::StrCat("blocks.", l, ".");
@@ -197,7 +197,7 @@ at::Tensor ViT::Features(const at::Tensor& images, KrauseImpl impl) const {
 }
 
 AttentionCost ViT::FlopsPerImage() const {
-  const int64_t n = config_.tokens(), d = config_.width, dh = d / config_.heads;
+  const int64_t n = config_.tokens(), d = config_.d_model, dh = d / config_.heads;
   const double per_token_dense = 2.0 * d * 3 * d + 2.0 * d * d + 2.0 * d * config_.mlp * 2;
   const double patch =
       2.0 * config_.grid() * config_.grid() * d * config_.channels * config_.patch * config_.patch;

@@ -26,7 +26,7 @@ namespace krause {
 struct ViTConfig {
   AttentionKind attention = AttentionKind::kKrause;  // JSON "krause" or "softmax"
   int64_t image_size = 28, channels = 1, patch = 4;
-  int64_t width = 64, depth = 4, heads = 4, mlp = 128, classes = 10;
+  int64_t d_model = 64, depth = 4, heads = 4, mlp = 128, classes = 10;  // d_model: JSON "width"
   int64_t radius = 1;
   GridMetric metric = GridMetric::kManhattan;
   int64_t top_k = 2;  // the schedule runs from top_k to 2 * top_k over depth

@@ -32,9 +32,9 @@ absl::StatusOr<std::unique_ptr<CpuViT>> CpuViT::Create(const ViT& model) {
     v->patch_ = c.patch;
     v->grid_ = c.grid();
     v->tokens_ = c.tokens();
-    v->d_ = c.width;
+    v->d_ = c.d_model;
     v->heads_ = c.heads;
-    v->head_dim_ = c.width / c.heads;
+    v->head_dim_ = c.d_model / c.heads;
     v->mlp_ = c.mlp;
     v->classes_ = c.classes;
     for (double m : c.mean) v->mean_.push_back(static_cast<float>(m));

@@ -10,7 +10,7 @@
 namespace krause::server {
 
 absl::StatusOr<std::unique_ptr<GeneratorWorker>> GeneratorWorker::Create(
-    std::shared_ptr<const Arm> model, const GeneratorOptions& options,
+    std::shared_ptr<const PixelModel> model, const GeneratorOptions& options,
     std::function<void(const DecodeEvent&)> on_step) {
   auto engine = DecodeEngine::Create(model.get(), options.engine);
   if (!engine.ok()) return engine.status();
@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<GeneratorWorker>> GeneratorWorker::Create(
       new GeneratorWorker(std::move(model), std::move(*engine), options, std::move(on_step)));
 }
 
-GeneratorWorker::GeneratorWorker(std::shared_ptr<const Arm> model,
+GeneratorWorker::GeneratorWorker(std::shared_ptr<const PixelModel> model,
                                  std::unique_ptr<DecodeEngine> engine,
                                  const GeneratorOptions& options,
                                  std::function<void(const DecodeEvent&)> on_step)

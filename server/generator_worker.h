@@ -26,7 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/engine/decode_engine.h"
-#include "model/karm.h"
+#include "model/pixel_model.h"
 #include "server/defaults.h"
 #include "server/scheduling.h"
 
@@ -68,7 +68,7 @@ struct GeneratorOptions {
 class GeneratorWorker {
  public:
   static absl::StatusOr<std::unique_ptr<GeneratorWorker>> Create(
-      std::shared_ptr<const Arm> model, const GeneratorOptions& options,
+      std::shared_ptr<const PixelModel> model, const GeneratorOptions& options,
       std::function<void(const DecodeEvent&)> on_step = {});
   ~GeneratorWorker();
 
@@ -91,7 +91,7 @@ class GeneratorWorker {
   bool stopping() const;
 
  private:
-  GeneratorWorker(std::shared_ptr<const Arm> model, std::unique_ptr<DecodeEngine> engine,
+  GeneratorWorker(std::shared_ptr<const PixelModel> model, std::unique_ptr<DecodeEngine> engine,
                   const GeneratorOptions& options, std::function<void(const DecodeEvent&)> on_step);
   struct RunningScore {
     ScoreJob job;
@@ -102,7 +102,7 @@ class GeneratorWorker {
   // Ends queued Score jobs that were cancelled, expired or (stopping) refused.
   void DropScores(std::deque<RunningScore>* scores, bool stopping);
 
-  const std::shared_ptr<const Arm> model_;
+  const std::shared_ptr<const PixelModel> model_;
   const std::unique_ptr<DecodeEngine> engine_;
   const GeneratorOptions options_;
   const std::function<void(const DecodeEvent&)> on_step_;

@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/defaults.h"
+#include "server/model_info.h"
 
 namespace krause::server {
 
@@ -85,6 +86,12 @@ struct ServerOptions {
   // Tests only (no flag): see KrauseService's fault hook.
   std::function<void(const char* point)> fault_hook_for_test;
 };
+
+// The images one request to this model may hold once its kind is known (from the checkpoint):
+// max_images_per_request, or its default when 0 (a classifier's max_batch_size, a generator's
+// defaults::kGeneratorImagesPerRequest). InvalidArgument naming the model when a classifier's is
+// over its max_batch_size (a request is never split over batches).
+absl::StatusOr<int64_t> ImagesPerRequest(const ModelSpec& spec, ModelKind kind);
 
 // Parses a manifest; relative checkpoint paths are resolved against `base_dir`.
 absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,

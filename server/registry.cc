@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "model/util/status_macros.h"
 #include "server/defaults.h"
 
 namespace krause::server {
@@ -46,7 +47,7 @@ void Describe(ServedModel* m) {
     info.max_batch_size = m->spec.max_batch_size;
     info.max_queue_delay_ms = m->spec.max_queue_delay_ms;
   } else {
-    const ArmConfig& c = m->model.arm->config();
+    const PixelModelConfig& c = m->model.pixel->config();
     info.kind = ModelKind::kGenerator;
     info.attention = c.attention;
     const bool krause = c.attention == AttentionKind::kKrause;
@@ -84,14 +85,8 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Load(const std::vector<Model
     if (m->model.classifier()) {
       const ViTConfig& c = m->model.vit->config();
       m->info.shape = {c.image_size, c.image_size, c.channels};
-      // Requests are never split over batches, so one holds at most a batch.
-      if (spec.max_images_per_request > spec.max_batch_size)
-        return absl::InvalidArgumentError(absl::StrCat(
-            "model ", spec.name, ": max_images_per_request (", spec.max_images_per_request,
-            ") is over max_batch_size (", spec.max_batch_size,
-            "); a request is never split over batches, so lower it or raise max_batch_size"));
-      m->info.max_images_per_request =
-          spec.max_images_per_request > 0 ? spec.max_images_per_request : spec.max_batch_size;
+      ASSIGN_OR_RETURN(m->info.max_images_per_request,
+                       ImagesPerRequest(spec, ModelKind::kClassifier));
       BatchingOptions b;
       b.max_batch_size = spec.max_batch_size;
       b.max_queue_delay = std::chrono::milliseconds(spec.max_queue_delay_ms);
@@ -110,11 +105,10 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Load(const std::vector<Model
       m->batcher =
           std::make_unique<ClassifyBatcher>(m->model.vit, spec.device, b, on_batch, packed);
     } else {
-      const ArmConfig& c = m->model.arm->config();
+      const PixelModelConfig& c = m->model.pixel->config();
       m->info.shape = {c.height, c.width_px, c.channels};
-      m->info.max_images_per_request = spec.max_images_per_request > 0
-                                           ? spec.max_images_per_request
-                                           : defaults::kGeneratorImagesPerRequest;
+      ASSIGN_OR_RETURN(m->info.max_images_per_request,
+                       ImagesPerRequest(spec, ModelKind::kGenerator));
       GeneratorOptions g;
       g.engine.max_sequences = spec.max_sequences;
       g.max_waiting = spec.max_waiting;
@@ -123,7 +117,7 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Load(const std::vector<Model
       std::function<void(const DecodeEvent&)> on_step;
       if (hooks.on_decode_step)
         on_step = [f = hooks.on_decode_step, name](const DecodeEvent& s) { f(name, s); };
-      auto worker = GeneratorWorker::Create(m->model.arm, g, on_step);
+      auto worker = GeneratorWorker::Create(m->model.pixel, g, on_step);
       if (!worker.ok())
         return absl::Status(worker.status().code(),
                             absl::StrCat("model ", spec.name, ": ", worker.status().message()));

@@ -175,7 +175,8 @@ absl::StatusOr<ResolvedCall> ResolveImageCall(
 
 // Score's per-image classes: empty (none), or one per image from `labels` or `class_indices`
 // ("" and -1: that image without a class). InvalidArgument naming the field and entry.
-absl::StatusOr<std::vector<int64_t>> ScoreClasses(const v1::ScoreRequest& req, const ArmConfig& c,
+absl::StatusOr<std::vector<int64_t>> ScoreClasses(const v1::ScoreRequest& req,
+                                                  const PixelModelConfig& c,
                                                   const std::string& model, int64_t n) {
   const int64_t by_name = req.labels_size(), by_index = req.class_indices_size();
   if (by_name == 0 && by_index == 0) return std::vector<int64_t>();
@@ -462,7 +463,7 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
   }
   int64_t label = -1;
   if (req.condition_case() != v1::GenerateRequest::CONDITION_NOT_SET) {
-    const ArmConfig& c = m->model.arm->config();
+    const PixelModelConfig& c = m->model.pixel->config();
     const bool by_name = req.condition_case() == v1::GenerateRequest::kLabel;
     auto cls = by_name ? c.ClassOfLabel(req.label()) : c.ClassRow(req.class_index());
     if (!cls.ok()) {
@@ -475,7 +476,7 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
   if (const absl::Status st = ValidateGuidance(guidance, label); !st.ok()) {
     if (label >= 0) return st;  // the range
     return absl::InvalidArgumentError(absl::StrCat(st.message(), "; model ", m->spec.name,
-                                                   m->model.arm->config().conditional()
+                                                   m->model.pixel->config().conditional()
                                                        ? " was given none (label or class_index)"
                                                        : " is unconditional"));
   }
@@ -686,7 +687,7 @@ grpc::ServerUnaryReactor* KrauseService::Score(grpc::CallbackServerContext* ctx,
     ServedModel* m = resolved->model;
     const at::Tensor& images = resolved->images;
     const int64_t n = images.size(0);
-    const ArmConfig& c = m->model.arm->config();
+    const PixelModelConfig& c = m->model.pixel->config();
     const AttentionCost cost = m->flops;
     ScoreJob job;
     auto labels = ScoreClasses(*request, c, m->spec.name, n);

@@ -56,18 +56,18 @@ TEST(BundledModels, ReproduceTheirRecordedTestFigures) {
       EXPECT_NEAR(accuracy, summary["test_accuracy"].get<double>(), 0.5 / n);
     } else {
       // A conditional generator records its bits/dim given each image's class, and without.
-      const bool conditional = m.arm->config().conditional();
+      const bool conditional = m.pixel->config().conditional();
       double nll = 0, nll_unconditional = 0;
       for (int64_t s = 0; s < n; s += 100) {
         const int64_t b = std::min<int64_t>(100, n - s);
         const at::Tensor px =
             test.images.narrow(0, s, b).permute({0, 2, 3, 1}).reshape({b, -1}).to(at::kLong);
         if (conditional) {
-          nll += m.arm->NllPerImage(px, KrauseImpl::kAuto, test.labels.narrow(0, s, b))
+          nll += m.pixel->NllPerImage(px, KrauseImpl::kAuto, test.labels.narrow(0, s, b))
                      .sum()
                      .item<double>();
         }
-        nll_unconditional += m.arm->NllPerImage(px).sum().item<double>();
+        nll_unconditional += m.pixel->NllPerImage(px).sum().item<double>();
       }
       if (conditional) {
         EXPECT_NEAR(nll / n / std::log(2.0), summary["test_bits_per_dim"].get<double>(), 1e-4);

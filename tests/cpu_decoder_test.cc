@@ -2,7 +2,7 @@
 //   - PlanCpuStep's decisions, exactly, for the shapes that matter;
 //   - every plan mode (inline, sequence blocks, layer ops), every CPU kernel variant and every
 //     batch composition give a sequence the same logits, bit for bit, and they match the LibTorch
-//     reference step (Arm::DecodeStep without packed weights) within 1e-4;
+//     reference step (PixelModel::DecodeStep without packed weights) within 1e-4;
 //   - bad slots, positions and tokens are refused by name and leave the cache unchanged;
 //   - SamplePixel draws exactly what SamplePixelReference draws.
 #include "model/engine/cpu_decoder.h"
@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "model/attention/cpu_kernels.h"
-#include "model/engine/kv_cache.h"
 #include "model/engine/sampling.h"
-#include "model/karm.h"
+#include "model/kv_cache.h"
+#include "model/pixel_model.h"
 #include "tests/test_util.h"
 
 namespace krause {
@@ -69,13 +69,13 @@ void PrintTo(const ModelCase& c, std::ostream* os) {
   *os << c.attention << (c.start ? " start" : " no start") << ", classes " << c.classes;
 }
 
-ArmConfig Config(const std::string& attention, bool start, int64_t classes = 0) {
-  ArmConfig c;
+PixelModelConfig Config(const std::string& attention, bool start, int64_t classes = 0) {
+  PixelModelConfig c;
   c.attention = ParseAttentionKind(attention).value();
   c.height = 6;
   c.width_px = 5;
   c.channels = 2;  // 60 tokens: a window of 12 wraps several times
-  c.width = 48;    // 3 * 48 = 144 fused q/k/v columns; MLP 192
+  c.d_model = 48;  // 3 * 48 = 144 fused q/k/v columns; MLP 192
   c.depth = 2;
   c.heads = 3;     // head dim 16
   c.window = 12;
@@ -88,9 +88,10 @@ ArmConfig Config(const std::string& attention, bool start, int64_t classes = 0) 
 class CpuDecoderTest : public ::testing::TestWithParam<ModelCase> {
  protected:
   void SetUp() override {
-    auto m = Arm::Create(Config(GetParam().attention, GetParam().start, GetParam().classes), 21);
+    auto m =
+        PixelModel::Create(Config(GetParam().attention, GetParam().start, GetParam().classes), 21);
     ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::make_unique<Arm>(std::move(*m));
+    model_ = std::make_unique<PixelModel>(std::move(*m));
     at::NoGradGuard g;
     for (auto& [name, t] : model_->parameters().items()) {
       if (name.find("log_sigma") != std::string::npos) {
@@ -112,9 +113,9 @@ class CpuDecoderTest : public ::testing::TestWithParam<ModelCase> {
   // null class included).
   at::Tensor Run(int64_t seqs, int64_t group, std::optional<Mode> mode, bool reference = false,
                  int64_t class_shift = 0) {
-    const ArmConfig& c = model_->config();
+    const PixelModelConfig& c = model_->config();
     const int64_t n = c.seq_len();
-    auto cache = ArmKvCache::Create(c, seqs).value();
+    auto cache = PixelKvCache::Create(c, seqs).value();
     if (c.conditional()) {
       for (int64_t i = 0; i < seqs; ++i)
         cache.SetClass(seqs - 1 - i, (i + class_shift) % (c.classes + 1));
@@ -123,7 +124,7 @@ class CpuDecoderTest : public ::testing::TestWithParam<ModelCase> {
     std::mt19937 rng(5);
     std::vector<std::vector<int64_t>> tokens(seqs);
     for (auto& t : tokens) {
-      t.push_back(c.start_token ? Arm::kStartToken : 17);
+      t.push_back(c.start_token ? PixelModel::kStartToken : 17);
       for (int64_t p = 1; p < n; ++p) t.push_back(static_cast<int64_t>(rng() % 256));
     }
     std::vector<int64_t> next(seqs, 0);
@@ -159,7 +160,7 @@ class CpuDecoderTest : public ::testing::TestWithParam<ModelCase> {
     return out;
   }
 
-  std::unique_ptr<Arm> model_;
+  std::unique_ptr<PixelModel> model_;
   std::unique_ptr<CpuDecoder> decoder_;
 };
 
@@ -217,10 +218,10 @@ TEST_P(CpuDecoderTest, LayerOpsSplitEveryOpOverTheThreadsAndKeepTheBits) {
 }
 
 TEST_P(CpuDecoderTest, BadEntriesAreRefusedByNameAndChangeNothing) {
-  const ArmConfig& c = model_->config();
-  auto cache = ArmKvCache::Create(c, 3).value();
-  const at::Tensor before = c.attention == AttentionKind::kKrause ? cache.ring(0).values().clone()
-                                                                  : cache.values(0).clone();
+  const PixelModelConfig& c = model_->config();
+  auto cache = PixelKvCache::Create(c, 3).value();
+  // Values are the second storage tensor of both kinds (kv_cache.h).
+  const at::Tensor before = cache.layer(0).Storage()[1].clone();
   std::vector<float> logits(3 * 256);
   auto step = [&](std::vector<int64_t> u, std::vector<int64_t> pos, std::vector<int64_t> slots) {
     return decoder_->Step(u.data(), pos.data(), slots.data(), static_cast<int64_t>(u.size()),
@@ -235,24 +236,23 @@ TEST_P(CpuDecoderTest, BadEntriesAreRefusedByNameAndChangeNothing) {
   EXPECT_THAT(step({1, 300}, {0, 1}, {0, 1}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("u[1] = 300")));
   if (!c.start_token) {
-    EXPECT_THAT(step({Arm::kStartToken}, {0}, {0}),
+    EXPECT_THAT(step({PixelModel::kStartToken}, {0}, {0}),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("u[0] = 256")));
   }
-  const at::Tensor after =
-      c.attention == AttentionKind::kKrause ? cache.ring(0).values() : cache.values(0);
+  const at::Tensor after = cache.layer(0).Storage()[1];
   EXPECT_TRUE(at::equal(before, after));
   // Another model's cache.
-  ArmConfig other = c;
+  PixelModelConfig other = c;
   other.attention =
       c.attention == AttentionKind::kKrause ? AttentionKind::kSoftmax : AttentionKind::kKrause;
-  auto wrong = ArmKvCache::Create(other, 3).value();
+  auto wrong = PixelKvCache::Create(other, 3).value();
   int64_t u = 1, p = 0, s = 0;
   EXPECT_THAT(decoder_->Step(&u, &p, &s, 1, &wrong, logits.data()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("another kind of model")));
   // A cache with (or without) classes the decoder does not have.
-  ArmConfig flipped = c;
+  PixelModelConfig flipped = c;
   flipped.classes = c.conditional() ? 0 : 2;
-  auto other_classes = ArmKvCache::Create(flipped, 3).value();
+  auto other_classes = PixelKvCache::Create(flipped, 3).value();
   EXPECT_THAT(decoder_->Step(&u, &p, &s, 1, &other_classes, logits.data()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("class conditioning")));
 }

@@ -20,13 +20,13 @@ namespace {
 using ::krause::testing::StatusIs;
 using ::testing::HasSubstr;
 
-ArmConfig TinyConfig(const std::string& attention, bool start) {
-  ArmConfig c;
+PixelModelConfig TinyConfig(const std::string& attention, bool start) {
+  PixelModelConfig c;
   c.attention = ParseAttentionKind(attention).value();
   c.height = 4;
   c.width_px = 5;
   c.channels = 1;  // 20 subpixels
-  c.width = 32;
+  c.d_model = 32;
   c.depth = 2;
   c.heads = 4;
   c.window = 6;
@@ -64,7 +64,7 @@ GenerationRequest Request(uint64_t seed, Outcome* out, std::vector<uint8_t> prom
 
 // Generates `count` images with seeds 0..count-1; request i is submitted at step i * stagger,
 // with class label_of(i) when given (and then `guidance` for the images with a class).
-std::vector<Outcome> Generate(const Arm& m, int64_t slots, int64_t count, int64_t stagger,
+std::vector<Outcome> Generate(const PixelModel& m, int64_t slots, int64_t count, int64_t stagger,
                               const std::function<int64_t(int64_t)>& label_of = nullptr,
                               double guidance = 1.0) {
   auto engine = DecodeEngine::Create(&m, EngineOptions{slots, 0});
@@ -90,8 +90,8 @@ std::vector<Outcome> Generate(const Arm& m, int64_t slots, int64_t count, int64_
 class EngineInvarianceTest : public ::testing::TestWithParam<std::pair<const char*, bool>> {};
 
 TEST_P(EngineInvarianceTest, SameSeedsGiveTheSameImagesAtAnyBatchSizeAndJoinStep) {
-  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m,
-                              Arm::Create(TinyConfig(GetParam().first, GetParam().second), 5));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(
+      PixelModel m, PixelModel::Create(TinyConfig(GetParam().first, GetParam().second), 5));
   const int64_t count = 64;
   const std::vector<Outcome> alone = Generate(m, 1, count, 0);
   const std::vector<Outcome> seven = Generate(m, 7, count, 3);
@@ -117,7 +117,7 @@ INSTANTIATE_TEST_SUITE_P(Models, EngineInvarianceTest,
                          });
 
 TEST(DecodeEngine, CompletionKeepsThePromptAndStreamsTheRest) {
-  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(TinyConfig("krause", true), 6));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel m, PixelModel::Create(TinyConfig("krause", true), 6));
   KRAUSE_ASSERT_OK_AND_ASSIGN(auto engine, DecodeEngine::Create(&m, EngineOptions{4, 0}));
   const std::vector<uint8_t> prompt = {10, 20, 30, 40, 50, 60, 70};
   Outcome out;
@@ -147,7 +147,7 @@ TEST(DecodeEngine, CompletionKeepsThePromptAndStreamsTheRest) {
 }
 
 TEST(DecodeEngine, CancelLeavesAtTheNextStepAndFreesTheSlot) {
-  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(TinyConfig("krause", true), 7));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel m, PixelModel::Create(TinyConfig("krause", true), 7));
   KRAUSE_ASSERT_OK_AND_ASSIGN(auto engine, DecodeEngine::Create(&m, EngineOptions{1, 0}));
   Outcome a, b;
   KRAUSE_ASSERT_OK_AND_ASSIGN(int64_t ida, engine->Submit(Request(1, &a)));
@@ -170,7 +170,7 @@ TEST(DecodeEngine, CancelLeavesAtTheNextStepAndFreesTheSlot) {
 }
 
 TEST(DecodeEngine, RandomJoinCancelFinishLeaksNoSlot) {
-  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(TinyConfig("softmax", true), 8));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel m, PixelModel::Create(TinyConfig("softmax", true), 8));
   KRAUSE_ASSERT_OK_AND_ASSIGN(auto engine, DecodeEngine::Create(&m, EngineOptions{5, 0}));
   std::mt19937 rng(42);
   std::map<int64_t, std::unique_ptr<Outcome>> outcomes;
@@ -205,7 +205,7 @@ TEST(DecodeEngine, RandomJoinCancelFinishLeaksNoSlot) {
 }
 
 TEST(DecodeEngine, BadRequestsAreRejectedByField) {
-  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(TinyConfig("krause", true), 9));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel m, PixelModel::Create(TinyConfig("krause", true), 9));
   KRAUSE_ASSERT_OK_AND_ASSIGN(auto engine, DecodeEngine::Create(&m, EngineOptions{2, 0}));
   Outcome o;
   GenerationRequest r = Request(1, &o, std::vector<uint8_t>(20, 0));
@@ -232,14 +232,14 @@ TEST(DecodeEngine, BadRequestsAreRejectedByField) {
 // CUDA graphs apply to a KARM on a GPU only: on the CPU the engine ignores the option (and keeps
 // its batch-invariant images), and DecodeGraphs says why and steps eagerly.
 TEST(DecodeEngine, CudaGraphsStayOffOnTheCpu) {
-  const Arm m = Arm::Create(TinyConfig("krause", true), 3).value();
+  const PixelModel m = PixelModel::Create(TinyConfig("krause", true), 3).value();
   EXPECT_FALSE(DecodeGraphs::Supported(m));
   KRAUSE_ASSERT_OK_AND_ASSIGN(auto engine, DecodeEngine::Create(&m, EngineOptions{2, 0, true}));
   EXPECT_EQ(engine->graphs(), nullptr);
 
-  auto eager_cache = ArmKvCache::Create(m.config(), 2).value();
-  auto graph_cache = ArmKvCache::Create(m.config(), 2).value();
-  const ArmPackedWeights packed = m.PackForDecode();
+  auto eager_cache = PixelKvCache::Create(m.config(), 2).value();
+  auto graph_cache = PixelKvCache::Create(m.config(), 2).value();
+  const PixelDecodeWeights packed = PackForDecode(m);
   DecodeGraphs graphs(&m, &graph_cache, &packed, 2);
   EXPECT_FALSE(graphs.enabled());
   EXPECT_THAT(graphs.reason(), HasSubstr("GPU"));
@@ -256,8 +256,8 @@ TEST(DecodeEngine, CudaGraphsStayOffOnTheCpu) {
 
 // Reduced-precision caches: a KARM on a GPU only; elsewhere the engine is not created.
 TEST(DecodeEngine, ReducedPrecisionCachesAreRefusedOnTheCpuAndForTheArm) {
-  const Arm karm = Arm::Create(TinyConfig("krause", true), 3).value();
-  const Arm arm = Arm::Create(TinyConfig("softmax", true), 3).value();
+  const PixelModel karm = PixelModel::Create(TinyConfig("krause", true), 3).value();
+  const PixelModel arm = PixelModel::Create(TinyConfig("softmax", true), 3).value();
   EngineOptions bf16{2, 0};
   bf16.cache_dtype = at::kBFloat16;
   EXPECT_THAT(DecodeEngine::Create(&karm, bf16).status(),
@@ -265,12 +265,12 @@ TEST(DecodeEngine, ReducedPrecisionCachesAreRefusedOnTheCpuAndForTheArm) {
   EXPECT_THAT(DecodeEngine::Create(&arm, bf16).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ARM's KV cache is float32")));
   // Half the key/value bytes per sequence (biases stay fp32).
-  EXPECT_LT(ArmKvCache::BytesPerSequence(karm.config(), at::kBFloat16),
-            ArmKvCache::BytesPerSequence(karm.config()));
+  EXPECT_LT(PixelKvCache::BytesPerSequence(karm.config(), at::kBFloat16),
+            PixelKvCache::BytesPerSequence(karm.config()));
 }
 
 TEST(Scoring, BitsPerDimMatchesTheModelAndRejectsBadImages) {
-  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(TinyConfig("krause", true), 10));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel m, PixelModel::Create(TinyConfig("krause", true), 10));
   const at::Tensor imgs = at::randint(0, 256, {3, 20}, at::kLong);
   KRAUSE_ASSERT_OK_AND_ASSIGN(std::vector<double> bpd, ScoreBitsPerDim(m, imgs.to(at::kByte)));
   ASSERT_EQ(bpd.size(), 3u);
@@ -284,11 +284,11 @@ TEST(Scoring, BitsPerDimMatchesTheModelAndRejectsBadImages) {
 
 // Class-conditional models: a class embedding (scaled up from its initialisation so that every
 // class changes the draws) conditions every position.
-Arm ConditionalModel(const std::string& attention, uint64_t seed) {
-  ArmConfig c = TinyConfig(attention, true);
+PixelModel ConditionalModel(const std::string& attention, uint64_t seed) {
+  PixelModelConfig c = TinyConfig(attention, true);
   c.classes = 3;
   c.labels = {"zero", "one", "two"};
-  Arm m = Arm::Create(c, seed).value();
+  PixelModel m = PixelModel::Create(c, seed).value();
   at::NoGradGuard no_grad;
   m.parameters().Get("class_emb.weight").mul_(40);
   return m;
@@ -297,7 +297,7 @@ Arm ConditionalModel(const std::string& attention, uint64_t seed) {
 class ConditionalEngineTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ConditionalEngineTest, EachClassIsBatchInvariantAndTheClassChangesTheImage) {
-  const Arm m = ConditionalModel(GetParam(), 5);
+  const PixelModel m = ConditionalModel(GetParam(), 5);
   const int64_t count = 24;
   auto label_of = [](int64_t i) { return i % 4 - 1; };  // -1 (none), 0, 1, 2
   const std::vector<Outcome> alone = Generate(m, 1, count, 0, label_of);
@@ -315,7 +315,7 @@ TEST_P(ConditionalEngineTest, EachClassIsBatchInvariantAndTheClassChangesTheImag
 TEST_P(ConditionalEngineTest, GreedyImagesAreTheForwardsArgmaxGivenTheClassWithAndWithoutPrompt) {
   // Greedy decoding through the engine (prefill + packed steps) must pick, at every position,
   // the argmax of the LibTorch forward over the image so far with the same class.
-  const Arm m = ConditionalModel(GetParam(), 7);
+  const PixelModel m = ConditionalModel(GetParam(), 7);
   const int64_t n = m.config().seq_len();
   auto engine = DecodeEngine::Create(&m, EngineOptions{4, 0}).value();
   std::vector<Outcome> out(4);
@@ -346,7 +346,7 @@ TEST_P(ConditionalEngineTest, GreedyImagesAreTheForwardsArgmaxGivenTheClassWithA
 }
 
 TEST_P(ConditionalEngineTest, GuidedImagesAreBatchInvariantAndDifferFromUnguidedOnes) {
-  const Arm m = ConditionalModel(GetParam(), 5);
+  const PixelModel m = ConditionalModel(GetParam(), 5);
   const int64_t count = 16;
   auto label_of = [](int64_t i) { return i % 4 - 1; };  // -1 (none: unguided), 0, 1, 2
   // Two slots: one guided image at a time; seven: guided and plain ones joining every step.
@@ -371,7 +371,7 @@ TEST_P(ConditionalEngineTest, GreedyGuidedImagesAreTheArgmaxOfTheGuidedForward) 
   // the LibTorch forward's logits over the image so far with the class and with the null class.
   // (The test model's strong class embedding makes g > 1 pick c's argmax; g = 0.25, closer to
   // u, picks other values.)
-  const Arm m = ConditionalModel(GetParam(), 7);
+  const PixelModel m = ConditionalModel(GetParam(), 7);
   const int64_t n = m.config().seq_len();
   const double guidance[3] = {0.25, 2.5, 0.25};
   auto engine = DecodeEngine::Create(&m, EngineOptions{5, 0}).value();
@@ -410,7 +410,7 @@ TEST_P(ConditionalEngineTest, GreedyGuidedImagesAreTheArgmaxOfTheGuidedForward) 
 INSTANTIATE_TEST_SUITE_P(Models, ConditionalEngineTest, ::testing::Values("krause", "softmax"));
 
 TEST(ConditionalEngine, AGuidedRequestTakesTwoSlotsAndWaitsForThem) {
-  const Arm m = ConditionalModel("krause", 3);
+  const PixelModel m = ConditionalModel("krause", 3);
   auto engine = DecodeEngine::Create(&m, EngineOptions{3, 0}).value();
   std::vector<Outcome> out(3);
   GenerationRequest a = Request(1, &out[0]);
@@ -451,7 +451,7 @@ TEST(ConditionalEngine, AGuidedRequestTakesTwoSlotsAndWaitsForThem) {
 }
 
 TEST(ConditionalEngine, GuidanceIsValidated) {
-  const Arm m = ConditionalModel("krause", 3);
+  const PixelModel m = ConditionalModel("krause", 3);
   auto engine = DecodeEngine::Create(&m, EngineOptions{2, 0}).value();
   auto single = DecodeEngine::Create(&m, EngineOptions{1, 0}).value();
   Outcome o;
@@ -473,8 +473,8 @@ TEST(ConditionalEngine, GuidanceIsValidated) {
 }
 
 TEST(ConditionalEngine, ClassesAreValidatedAgainstTheModel) {
-  const Arm cond = ConditionalModel("krause", 3);
-  const Arm plain = Arm::Create(TinyConfig("krause", true), 3).value();
+  const PixelModel cond = ConditionalModel("krause", 3);
+  const PixelModel plain = PixelModel::Create(TinyConfig("krause", true), 3).value();
   auto ce = DecodeEngine::Create(&cond, EngineOptions{2, 0}).value();
   auto pe = DecodeEngine::Create(&plain, EngineOptions{2, 0}).value();
   Outcome o;
@@ -497,7 +497,7 @@ TEST(ConditionalEngine, ClassesAreValidatedAgainstTheModel) {
 }
 
 TEST(ConditionalScoring, BitsPerDimGivenTheClassesMatchTheModel) {
-  const Arm m = ConditionalModel("krause", 11);
+  const PixelModel m = ConditionalModel("krause", 11);
   const at::Tensor imgs = at::randint(0, 256, {4, 20}, at::kLong);
   KRAUSE_ASSERT_OK_AND_ASSIGN(std::vector<double> given, ScoreBitsPerDim(m, imgs, {2, -1, 0, 1}));
   KRAUSE_ASSERT_OK_AND_ASSIGN(std::vector<double> none, ScoreBitsPerDim(m, imgs));
@@ -511,7 +511,7 @@ TEST(ConditionalScoring, BitsPerDimGivenTheClassesMatchTheModel) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2 classes for 4 images")));
   EXPECT_THAT(ScoreBitsPerDim(m, imgs, {0, 1, 5, 0}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("labels[2]: class 5")));
-  const Arm plain = Arm::Create(TinyConfig("krause", true), 3).value();
+  const PixelModel plain = PixelModel::Create(TinyConfig("krause", true), 3).value();
   EXPECT_THAT(ScoreBitsPerDim(plain, imgs, {0, 0, 0, 0}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unconditional")));
   // An unconditional model given "no class" for every image scores as without classes.

@@ -13,20 +13,20 @@
 #include "model/engine/decode_engine.h"
 #include "model/engine/decode_graphs.h"
 #include "model/engine/device_context.h"
-#include "model/engine/kv_cache.h"
-#include "model/karm.h"
+#include "model/kv_cache.h"
+#include "model/pixel_model.h"
 #include "test_util.h"
 
 namespace krause::testing {
 namespace {
 
-ArmConfig SmallArm(const std::string& attention) {
-  ArmConfig c;
+PixelModelConfig SmallPixelModel(const std::string& attention) {
+  PixelModelConfig c;
   c.attention = ParseAttentionKind(attention).value();
   c.height = 8;
   c.width_px = 8;
   c.channels = 3;  // 192 subpixels: the KARM ring (W 32) wraps several times
-  c.width = 32;
+  c.d_model = 32;
   c.depth = 2;
   c.heads = 2;
   c.window = 32;
@@ -36,12 +36,12 @@ ArmConfig SmallArm(const std::string& attention) {
 
 // The same weights on the CPU and on the GPU.
 struct Pair {
-  Arm cpu, gpu;
+  PixelModel cpu, gpu;
 };
 
 Pair MakePair(const std::string& attention) {
-  Arm cpu = Arm::Create(SmallArm(attention), 7).value();
-  Arm gpu = Arm::Create(SmallArm(attention), 7).value();
+  PixelModel cpu = PixelModel::Create(SmallPixelModel(attention), 7).value();
+  PixelModel gpu = PixelModel::Create(SmallPixelModel(attention), 7).value();
   gpu.parameters().To(at::Device(at::kCUDA));
   return {std::move(cpu), std::move(gpu)};
 }
@@ -50,7 +50,7 @@ Pair MakePair(const std::string& attention) {
 // `prompts`) through a new engine to the end; returns the images, checks every slot is free.
 // `check` sees the engine before it goes.
 std::vector<std::vector<uint8_t>> Generate(
-    const Arm& m, const EngineOptions& options, int64_t count, uint64_t seed0, bool prompts,
+    const PixelModel& m, const EngineOptions& options, int64_t count, uint64_t seed0, bool prompts,
     const std::function<void(const DecodeEngine&)>& check = {}) {
   auto engine = DecodeEngine::Create(&m, options).value();
   std::vector<std::vector<uint8_t>> images(count);
@@ -77,10 +77,10 @@ class EngineCuda : public ::testing::TestWithParam<std::string> {};
 TEST_P(EngineCuda, PrefillAndDecodeStepsMatchTheCpu) {
   KRAUSE_SKIP_WITHOUT_CUDA();
   Pair m = MakePair(GetParam());
-  const ArmConfig& c = m.cpu.config();
+  const PixelModelConfig& c = m.cpu.config();
   const int64_t n = c.seq_len(), seqs = 3;
-  auto cpu_cache = ArmKvCache::Create(c, 4).value();
-  auto gpu_cache = ArmKvCache::Create(c, 4, at::Device(at::kCUDA)).value();
+  auto cpu_cache = PixelKvCache::Create(c, 4).value();
+  auto gpu_cache = PixelKvCache::Create(c, 4, at::Device(at::kCUDA)).value();
   at::manual_seed(11);
   const at::Tensor tokens = at::randint(0, 256, {seqs, n}, at::kLong);
   const std::vector<int64_t> prefix = {1, 5, 40}, slot = {3, 0, 2};
@@ -137,11 +137,11 @@ TEST_P(EngineCuda, GraphedDecodeStepsGiveTheEagerBits) {
   EXPECT_EQ(DecodeGraphs::Supported(m.gpu), krause);
   EXPECT_FALSE(DecodeGraphs::Supported(m.cpu));
   if (!krause) return;
-  const ArmConfig& c = m.gpu.config();
+  const PixelModelConfig& c = m.gpu.config();
   const at::Device dev(at::kCUDA);
-  auto eager_cache = ArmKvCache::Create(c, 4, dev).value();
-  auto graph_cache = ArmKvCache::Create(c, 4, dev).value();
-  const ArmPackedWeights packed = m.gpu.PackForDecode();
+  auto eager_cache = PixelKvCache::Create(c, 4, dev).value();
+  auto graph_cache = PixelKvCache::Create(c, 4, dev).value();
+  const PixelDecodeWeights packed = PackForDecode(m.gpu);
   DecodeGraphs graphs(&m.gpu, &graph_cache, &packed, 4);
   ASSERT_TRUE(graphs.enabled()) << graphs.reason();
   // As in the engine: the steps run on a stream of their own (captures need one).
@@ -179,8 +179,10 @@ TEST_P(EngineCuda, GraphedDecodeStepsGiveTheEagerBits) {
   EXPECT_EQ(graphs.graphs(), 3);
   EXPECT_GT(graphs.replays(), n - 10);
   for (int64_t l = 0; l < c.depth; ++l) {
-    EXPECT_TRUE(at::equal(eager_cache.ring(l).keys_t(), graph_cache.ring(l).keys_t())) << l;
-    EXPECT_TRUE(at::equal(eager_cache.ring(l).values(), graph_cache.ring(l).values())) << l;
+    const std::vector<at::Tensor> eager = eager_cache.layer(l).Storage();
+    const std::vector<at::Tensor> graphed = graph_cache.layer(l).Storage();
+    ASSERT_EQ(eager.size(), graphed.size());
+    for (size_t i = 0; i < eager.size(); ++i) EXPECT_TRUE(at::equal(eager[i], graphed[i])) << l;
   }
 }
 
@@ -230,9 +232,9 @@ TEST_P(EngineCuda, Bf16CachesGenerateAndStayNearFp32) {
     EXPECT_EQ(first[i], second[i]) << i;
   }
   // Teacher-forced steps, fp32 and bf16 caches side by side.
-  const ArmConfig& c = m.gpu.config();
-  auto f32 = ArmKvCache::Create(c, 2, at::Device(at::kCUDA)).value();
-  auto b16 = ArmKvCache::Create(c, 2, at::Device(at::kCUDA), at::kBFloat16).value();
+  const PixelModelConfig& c = m.gpu.config();
+  auto f32 = PixelKvCache::Create(c, 2, at::Device(at::kCUDA)).value();
+  auto b16 = PixelKvCache::Create(c, 2, at::Device(at::kCUDA), at::kBFloat16).value();
   at::manual_seed(2);
   const at::Tensor tokens = at::randint(0, 256, {n}, at::kLong);
   (void)m.gpu.Prefill(tokens.narrow(0, 0, 5), 1, &f32);

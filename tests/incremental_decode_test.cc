@@ -8,8 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "model/engine/kv_cache.h"
-#include "model/karm.h"
+#include "model/engine/cpu_decoder.h"
+#include "model/kv_cache.h"
+#include "model/pixel_model.h"
 #include "tests/test_util.h"
 
 namespace krause {
@@ -29,18 +30,18 @@ class IncrementalDecodeTest : public ::testing::TestWithParam<IncCase> {};
 
 TEST_P(IncrementalDecodeTest, MatchesTeacherForcedLogitsAtEveryPosition) {
   const IncCase& c = GetParam();
-  ArmConfig cfg;
+  PixelModelConfig cfg;
   cfg.attention = ParseAttentionKind(c.attention).value();
   cfg.height = 5;
   cfg.width_px = 4;
   cfg.channels = 2;  // 40 tokens
-  cfg.width = 32;
+  cfg.d_model = 32;
   cfg.depth = 2;
   cfg.heads = 4;
   cfg.window = c.window;
   cfg.top_k = std::max<int64_t>(1, c.window * 2 / 3);
   cfg.start_token = c.start;
-  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(cfg, 11));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel m, PixelModel::Create(cfg, 11));
   // Give log_sigma some spread so the selection matters.
   for (auto& [name, t] : m.parameters().items()) {
     if (name.find("log_sigma") != std::string::npos) {
@@ -51,23 +52,23 @@ TEST_P(IncrementalDecodeTest, MatchesTeacherForcedLogitsAtEveryPosition) {
   const int64_t n = cfg.seq_len(), seqs = 3;
   // Model inputs u for 3 sequences: [START,] pixels...
   at::Tensor u = at::randint(0, 256, {seqs, n}, at::kLong);
-  if (c.start) u.select(1, 0).fill_(Arm::kStartToken);
+  if (c.start) u.select(1, 0).fill_(PixelModel::kStartToken);
   at::NoGradGuard no_grad;
   const at::Tensor full = m.ForwardTokens(u, KrauseImpl::kReference);  // [S, N, 256]
 
-  const ArmPackedWeights packed = m.PackForDecode();
+  const PixelDecodeWeights packed = PackForDecode(m);
   EXPECT_TRUE(packed.linears_packed());
   EXPECT_EQ(packed.scales.size(), std::string(c.attention) == "krause" ? 2u : 0u);
   // What PackForDecode makes on a GPU: plain linear layers, the Krause layers' scales made once.
-  ArmPackedWeights scales_only;
+  PixelDecodeWeights scales_only;
   scales_only.scales = packed.scales;
   std::vector<at::Tensor> results;
-  const std::vector<const ArmPackedWeights*> variants = {nullptr, &packed, &scales_only};
-  for (const ArmPackedWeights* pk : variants) {
+  const std::vector<const PixelDecodeWeights*> variants = {nullptr, &packed, &scales_only};
+  for (const PixelDecodeWeights* pk : variants) {
     SCOPED_TRACE(pk == nullptr          ? "at::linear"
                  : pk->linears_packed() ? "packed (batch-invariant) linears"
                                         : "at::linear, scales made once");
-    KRAUSE_ASSERT_OK_AND_ASSIGN(ArmKvCache cache, ArmKvCache::Create(cfg, 5));
+    KRAUSE_ASSERT_OK_AND_ASSIGN(PixelKvCache cache, PixelKvCache::Create(cfg, 5));
     at::Tensor got = at::zeros_like(full);
     // Sequence s: prefill of c.prompt + s positions, then steps; slot 4 - s.
     std::vector<int64_t> next(seqs);

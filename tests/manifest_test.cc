@@ -1,6 +1,6 @@
 // The model manifest (server/options.h): every error ParseManifest can return, with the entry,
 // the key and the limit it names; defaults for absent keys; checkpoint paths resolved against
-// the manifest's folder.
+// the manifest's folder; the images-per-request limit once the model's kind is known.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -128,6 +128,24 @@ TEST(Manifest, ReadManifestNamesTheFileInItsErrors) {
   EXPECT_THAT(ReadManifest(path).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr(path + ": manifest: models[0].checkpoint is required")));
+}
+
+TEST(Manifest, ImagesPerRequestDependsOnTheKindTheCheckpointHas) {
+  ModelSpec s;
+  s.name = "m";
+  s.max_batch_size = 8;
+  EXPECT_EQ(ImagesPerRequest(s, ModelKind::kClassifier).value(), 8);  // 0: a batch
+  EXPECT_EQ(ImagesPerRequest(s, ModelKind::kGenerator).value(),
+            defaults::kGeneratorImagesPerRequest);
+  s.max_images_per_request = 8;
+  EXPECT_EQ(ImagesPerRequest(s, ModelKind::kClassifier).value(), 8);
+  s.max_images_per_request = 9;
+  EXPECT_THAT(
+      ImagesPerRequest(s, ModelKind::kClassifier).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("model m: max_images_per_request (9) is over max_batch_size (8)")));
+  // A generator has no batches to split: max_batch_size does not bound it.
+  EXPECT_EQ(ImagesPerRequest(s, ModelKind::kGenerator).value(), 9);
 }
 
 }  // namespace

@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "model/checkpoint/safetensors.h"
-#include "model/karm.h"
 #include "model/nn/layers.h"
+#include "model/pixel_model.h"
 #include "model/vit.h"
 #include "tests/test_util.h"
 
@@ -22,7 +22,7 @@ ViTConfig SmallViT(const std::string& attention) {
   c.attention = ParseAttentionKind(attention).value();
   c.image_size = 12;
   c.patch = 3;
-  c.width = 32;
+  c.d_model = 32;
   c.depth = 3;
   c.heads = 4;
   c.mlp = 48;
@@ -30,12 +30,12 @@ ViTConfig SmallViT(const std::string& attention) {
   return c;
 }
 
-ArmConfig SmallArm(const std::string& attention, bool start) {
-  ArmConfig c;
+PixelModelConfig SmallPixelModel(const std::string& attention, bool start) {
+  PixelModelConfig c;
   c.attention = ParseAttentionKind(attention).value();
   c.height = 5;
   c.width_px = 6;
-  c.width = 32;
+  c.d_model = 32;
   c.depth = 2;
   c.heads = 4;
   c.window = 7;
@@ -107,24 +107,25 @@ TEST(ViT, CheckpointRoundTripReproducesOutputs) {
   EXPECT_TRUE(at::equal(a.Forward(x), b.Forward(x)));
 }
 
-TEST(Arm, ConditionalConfigsRoundTripAndUnconditionalJsonIsUnchanged) {
-  ArmConfig c = SmallArm("krause", true);
+TEST(PixelModel, ConditionalConfigsRoundTripAndUnconditionalJsonIsUnchanged) {
+  PixelModelConfig c = SmallPixelModel("krause", true);
   const std::string plain = c.ToJson();
   EXPECT_EQ(plain.find("classes"), std::string::npos);  // the official keys only
   c.classes = 3;
   c.labels = {"a", "b", "c"};
-  KRAUSE_ASSERT_OK_AND_ASSIGN(ArmConfig back, ArmConfig::FromJson(c.ToJson()));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModelConfig back, PixelModelConfig::FromJson(c.ToJson()));
   EXPECT_EQ(back.classes, 3);
   EXPECT_EQ(back.labels, c.labels);
   EXPECT_EQ(back.ToJson(), c.ToJson());
   c.labels = {"a"};
-  EXPECT_THAT(ArmConfig::FromJson(c.ToJson()).status(),
+  EXPECT_THAT(PixelModelConfig::FromJson(c.ToJson()).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got 1 labels")));
   // The class embedding comes last: every other parameter is what the unconditional model of
   // the same size and seed draws.
   c.labels = {};
-  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm cond, Arm::Create(c, 4));
-  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm uncond, Arm::Create(SmallArm("krause", true), 4));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel cond, PixelModel::Create(c, 4));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel uncond,
+                              PixelModel::Create(SmallPixelModel("krause", true), 4));
   EXPECT_EQ(cond.parameters().Get("class_emb.weight").sizes(), (std::vector<int64_t>{4, 32}));
   for (const auto& [name, t] : uncond.parameters().items()) {
     EXPECT_TRUE(at::equal(t, cond.parameters().Get(name))) << name;
@@ -142,22 +143,25 @@ TEST(Arm, ConditionalConfigsRoundTripAndUnconditionalJsonIsUnchanged) {
   EXPECT_THROW(uncond.Forward(px, KrauseImpl::kAuto, at::zeros({2}, at::kLong)), std::exception);
 }
 
-TEST(Arm, OfficialParameterNames) {
-  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm k, Arm::Create(SmallArm("krause", false), 1));
+TEST(PixelModel, OfficialParameterNames) {
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel k,
+                              PixelModel::Create(SmallPixelModel("krause", false), 1));
   for (const char* name :
        {"token_emb.weight", "pos_emb.weight", "layers.0.ln1.weight", "layers.1.attn.W_v.bias",
         "layers.0.attn.log_sigma", "layers.1.mlp.2.weight", "ln_f.bias", "head.weight"}) {
     EXPECT_TRUE(k.parameters().Has(name)) << name;
   }
   EXPECT_EQ(k.parameters().Get("layers.0.attn.log_sigma").sizes(), (std::vector<int64_t>{4, 1, 1}));
-  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm s, Arm::Create(SmallArm("softmax", false), 1));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel s,
+                              PixelModel::Create(SmallPixelModel("softmax", false), 1));
   EXPECT_TRUE(s.parameters().Has("layers.0.attn.q_proj.weight"));
   EXPECT_FALSE(s.parameters().Has("start_token"));
 }
 
-TEST(Arm, TrainingAndInferenceForwardAgree) {
+TEST(PixelModel, TrainingAndInferenceForwardAgree) {
   for (bool start : {false, true}) {
-    KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(SmallArm("krause", start), 2));
+    KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel m,
+                                PixelModel::Create(SmallPixelModel("krause", start), 2));
     const at::Tensor px = at::randint(0, 256, {3, 29}, at::kLong);
     at::NoGradGuard no_grad;
     const at::Tensor ref = m.Forward(px, KrauseImpl::kReference);
@@ -167,9 +171,10 @@ TEST(Arm, TrainingAndInferenceForwardAgree) {
   }
 }
 
-TEST(Arm, BothAttentionsAreCausal) {
+TEST(PixelModel, BothAttentionsAreCausal) {
   for (const char* attention : {"krause", "softmax"}) {
-    KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(SmallArm(attention, true), 4));
+    KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel m,
+                                PixelModel::Create(SmallPixelModel(attention, true), 4));
     at::Tensor px = at::randint(0, 256, {1, 29}, at::kLong);
     at::NoGradGuard no_grad;
     const at::Tensor before = m.Forward(px);
@@ -180,8 +185,8 @@ TEST(Arm, BothAttentionsAreCausal) {
   }
 }
 
-TEST(Arm, NllMatchesCrossEntropyByHand) {
-  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm m, Arm::Create(SmallArm("krause", true), 7));
+TEST(PixelModel, NllMatchesCrossEntropyByHand) {
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel m, PixelModel::Create(SmallPixelModel("krause", true), 7));
   const at::Tensor img = at::randint(0, 256, {2, 30}, at::kLong);
   at::NoGradGuard no_grad;
   const at::Tensor nll = m.NllPerImage(img);
@@ -193,21 +198,22 @@ TEST(Arm, NllMatchesCrossEntropyByHand) {
   }
   EXPECT_NEAR(nll[0].item<double>(), by_hand / 30, 1e-5);
   // Without a start token the first subpixel is not scored: N - 1 targets.
-  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm off, Arm::Create(SmallArm("krause", false), 7));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel off,
+                              PixelModel::Create(SmallPixelModel("krause", false), 7));
   EXPECT_EQ(off.Forward(img.narrow(1, 0, 29)).size(1), 29);
   EXPECT_TRUE(at::isfinite(off.NllPerImage(img)).all().item<bool>());
 }
 
 TEST(Flops, KarmSavesAttentionFlopsAtLongSequences) {
-  ArmConfig k = SmallArm("krause", true);
+  PixelModelConfig k = SmallPixelModel("krause", true);
   k.height = k.width_px = 28;
   k.window = 64;
   k.top_k = 32;
-  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm karm, Arm::Create(k, 1));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel karm, PixelModel::Create(k, 1));
   const AttentionCost c = karm.FlopsPerImage();
   EXPECT_LT(c.executed_flops, c.dense_equivalent_flops);
   k.attention = AttentionKind::kSoftmax;
-  KRAUSE_ASSERT_OK_AND_ASSIGN(Arm arm, Arm::Create(k, 1));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel arm, PixelModel::Create(k, 1));
   EXPECT_DOUBLE_EQ(arm.FlopsPerImage().executed_flops, c.dense_equivalent_flops);
 }
 

@@ -65,7 +65,7 @@ TEST(Classify, FeaturesAreTheHeadsInputAndProbabilitiesItsSoftmax) {
   ViTConfig c;
   c.image_size = 8;
   c.patch = 4;
-  c.width = 16;
+  c.d_model = 16;
   c.depth = 1;
   c.heads = 2;
   c.mlp = 32;
@@ -85,16 +85,16 @@ TEST(Classify, FeaturesAreTheHeadsInputAndProbabilitiesItsSoftmax) {
 }
 
 TEST(SampleImages, DrawsWhatTheEngineDrawsPerSeedAndClass) {
-  ArmConfig c;
+  PixelModelConfig c;
   c.height = 3;
   c.width_px = 4;
-  c.width = 16;
+  c.d_model = 16;
   c.depth = 1;
   c.heads = 2;
   c.window = 5;
   c.top_k = 3;
   c.classes = 2;
-  Arm m = Arm::Create(c, 9).value();
+  PixelModel m = PixelModel::Create(c, 9).value();
   {
     at::NoGradGuard no_grad;
     m.parameters().Get("class_emb.weight").mul_(40);

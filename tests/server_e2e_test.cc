@@ -480,7 +480,7 @@ TEST_F(ServerTest, GenerateStreamsRowsImagesAndSummary) {
   EXPECT_EQ(alone.messages.back().images(0).seed(), 12u);
   auto m = LoadModel(models_.dir + "/karm.safetensors");
   ASSERT_TRUE(m.ok());
-  auto engine = DecodeEngine::Create(m->arm.get(), EngineOptions{});
+  auto engine = DecodeEngine::Create(m->pixel.get(), EngineOptions{});
   ASSERT_TRUE(engine.ok());
   std::vector<uint8_t> direct;
   GenerationRequest g;
@@ -649,7 +649,7 @@ TEST_F(ServerTest, ScoreMatchesTheModel) {
     auto m = LoadModel(models_.dir + "/" + model + ".safetensors");
     ASSERT_TRUE(m.ok());
     at::NoGradGuard no_grad;
-    auto want = ScoreBitsPerDim(*m->arm, images.reshape({3, -1}));
+    auto want = ScoreBitsPerDim(*m->pixel, images.reshape({3, -1}));
     ASSERT_TRUE(want.ok());
     ASSERT_EQ(r.bits_per_dim_size(), 3);
     for (int i = 0; i < 3; ++i) EXPECT_DOUBLE_EQ(r.bits_per_dim(i), (*want)[i]);
@@ -801,7 +801,7 @@ TEST_F(ServerTest, ScoreGivenClassesIsTheConditionalBitsPerDim) {
   ASSERT_TRUE(score("karm-cond", {}, {}, &none).ok());
   auto m = LoadModel(models_.dir + "/cond.safetensors");
   ASSERT_TRUE(m.ok());
-  auto want = ScoreBitsPerDim(*m->arm, images.reshape({3, -1}), {2, -1, 0});
+  auto want = ScoreBitsPerDim(*m->pixel, images.reshape({3, -1}), {2, -1, 0});
   ASSERT_TRUE(want.ok());
   for (int i = 0; i < 3; ++i) {
     EXPECT_DOUBLE_EQ(by_label.bits_per_dim(i), (*want)[i]);

@@ -39,7 +39,7 @@ inline ViTConfig TinyViTConfig() {
   ViTConfig c;
   c.image_size = 8;
   c.patch = 4;
-  c.width = 16;
+  c.d_model = 16;
   c.depth = 1;
   c.heads = 2;
   c.mlp = 32;
@@ -50,13 +50,14 @@ inline ViTConfig TinyViTConfig() {
   return c;
 }
 
-inline ArmConfig TinyArmConfig(const std::string& attention, int64_t h, int64_t w, int64_t ch) {
-  ArmConfig c;
+inline PixelModelConfig TinyPixelModelConfig(const std::string& attention, int64_t h, int64_t w,
+                                             int64_t ch) {
+  PixelModelConfig c;
   c.attention = ParseAttentionKind(attention).value();
   c.height = h;
   c.width_px = w;
   c.channels = ch;
-  c.width = 16;
+  c.d_model = 16;
   c.depth = 1;
   c.heads = 2;
   c.window = 8;
@@ -79,13 +80,13 @@ inline TinyModels WriteTinyModels(const std::string& tag, int delay_ms = 20, int
   TinyModels t;
   t.dir = FreshDir(tag);
   auto vit = ViT::Create(TinyViTConfig(), 1);
-  auto karm = Arm::Create(TinyArmConfig("krause", 6, 6, 1), 2);
-  auto arm = Arm::Create(TinyArmConfig("softmax", 6, 6, 1), 3);
-  auto big = Arm::Create(TinyArmConfig("krause", 16, 16, 3), 4);
-  ArmConfig cc = TinyArmConfig("krause", 6, 6, 1);
+  auto karm = PixelModel::Create(TinyPixelModelConfig("krause", 6, 6, 1), 2);
+  auto arm = PixelModel::Create(TinyPixelModelConfig("softmax", 6, 6, 1), 3);
+  auto big = PixelModel::Create(TinyPixelModelConfig("krause", 16, 16, 3), 4);
+  PixelModelConfig cc = TinyPixelModelConfig("krause", 6, 6, 1);
   cc.classes = 3;
   cc.labels = {"zero", "one", "two"};
-  auto cond = Arm::Create(cc, 5);
+  auto cond = PixelModel::Create(cc, 5);
   EXPECT_TRUE(vit.ok() && karm.ok() && arm.ok() && big.ok() && cond.ok());
   {
     at::NoGradGuard no_grad;  // classes that clearly change the draws

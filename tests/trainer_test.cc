@@ -13,8 +13,8 @@
 #include "model/checkpoint/safetensors.h"
 #include "model/data/png.h"
 #include "model/eval/sample_quality.h"
-#include "model/karm.h"
 #include "model/loader.h"
+#include "model/pixel_model.h"
 #include "model/train/optimizer.h"
 #include "model/vit.h"
 #include "tests/test_util.h"
@@ -74,7 +74,7 @@ TEST(Trainer, KrauseViTLearnsResumesAndWritesItsOutputs) {
   TrainOptions o = ToyRun("krause_vit", "kvit", 512, 128);
   o.lr = 1e-2;
   o.vit.patch = 2;
-  o.vit.width = 16;
+  o.vit.d_model = 16;
   o.vit.depth = 2;
   o.vit.heads = 2;
   o.vit.mlp = 32;
@@ -107,11 +107,11 @@ TEST(Trainer, KrauseViTLearnsResumesAndWritesItsOutputs) {
 TEST(Trainer, KarmTrainsAndSamples) {
   TrainOptions o = ToyRun("karm", "karm", 64, 16);
   o.epochs = 2;
-  o.arm.width = 16;
-  o.arm.depth = 1;
-  o.arm.heads = 2;
-  o.arm.window = 8;
-  o.arm.top_k = 4;
+  o.pixel.d_model = 16;
+  o.pixel.depth = 1;
+  o.pixel.heads = 2;
+  o.pixel.window = 8;
+  o.pixel.top_k = 4;
   o.samples = 4;
   ASSERT_TRUE(Train(o).ok());
   const nlohmann::json s = Summary(o.out_dir);
@@ -130,11 +130,11 @@ TEST(Trainer, ConditionalKarmLearnsTheClassesAndDrawsThem) {
   TrainOptions o = ToyRun("karm", "karm-cond", 2048, 64);
   o.epochs = 3;
   o.lr = 1e-2;
-  o.arm.width = 16;
-  o.arm.depth = 2;
-  o.arm.heads = 2;
-  o.arm.window = 8;
-  o.arm.top_k = 4;
+  o.pixel.d_model = 16;
+  o.pixel.depth = 2;
+  o.pixel.heads = 2;
+  o.pixel.window = 8;
+  o.pixel.top_k = 4;
   o.samples = 3;
   o.conditional = true;
   o.label_drop = 0.2;
@@ -145,8 +145,8 @@ TEST(Trainer, ConditionalKarmLearnsTheClassesAndDrawsThem) {
   EXPECT_LT(s["test_bits_per_dim"].get<double>(),
             s["test_bits_per_dim_unconditional"].get<double>() - 0.005);
   KRAUSE_ASSERT_OK_AND_ASSIGN(LoadedModel m, LoadModel(o.out_dir + "/model.safetensors"));
-  ASSERT_TRUE(m.arm != nullptr);
-  EXPECT_TRUE(m.arm->parameters().Has("class_emb.weight"));
+  ASSERT_TRUE(m.pixel != nullptr);
+  EXPECT_TRUE(m.pixel->parameters().Has("class_emb.weight"));
   // samples.png: one row per class (10 rows of 3 images of 8x8, 1-pixel gaps).
   KRAUSE_ASSERT_OK_AND_ASSIGN(at::Tensor grid, ReadPng(o.out_dir + "/samples.png"));
   EXPECT_EQ(grid.size(0), 10 * 9 + 1);
@@ -154,7 +154,7 @@ TEST(Trainer, ConditionalKarmLearnsTheClassesAndDrawsThem) {
   // Classes 0 and 1 through the engine: the bright half follows the class.
   std::vector<int64_t> labels;
   for (int i = 0; i < 16; ++i) labels.push_back(i % 2);
-  KRAUSE_ASSERT_OK_AND_ASSIGN(at::Tensor imgs, SampleImages(*m.arm, labels, 100));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(at::Tensor imgs, SampleImages(*m.pixel, labels, 100));
   // After 3 short epochs a sample may still draw the other mode; without conditioning about
   // half would.
   const at::Tensor f = imgs.to(at::kFloat);

@@ -56,7 +56,7 @@ TEST_P(CpuViTTest, MatchesTheReferenceForwardAndIsBatchInvariant) {
   cfg.image_size = 12;
   cfg.patch = 3;  // 4x4 patches
   cfg.channels = c.channels;
-  cfg.width = 48;
+  cfg.d_model = 48;
   cfg.heads = 3;
   cfg.depth = 3;
   cfg.mlp = 72;  // not a multiple of 16: padded rows

@@ -103,9 +103,9 @@ int main(int argc, char** argv) {
   auto cls = krause::LoadModel(absl::GetFlag(FLAGS_classifier), device);
   if (!cls.ok()) return Fail(cls.status().ToString());
   if (!cls->classifier()) return Fail(absl::GetFlag(FLAGS_classifier) + " is not a classifier");
-  const krause::Arm& arm = *gen->arm;
+  const krause::PixelModel& arm = *gen->pixel;
   const krause::ViT& vit = *cls->vit;
-  const krause::ArmConfig& ac = arm.config();
+  const krause::PixelModelConfig& ac = arm.config();
   auto test = krause::LoadDataset(absl::GetFlag(FLAGS_data), absl::GetFlag(FLAGS_data_dir), false);
   if (!test.ok()) return Fail(test.status().ToString());
   if (test->images.size(1) != ac.channels || test->images.size(2) != ac.height ||

@@ -5,8 +5,8 @@
 //
 // MODEL: a krause-serve checkpoint (config in __metadata__["config"]).
 // INPUT: "images" float [B, C, H, W] (already normalised) for a ViT, or "pixels" int64 [B, T] for
-// an ARM (model inputs, see model/karm.h). OUTPUT: "logits". IMPL: auto (default), reference,
-// windowed or fused_cpu.
+// an ARM (model inputs, see model/pixel_model.h). OUTPUT: "logits". IMPL: auto (default),
+// reference, windowed or fused_cpu.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
   } else {
     const at::Tensor* pixels = Find(input->tensors, "pixels");
     if (!pixels) return Fail("input has no tensor \"pixels\"");
-    logits = model->arm->Forward(pixels->to(at::kLong), impl);
+    logits = model->pixel->Forward(pixels->to(at::kLong), impl);
   }
   auto st = krause::WriteSafetensors(argv[3], {{"logits", logits.contiguous()}}, {});
   if (!st.ok()) return Fail(st.ToString());

@@ -72,6 +72,18 @@ int64_t KrauseRingCache::bytes_per_slot() const {
   return BytesPerSlot(heads_, head_dim_, window_, dtype());
 }
 
+cpu::DecodeItem KrauseRingCache::HostItem(int64_t slot, int64_t head) {
+  const int64_t ring = slot * heads_ + head;
+  cpu::DecodeItem item{};
+  item.ring_kt = keys_t_.data_ptr<float>() + ring * head_dim_ * ring_stride_;
+  item.ring_v = values_.data_ptr<float>() + ring * window_ * head_dim_;
+  item.ring_bias = bias_.data_ptr<float>() + ring * ring_stride_;
+  item.window = window_;
+  item.ring_stride = ring_stride_;
+  item.d = head_dim_;
+  return item;
+}
+
 namespace {
 
 absl::Status CheckStepTensor(const at::Tensor& t, const char* name, int64_t s, int64_t h, int64_t d,
@@ -259,10 +271,6 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
       selection->weights = at::empty({s, h, kept}, q.options());
     }
     const cpu::CpuKernelTable& kernels = cpu::CpuKernels();
-    const int64_t stride = cache->ring_stride();
-    float* ktp = cache->keys_t().data_ptr<float>();
-    float* vp = cache->values().data_ptr<float>();
-    float* bp = cache->bias().data_ptr<float>();
     const float* qp = qc.data_ptr<float>();
     const float* kp = kc.data_ptr<float>();
     const float* vnp = vc.data_ptr<float>();
@@ -276,18 +284,11 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
       const cpu::Scratch& scratch = scratch_tensors.view();
       for (int64_t w = w0; w < w1; ++w) {
         const int64_t i = w / h, head = w % h;
-        const int64_t ring = sp[i] * h + head;  // (slot, head)
-        cpu::DecodeItem item{};
+        cpu::DecodeItem item = cache->HostItem(sp[i], head);
         item.q = qp + w * d;
         item.k = kp + w * d;
         item.v = vnp + w * d;
-        item.ring_kt = ktp + ring * d * stride;
-        item.ring_v = vp + ring * win * d;
-        item.ring_bias = bp + ring * stride;
         item.position = pp[i];
-        item.window = win;
-        item.ring_stride = stride;
-        item.d = d;
         item.top_k = top_k;
         item.inv_var = ivp[head];
         item.out = op + w * d;

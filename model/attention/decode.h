@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "model/attention/cpu_kernels.h"
 
 namespace krause {
 
@@ -51,6 +52,9 @@ class KrauseRingCache {
   at::Tensor& values() { return values_; }  // [slots, H, W, d]
   at::Tensor& bias() { return bias_; }      // [slots, H, ring_stride]
   int64_t ring_stride() const { return ring_stride_; }
+  // The decode kernel's work item for (slot, head) of an fp32 CPU ring: ring pointers, window,
+  // stride and d filled; the caller fills q, k, v, position, top_k, inv_var and out.
+  cpu::DecodeItem HostItem(int64_t slot, int64_t head);
 
  private:
   int64_t slots_ = 0, heads_ = 0, head_dim_ = 0, window_ = 0, ring_stride_ = 0;

@@ -10,15 +10,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/attention/cpu_kernels.h"
-#include "model/engine/kv_cache.h"
-#include "model/karm.h"
+#include "model/kv_cache.h"
 #include "model/nn/packed.h"
+#include "model/pixel_model.h"
 #include "model/util/threads.h"
 
 namespace krause {
 namespace {
 
-using nn::Dot;
 using nn::Floats;
 using nn::GeluRow;
 using nn::LayerNormRow;
@@ -58,25 +57,24 @@ CpuStepPlan PlanCpuStep(const CpuStepShape& shape, const CpuStepTuning& tuning) 
   return plan;
 }
 
-absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const Arm& model,
+absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const PixelModel& model,
                                                                const CpuStepTuning& tuning) {
-  const ArmConfig& c = model.config();
+  const PixelModelConfig& c = model.config();
   std::unique_ptr<CpuDecoder> dec(new CpuDecoder());
   dec->tuning_ = tuning;
   try {
     at::NoGradGuard no_grad;
     const ParameterStore& p = model.parameters();
-    dec->krause_ = c.attention == AttentionKind::kKrause;
+    const bool krause = c.attention == AttentionKind::kKrause;
+    dec->kind_ = c.attention;
     dec->start_token_ = c.start_token;
-    dec->d_ = c.width;
+    dec->d_ = c.d_model;
     dec->heads_ = c.heads;
-    dec->head_dim_ = c.width / c.heads;
+    dec->head_dim_ = c.d_model / c.heads;
     dec->depth_ = c.depth;
     dec->mlp_ = c.mlp();
     dec->seq_len_ = c.seq_len();
-    dec->window_ = c.window;
-    dec->top_k_ = c.top_k;
-    dec->softmax_scale_ = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dec->head_dim_)));
+    dec->cache_length_ = krause ? c.window : c.seq_len();
     dec->token_emb_ = Floats(p.Get("token_emb.weight"));
     dec->pos_emb_ = Floats(p.Get("pos_emb.weight"));
     if (c.start_token) dec->start_emb_ = Floats(p.Get("start_token"));
@@ -90,7 +88,7 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const Arm& model,
       layer.ln1_b = Floats(p.Get(b + "ln1.bias"));
       layer.ln2_w = Floats(p.Get(b + "ln2.weight"));
       layer.ln2_b = Floats(p.Get(b + "ln2.bias"));
-      if (dec->krause_) {
+      if (krause) {
         layer.qkv = PackLinear(p, {a + "W_q", a + "W_k", a + "W_v"});
         // Validated as every decode step validates a log_sigma (DecodeScale).
         auto scale = DecodeScale::Create(p.Get(a + "log_sigma"), c.heads, at::Device(at::kCPU));
@@ -121,7 +119,7 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const Arm& model,
     dec->weight_bytes_ += static_cast<int64_t>(sizeof(float)) * (dec->head_.in + 1) * 256;
     // Attention per head: scores and aggregation over the window (KARM) or, on average, half
     // the sequence (ARM).
-    const double keys = dec->krause_ ? static_cast<double>(c.window) : c.seq_len() / 2.0;
+    const double keys = krause ? static_cast<double>(c.window) : c.seq_len() / 2.0;
     dec->flops_per_sequence_ =
         2 * linear_macs + c.depth * c.heads * keys * 4.0 * static_cast<double>(dec->head_dim_);
   } catch (const std::exception& e) {
@@ -157,7 +155,7 @@ struct CpuDecoder::Rows {
 void CpuDecoder::Attention(int64_t layer, const float* qkv, int64_t qkv_stride,
                            const int64_t* positions, const int64_t* slots, int64_t row_begin,
                            int64_t row_end, int64_t head_begin, int64_t head_end,
-                           ArmKvCache* cache, float* out, int64_t out_stride) const {
+                           PixelKvCache* cache, float* out, int64_t out_stride) const {
   // Rows [row_begin, row_end) of qkv / out (0-based in these buffers) are sequences
   // row_begin.. of positions / slots; items (row, head) in row-major order between
   // (row_begin, head_begin) and (row_end - 1, head_end - 1).
@@ -168,65 +166,24 @@ void CpuDecoder::Attention(int64_t layer, const float* qkv, int64_t qkv_stride,
     const int64_t h1 = r == row_end - 1 ? head_end : heads_;
     const float* row = qkv + r * qkv_stride;
     for (int64_t hh = h0; hh < h1; ++hh) {
-      const float* q = row + hh * dh;
-      const float* k = row + d + hh * dh;
-      const float* v = row + 2 * d + hh * dh;
-      float* o = out + r * out_stride + hh * dh;
-      const int64_t p = positions[r];
-      if (krause_) {
-        KrauseRingCache& ring = cache->ring(layer);
-        const int64_t stride = ring.ring_stride();
-        const int64_t idx = slots[r] * heads_ + hh;
-        cpu::DecodeItem item{};
-        item.q = q;
-        item.k = k;
-        item.v = v;
-        item.ring_kt = ring.keys_t().data_ptr<float>() + idx * dh * stride;
-        item.ring_v = ring.values().data_ptr<float>() + idx * window_ * dh;
-        item.ring_bias = ring.bias().data_ptr<float>() + idx * stride;
-        item.position = p;
-        item.window = window_;
-        item.ring_stride = stride;
-        item.d = dh;
-        item.top_k = top_k_;
-        item.inv_var = layers_[layer].inv_var[hh];
-        item.out = o;
-        cpu::CpuKernels().decode(item, scratch.Kernel(window_));
-        continue;
-      }
-      // Softmax over the whole prefix 0..p, in position order.
-      const int64_t base = (slots[r] * heads_ + hh) * seq_len_;
-      float* keys = cache->keys(layer).data_ptr<float>() + base * dh;
-      float* values = cache->values(layer).data_ptr<float>() + base * dh;
-      std::copy(k, k + dh, keys + p * dh);
-      std::copy(v, v + dh, values + p * dh);
-      float* score = scratch.Floats(seq_len_);
-      float row_max = -INFINITY;
-      for (int64_t j = 0; j <= p; ++j) {
-        score[j] = Dot(q, keys + j * dh, dh) * softmax_scale_;
-        row_max = std::max(row_max, score[j]);
-      }
-      float total = 0.0f;
-      for (int64_t j = 0; j <= p; ++j) {
-        score[j] = std::exp(score[j] - row_max);
-        total += score[j];
-      }
-      std::fill(o, o + dh, 0.0f);
-      for (int64_t j = 0; j <= p; ++j) {
-        const float w = score[j];
-        const float* vj = values + j * dh;
-        for (int64_t t = 0; t < dh; ++t) o[t] += w * vj[t];
-      }
-      const float inv = 1.0f / total;
-      for (int64_t t = 0; t < dh; ++t) o[t] *= inv;
+      DecodeRow item;
+      item.slot = slots[r];
+      item.head = hh;
+      item.position = positions[r];
+      item.q = row + hh * dh;
+      item.k = row + d + hh * dh;
+      item.v = row + 2 * d + hh * dh;
+      if (!layers_[layer].inv_var.empty()) item.inv_var = layers_[layer].inv_var[hh];
+      item.out = out + r * out_stride + hh * dh;
+      cache->layer(layer).AttendRow(item, scratch);
     }
   }
 }
 
-void CpuDecoder::EmbedRow(int64_t u, int64_t position, int64_t slot, const ArmKvCache& cache,
+void CpuDecoder::EmbedRow(int64_t u, int64_t position, int64_t slot, const PixelKvCache& cache,
                           float* out) const {
   const int64_t d = d_;
-  const float* tok = u == Arm::kStartToken ? start_emb_.data() : &token_emb_[u * d];
+  const float* tok = u == PixelModel::kStartToken ? start_emb_.data() : &token_emb_[u * d];
   const float* pos = &pos_emb_[position * d];
   if (class_emb_.empty()) {
     for (int64_t i = 0; i < d; ++i) out[i] = tok[i] + pos[i];
@@ -238,7 +195,7 @@ void CpuDecoder::EmbedRow(int64_t u, int64_t position, int64_t slot, const ArmKv
 }
 
 void CpuDecoder::RunRows(const int64_t* u, const int64_t* positions, const int64_t* slots,
-                         int64_t begin, int64_t end, ArmKvCache* cache, float* logits) const {
+                         int64_t begin, int64_t end, PixelKvCache* cache, float* logits) const {
   const int64_t n = end - begin, d = d_;
   const Rows b(*this, n, Scratch().Rows(Rows::Floats(*this, n)));
   u += begin;
@@ -267,7 +224,7 @@ void CpuDecoder::RunRows(const int64_t* u, const int64_t* positions, const int64
 }
 
 void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const int64_t* slots,
-                             int64_t s, ArmKvCache* cache, float* logits) const {
+                             int64_t s, PixelKvCache* cache, float* logits) const {
   // The same arithmetic as RunRows, op by op over all s rows; each op is split over the
   // threads where a task gets enough work, and runs inline otherwise.
   const int64_t d = d_;
@@ -287,7 +244,9 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
     });
   };
   rows(2.0 * d, [&](int64_t r) { EmbedRow(u[r], positions[r], slots[r], *cache, b.x + r * d); });
-  const double keys = krause_ ? static_cast<double>(window_) : seq_len_ / 2.0;
+  // Keys an attention row reads: the window (KARM) or, on average, half the sequence (ARM).
+  const double keys =
+      kind_ == AttentionKind::kKrause ? static_cast<double>(cache_length_) : cache_length_ / 2.0;
   for (int64_t l = 0; l < depth_; ++l) {
     const Layer& L = layers_[l];
     rows(8.0 * d, [&](int64_t r) {
@@ -317,21 +276,22 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
 }
 
 absl::Status CpuDecoder::Step(const int64_t* u, const int64_t* positions, const int64_t* slots,
-                              int64_t s, ArmKvCache* cache, float* logits,
+                              int64_t s, PixelKvCache* cache, float* logits,
                               std::optional<CpuStepPlan::Mode> force) const {
   if (cache == nullptr) return absl::InvalidArgumentError("cache is null");
   if (s < 0) return absl::InvalidArgumentError(absl::StrCat("s must be >= 0, got ", s));
   if (s == 0) return absl::OkStatus();
   // The cache must be this model's, on the CPU, fp32.
-  if (cache->krause() != krause_) {
+  if (cache->kind() != kind_ || cache->layers() != depth_) {
     return absl::InvalidArgumentError("cache was made for another kind of model");
   }
-  const at::Tensor& probe = krause_ ? cache->ring(0).values() : cache->values(0);
-  if (!probe.defined() || !probe.device().is_cpu() || probe.scalar_type() != at::kFloat ||
-      probe.size(1) != heads_ || probe.size(3) != head_dim_ ||
-      probe.size(2) != (krause_ ? window_ : seq_len_)) {
-    return absl::InvalidArgumentError(
-        "cache must be an fp32 CPU cache made for this model's config");
+  for (int64_t l = 0; l < depth_; ++l) {
+    const LayerKvCache& layer = cache->layer(l);
+    if (!layer.device().is_cpu() || layer.dtype() != at::kFloat || layer.heads() != heads_ ||
+        layer.head_dim() != head_dim_ || layer.length() != cache_length_) {
+      return absl::InvalidArgumentError(
+          "cache must be an fp32 CPU cache made for this model's config");
+    }
   }
   const int64_t cache_slots = cache->slots();
   if (cache->conditional() != !class_emb_.empty()) {
@@ -354,7 +314,7 @@ absl::Status CpuDecoder::Step(const int64_t* u, const int64_t* positions, const 
       return absl::InvalidArgumentError(absl::StrCat("positions[", i, "] = ", positions[i],
                                                      " is outside [0, ", seq_len_, ")"));
     }
-    const bool start = start_token_ && u[i] == Arm::kStartToken;
+    const bool start = start_token_ && u[i] == PixelModel::kStartToken;
     if (!start && (u[i] < 0 || u[i] > 255)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "u[", i, "] = ", u[i], " is not a pixel value",
@@ -387,6 +347,19 @@ absl::Status CpuDecoder::Step(const int64_t* u, const int64_t* positions, const 
     return absl::InternalError(absl::StrCat("decode step failed: ", e.what()));
   }
   return absl::OkStatus();
+}
+
+PixelDecodeWeights PackForDecode(const PixelModel& model) {
+  PixelDecodeWeights w;
+  absl::StatusOr<std::vector<DecodeScale>> scales = model.DecodeScales();
+  TORCH_CHECK(scales.ok(), scales.status().ToString());
+  w.scales = std::move(scales).value();
+  if (model.device().is_cpu()) {
+    auto cpu = CpuDecoder::Create(model);
+    TORCH_CHECK(cpu.ok(), cpu.status().ToString());
+    w.cpu = std::move(cpu).value();
+  }
+  return w;
 }
 
 }  // namespace krause

@@ -19,8 +19,11 @@
 // the attention), so a sequence's logits have the same bits whatever the mode, the batch and the
 // other sequences: the engine's reproducibility guarantee. Tests force each mode.
 //
-// Reference: Arm::DecodeStep without packed weights (LibTorch ops); tests compare against it and
-// against the teacher-forced forward.
+// The attention of each (sequence, head) is the cache's (kv_cache.h, LayerKvCache::AttendRow):
+// the decoder never touches cache storage itself.
+//
+// Reference: PixelModel::DecodeStep without packed weights (LibTorch ops); tests compare against
+// it and against the teacher-forced forward.
 //
 // Thread-safety: a decoder is immutable after Create; Step may run concurrently for different
 // caches (scratch is per thread). It borrows nothing from the model after Create.
@@ -33,12 +36,12 @@
 
 #include "absl/status/statusor.h"
 #include "model/nn/packed.h"
+#include "model/pixel_model.h"
 #include "model/util/threads.h"
 
 namespace krause {
 
-class Arm;
-class ArmKvCache;
+class PixelKvCache;
 
 // How one decode step uses the threads (a pure function of its size; see PlanCpuStep).
 struct CpuStepPlan {
@@ -67,11 +70,11 @@ struct CpuStepTuning {
 // more rounded to the linear kernel's row group of 4) and kLayerOps for larger ones.
 CpuStepPlan PlanCpuStep(const CpuStepShape& shape, const CpuStepTuning& tuning = {});
 
-class CpuDecoder {
+class CpuDecoder final : public PackedDecodeStep {
  public:
   // Packs the model's current weights (any dtype on the CPU; fp32 copies). `tuning` sets the
   // plan's thresholds and, in kLayerOps, the smallest piece an op is split into.
-  static absl::StatusOr<std::unique_ptr<CpuDecoder>> Create(const Arm& model,
+  static absl::StatusOr<std::unique_ptr<CpuDecoder>> Create(const PixelModel& model,
                                                             const CpuStepTuning& tuning = {});
 
   // One decode step for s sequences (host arrays of s entries): u[i] the model-input token of
@@ -79,10 +82,14 @@ class CpuDecoder {
   // sequence's earlier positions. Appends the new keys and values to the cache and writes
   // logits [s, 256] (row-major) to `logits`. InvalidArgument naming the entry for a token,
   // position or slot out of range or a slot given twice; nothing is written then.
-  // `force` overrides the plan (tests and benchmarks).
   absl::Status Step(const int64_t* u, const int64_t* positions, const int64_t* slots, int64_t s,
-                    ArmKvCache* cache, float* logits,
-                    std::optional<CpuStepPlan::Mode> force = std::nullopt) const;
+                    PixelKvCache* cache, float* logits) const override {
+    return Step(u, positions, slots, s, cache, logits, std::nullopt);
+  }
+  // The same with `force` overriding the plan (tests and benchmarks).
+  absl::Status Step(const int64_t* u, const int64_t* positions, const int64_t* slots, int64_t s,
+                    PixelKvCache* cache, float* logits,
+                    std::optional<CpuStepPlan::Mode> force) const;
 
   // The plan Step would use for s sequences with the current intra-op threads.
   CpuStepPlan Plan(int64_t s) const;
@@ -101,21 +108,21 @@ class CpuDecoder {
   CpuDecoder() = default;
   struct Rows;  // a task's scratch rows
   void RunRows(const int64_t* u, const int64_t* positions, const int64_t* slots, int64_t begin,
-               int64_t end, ArmKvCache* cache, float* logits) const;
+               int64_t end, PixelKvCache* cache, float* logits) const;
   void RunLayerOps(const int64_t* u, const int64_t* positions, const int64_t* slots, int64_t s,
-                   ArmKvCache* cache, float* logits) const;
+                   PixelKvCache* cache, float* logits) const;
   // Row r's input: token (or start) embedding + position embedding (+ the slot's class
   // embedding of a conditional model), into out [D].
-  void EmbedRow(int64_t u, int64_t position, int64_t slot, const ArmKvCache& cache,
+  void EmbedRow(int64_t u, int64_t position, int64_t slot, const PixelKvCache& cache,
                 float* out) const;
   void Attention(int64_t layer, const float* qkv, int64_t qkv_stride, const int64_t* positions,
                  const int64_t* slots, int64_t row_begin, int64_t row_end, int64_t head_begin,
-                 int64_t head_end, ArmKvCache* cache, float* out, int64_t out_stride) const;
+                 int64_t head_end, PixelKvCache* cache, float* out, int64_t out_stride) const;
 
-  bool krause_ = true, start_token_ = true;
+  AttentionKind kind_ = AttentionKind::kKrause;
+  bool start_token_ = true;
   int64_t d_ = 0, heads_ = 0, head_dim_ = 0, depth_ = 0, mlp_ = 0, seq_len_ = 0;
-  int64_t window_ = 0, top_k_ = 0;
-  float softmax_scale_ = 1;  // ARM: 1 / sqrt(head_dim)
+  int64_t cache_length_ = 0;  // positions a slot of this model's cache holds (W or N)
   std::vector<float> token_emb_, pos_emb_, start_emb_;  // [256, D], [N, D], [D]
   std::vector<float> class_emb_;  // conditional models: [classes + 1, D]; else empty
   std::vector<Layer> layers_;
@@ -125,5 +132,10 @@ class CpuDecoder {
   int64_t weight_bytes_ = 0;
   CpuStepTuning tuning_;
 };
+
+// What DecodeStep reuses for `model`: on the CPU the packed step (a CpuDecoder), on any device
+// the Krause layers' scales. Throws (c10::Error) on weights the step cannot use (a bad
+// log_sigma); call again after loading new weights.
+PixelDecodeWeights PackForDecode(const PixelModel& model);
 
 }  // namespace krause

@@ -14,22 +14,22 @@
 
 namespace krause {
 
-absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(const Arm* model,
+absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(const PixelModel* model,
                                                                    const EngineOptions& options) {
   if (model == nullptr) return absl::InvalidArgumentError("model is null");
   int64_t slots = options.max_sequences;
   if (options.max_cache_bytes > 0) {
-    slots = std::min(slots, options.max_cache_bytes /
-                                ArmKvCache::BytesPerSequence(model->config(), options.cache_dtype));
+    slots = std::min(slots, options.max_cache_bytes / PixelKvCache::BytesPerSequence(
+                                                          model->config(), options.cache_dtype));
   }
   if (slots < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the cache holds no sequence: max_sequences ", options.max_sequences,
-                     ", max_cache_bytes ", options.max_cache_bytes, ", one sequence needs ",
-                     ArmKvCache::BytesPerSequence(model->config(), options.cache_dtype), " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the cache holds no sequence: max_sequences ", options.max_sequences, ", max_cache_bytes ",
+        options.max_cache_bytes, ", one sequence needs ",
+        PixelKvCache::BytesPerSequence(model->config(), options.cache_dtype), " bytes"));
   }
-  ASSIGN_OR_RETURN(ArmKvCache cache, ArmKvCache::Create(model->config(), slots, model->device(),
-                                                        options.cache_dtype));
+  ASSIGN_OR_RETURN(PixelKvCache cache, PixelKvCache::Create(model->config(), slots, model->device(),
+                                                            options.cache_dtype));
   try {  // packing the weights, pinned host buffers
     return std::unique_ptr<DecodeEngine>(new DecodeEngine(model, std::move(cache), slots, options));
   } catch (const std::exception& e) {
@@ -37,12 +37,12 @@ absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(const Arm* mo
   }
 }
 
-DecodeEngine::DecodeEngine(const Arm* model, ArmKvCache cache, int64_t slots,
+DecodeEngine::DecodeEngine(const PixelModel* model, PixelKvCache cache, int64_t slots,
                            const EngineOptions& options)
     : model_(model),
       cache_dtype_(options.cache_dtype),
       device_(model->device()),
-      packed_(model->PackForDecode()),
+      packed_(PackForDecode(*model)),
       cache_(std::move(cache)),
       host_u_(device_.HostBuffer({slots}, at::kLong)),
       host_pos_(device_.HostBuffer({slots}, at::kLong)),
@@ -95,7 +95,7 @@ bool DecodeEngine::Busy() const { return !active_.empty() || waiting() > 0; }
 
 absl::Status DecodeEngine::Admit(Sequence* s) {
   if (s->request.on_admitted) s->request.on_admitted();
-  const ArmConfig& c = model_->config();
+  const PixelModelConfig& c = model_->config();
   if (cache_.conditional()) {
     try {
       cache_.SetClass(s->slot, *c.ClassRow(s->request.label));  // validated by Submit
@@ -109,7 +109,7 @@ absl::Status DecodeEngine::Admit(Sequence* s) {
   // [prompt...] (u_p predicts x_{p+1}; an empty prompt starts from x_0 drawn uniformly).
   std::vector<int64_t> u;
   if (c.start_token) {
-    u.push_back(Arm::kStartToken);
+    u.push_back(PixelModel::kStartToken);
   } else if (s->pixels.empty()) {
     const uint8_t x0 = static_cast<uint8_t>(CounterUniform(s->request.sampling.seed, 0) * 256);
     s->pixels.push_back(x0);
@@ -329,7 +329,7 @@ absl::Status ValidateGuidance(double guidance, int64_t label) {
 
 namespace {
 
-absl::StatusOr<std::vector<double>> ScoreBitsPerDimUnguarded(const Arm& model,
+absl::StatusOr<std::vector<double>> ScoreBitsPerDimUnguarded(const PixelModel& model,
                                                              const at::Tensor& images,
                                                              const std::vector<int64_t>& labels) {
   const int64_t n = model.config().seq_len();
@@ -373,7 +373,8 @@ absl::StatusOr<std::vector<double>> ScoreBitsPerDimUnguarded(const Arm& model,
 
 }  // namespace
 
-absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const Arm& model, const at::Tensor& images,
+absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const PixelModel& model,
+                                                    const at::Tensor& images,
                                                     const std::vector<int64_t>& labels) {
   // The checks before the scoring run LibTorch ops too (conversion, min/max): nothing may throw
   // out of here into the worker thread.

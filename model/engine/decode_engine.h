@@ -38,11 +38,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/engine/cpu_decoder.h"
 #include "model/engine/decode_graphs.h"
 #include "model/engine/device_context.h"
-#include "model/engine/kv_cache.h"
 #include "model/engine/sampling.h"
-#include "model/karm.h"
+#include "model/engine/slot_pool.h"
+#include "model/kv_cache.h"
+#include "model/pixel_model.h"
 
 namespace krause {
 
@@ -98,7 +100,7 @@ struct StepStats {
 
 class DecodeEngine {
  public:
-  static absl::StatusOr<std::unique_ptr<DecodeEngine>> Create(const Arm* model,
+  static absl::StatusOr<std::unique_ptr<DecodeEngine>> Create(const PixelModel* model,
                                                               const EngineOptions& options);
 
   // Validates (InvalidArgument naming the field and limit) and queues. Returns the request id.
@@ -121,7 +123,7 @@ class DecodeEngine {
   int64_t waiting() const;
   const SlotPool& pool() const { return pool_; }
   int64_t bytes_per_sequence() const {
-    return ArmKvCache::BytesPerSequence(model_->config(), cache_dtype_);
+    return PixelKvCache::BytesPerSequence(model_->config(), cache_dtype_);
   }
   const at::Device& device() const { return device_.device(); }
   // The CUDA graphs of the decode step (null unless EngineOptions::cuda_graphs applied).
@@ -138,7 +140,8 @@ class DecodeEngine {
     std::vector<uint8_t> pixels;
   };
 
-  DecodeEngine(const Arm* model, ArmKvCache cache, int64_t slots, const EngineOptions& options);
+  DecodeEngine(const PixelModel* model, PixelKvCache cache, int64_t slots,
+               const EngineOptions& options);
   // The decode step over the active sequences and their guide slots: logits [rows, 256] on the
   // host (host_logits_); sets *rows and guide_rows_.
   const float* RunDecodeStep(int64_t* rows);
@@ -147,12 +150,12 @@ class DecodeEngine {
   absl::Status Admit(Sequence* s);  // prefill into a committed slot
   void Finish(Sequence* s, absl::Status status, StepStats* stats);
 
-  const Arm* model_;
+  const PixelModel* model_;
   at::ScalarType cache_dtype_ = at::kFloat;
   const DeviceContext device_;
   // Batch-invariant linear layers (CPU only) and the Krause layers' scales (any device).
-  const ArmPackedWeights packed_;
-  ArmKvCache cache_;
+  const PixelDecodeWeights packed_;
+  PixelKvCache cache_;
   std::unique_ptr<DecodeGraphs> graphs_;
   // Host staging for one decode step (pinned on a GPU): tokens, positions, slots; logits.
   at::Tensor host_u_, host_pos_, host_slots_, host_logits_;
@@ -176,7 +179,8 @@ absl::Status ValidateGuidance(double guidance, int64_t label);
 // images: [B, N] (uint8 or int64, raster order). labels: empty, or one class per image (-1: none)
 // for a conditional model's conditional bits/dim. InvalidArgument on a shape, value or class
 // mismatch.
-absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const Arm& model, const at::Tensor& images,
+absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const PixelModel& model,
+                                                    const at::Tensor& images,
                                                     const std::vector<int64_t>& labels = {});
 
 }  // namespace krause

@@ -45,7 +45,7 @@ void AbandonCapture() {
 }  // namespace
 #endif
 
-bool DecodeGraphs::Supported(const Arm& model) {
+bool DecodeGraphs::Supported(const PixelModel& model) {
 #ifdef KRAUSE_CUDA_GRAPHS
   return model.device().is_cuda() && model.config().attention == AttentionKind::kKrause;
 #else
@@ -54,15 +54,15 @@ bool DecodeGraphs::Supported(const Arm& model) {
 #endif
 }
 
-DecodeGraphs::DecodeGraphs(const Arm* model, ArmKvCache* cache, const ArmPackedWeights* packed,
-                           int64_t max_sequences)
+DecodeGraphs::DecodeGraphs(const PixelModel* model, PixelKvCache* cache,
+                           const PixelDecodeWeights* packed, int64_t max_sequences)
     : model_(model), cache_(cache), packed_(packed) {
   if (!Supported(*model)) {
     reason_ = "CUDA graphs need a KARM on a GPU, in a CUDA build against LibTorch 2.x";
     return;
   }
   if (packed == nullptr || static_cast<int64_t>(packed->scales.size()) != model->config().depth) {
-    reason_ = "CUDA graphs need the model's decode scales (Arm::PackForDecode)";
+    reason_ = "CUDA graphs need the model's decode scales (PackForDecode, engine/cpu_decoder.h)";
     return;
   }
 #ifdef KRAUSE_CUDA_GRAPHS

@@ -26,8 +26,8 @@
 #include <memory>
 #include <string>
 
-#include "model/engine/kv_cache.h"
-#include "model/karm.h"
+#include "model/kv_cache.h"
+#include "model/pixel_model.h"
 
 namespace krause {
 
@@ -36,16 +36,16 @@ class DecodeGraphs {
   // Whether graphs can apply to this model here: a KARM on a GPU in a CUDA build against
   // LibTorch 2.x (1.13's capture mode is process-global, which other models' worker threads
   // would trip over).
-  static bool Supported(const Arm& model);
+  static bool Supported(const PixelModel& model);
 
   // Borrows the model, its cache and its packed weights (all must outlive this object).
   // max_sequences: the largest S a step will have (the cache's slots).
-  DecodeGraphs(const Arm* model, ArmKvCache* cache, const ArmPackedWeights* packed,
+  DecodeGraphs(const PixelModel* model, PixelKvCache* cache, const PixelDecodeWeights* packed,
                int64_t max_sequences);
   ~DecodeGraphs();
 
-  // One decode step as Arm::DecodeStep with host tensors u, positions, slots [S] (pinned ones
-  // make the copies asynchronous): replays the graph of S, captures it, or runs eagerly.
+  // One decode step as PixelModel::DecodeStep with host tensors u, positions, slots [S] (pinned
+  // ones make the copies asynchronous): replays the graph of S, captures it, or runs eagerly.
   // Returns logits [S, 256] on the model's device.
   at::Tensor Step(const at::Tensor& u, const at::Tensor& positions, const at::Tensor& slots);
 
@@ -59,9 +59,9 @@ class DecodeGraphs {
  private:
   struct Graph;
 
-  const Arm* model_;
-  ArmKvCache* cache_;
-  const ArmPackedWeights* packed_;
+  const PixelModel* model_;
+  PixelKvCache* cache_;
+  const PixelDecodeWeights* packed_;
   bool enabled_ = false;
   std::string reason_;
   at::Tensor u_, positions_, slots_;  // fixed device inputs [max_sequences]

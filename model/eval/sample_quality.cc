@@ -12,11 +12,11 @@
 
 namespace krause {
 
-absl::StatusOr<at::Tensor> SampleImages(const Arm& model, const std::vector<int64_t>& labels,
+absl::StatusOr<at::Tensor> SampleImages(const PixelModel& model, const std::vector<int64_t>& labels,
                                         uint64_t seed, const SamplingParams& sampling,
                                         const std::function<void(int64_t)>& progress,
                                         double guidance) {
-  const ArmConfig& c = model.config();
+  const PixelModelConfig& c = model.config();
   const int64_t count = static_cast<int64_t>(labels.size()), n = c.seq_len();
   if (count == 0) return at::empty({0, c.channels, c.height, c.width_px}, at::kByte);
   EngineOptions eo;

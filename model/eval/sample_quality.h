@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/engine/sampling.h"
-#include "model/karm.h"
+#include "model/pixel_model.h"
 #include "model/vit.h"
 
 namespace krause {
@@ -28,7 +28,7 @@ namespace krause {
 // labels[i]: the class of image i (-1: none). guidance: GenerationRequest::guidance for the
 // images with a class. Returns [N, C, H, W] uint8. `progress(done)` is called after each engine
 // step that finished images.
-absl::StatusOr<at::Tensor> SampleImages(const Arm& model, const std::vector<int64_t>& labels,
+absl::StatusOr<at::Tensor> SampleImages(const PixelModel& model, const std::vector<int64_t>& labels,
                                         uint64_t seed, const SamplingParams& sampling = {},
                                         const std::function<void(int64_t)>& progress = nullptr,
                                         double guidance = 1.0);

@@ -45,7 +45,7 @@ ABSL_FLAG(double, label_drop, 0.1,
           "class\"");
 ABSL_FLAG(bool, quiet, false, "no progress output");
 // model sizes
-ABSL_FLAG(int64_t, width, 64, "model width D");
+ABSL_FLAG(int64_t, width, 64, "model width d_model (the checkpoint config's \"width\")");
 ABSL_FLAG(int64_t, depth, 4, "layers");
 ABSL_FLAG(int64_t, heads, 4, "attention heads");
 ABSL_FLAG(int64_t, mlp, 128, "ViT MLP width (generators use 4 D)");
@@ -106,9 +106,9 @@ int main(int argc, char** argv) {
   o.quiet = absl::GetFlag(FLAGS_quiet);
   o.command = absl::StrJoin(argv, argv + argc, " ");
 
-  o.vit.width = o.arm.width = absl::GetFlag(FLAGS_width);
-  o.vit.depth = o.arm.depth = absl::GetFlag(FLAGS_depth);
-  o.vit.heads = o.arm.heads = absl::GetFlag(FLAGS_heads);
+  o.vit.d_model = o.pixel.d_model = absl::GetFlag(FLAGS_width);
+  o.vit.depth = o.pixel.depth = absl::GetFlag(FLAGS_depth);
+  o.vit.heads = o.pixel.heads = absl::GetFlag(FLAGS_heads);
   o.vit.mlp = absl::GetFlag(FLAGS_mlp);
   o.vit.patch = absl::GetFlag(FLAGS_patch);
   o.vit.radius = absl::GetFlag(FLAGS_radius);
@@ -119,12 +119,12 @@ int main(int argc, char** argv) {
   }
   o.vit.metric =
       metric == "manhattan" ? krause::GridMetric::kManhattan : krause::GridMetric::kChebyshev;
-  o.arm.window = absl::GetFlag(FLAGS_window);
+  o.pixel.window = absl::GetFlag(FLAGS_window);
   const int64_t k = absl::GetFlag(FLAGS_top_k);
   o.vit.top_k = k > 0 ? k : 2;
-  o.arm.top_k = k > 0 ? k : std::max<int64_t>(1, o.arm.window / 2);
-  o.vit.sigma_init = o.arm.sigma_init = absl::GetFlag(FLAGS_sigma_init);
-  o.arm.start_token = absl::GetFlag(FLAGS_start_token);
+  o.pixel.top_k = k > 0 ? k : std::max<int64_t>(1, o.pixel.window / 2);
+  o.vit.sigma_init = o.pixel.sigma_init = absl::GetFlag(FLAGS_sigma_init);
+  o.pixel.start_token = absl::GetFlag(FLAGS_start_token);
 
   const absl::Status st = krause::Train(o);
   if (!st.ok()) {

@@ -56,11 +56,13 @@ ImageDataset Limit(ImageDataset d, int64_t limit) {
 // The model being trained: a classifier or a generator behind one small interface.
 struct Trainee {
   std::optional<ViT> vit;
-  std::optional<Arm> arm;
+  std::optional<PixelModel> pixel;
   bool classifier() const { return vit.has_value(); }
-  ParameterStore& params() { return vit ? vit->parameters() : arm->parameters(); }
-  std::string config_json() const { return vit ? vit->config().ToJson() : arm->config().ToJson(); }
-  AttentionCost flops() const { return vit ? vit->FlopsPerImage() : arm->FlopsPerImage(); }
+  ParameterStore& params() { return vit ? vit->parameters() : pixel->parameters(); }
+  std::string config_json() const {
+    return vit ? vit->config().ToJson() : pixel->config().ToJson();
+  }
+  AttentionCost flops() const { return vit ? vit->FlopsPerImage() : pixel->FlopsPerImage(); }
 };
 
 at::Tensor Normalise(const ViTConfig& c, const at::Tensor& pixels, const at::Device& dev) {
@@ -105,12 +107,13 @@ struct EvalResult {
 
 // A conditional generator's class rows for a batch of labels (undefined for an unconditional
 // one): with `drop` > 0, each label becomes the null class with that probability.
-at::Tensor ClassRows(const Arm& arm, const at::Tensor& labels, double drop, at::Generator* gen) {
-  if (!arm.config().conditional()) return {};
+at::Tensor ClassRows(const PixelModel& model, const at::Tensor& labels, double drop,
+                     at::Generator* gen) {
+  if (!model.config().conditional()) return {};
   at::Tensor rows = labels.to(at::kLong);
   if (drop > 0) {
     const at::Tensor dropped = at::rand({rows.size(0)}, *gen) < drop;
-    rows = at::where(dropped, at::full_like(rows, arm.config().null_class()), rows);
+    rows = at::where(dropped, at::full_like(rows, model.config().null_class()), rows);
   }
   return rows;
 }
@@ -130,9 +133,9 @@ EvalResult Evaluate(Trainee& m, const ImageDataset& test, int64_t batch, const a
           at::nll_loss(at::log_softmax(logits, -1), labels, {}, at::Reduction::Sum).item<double>();
     } else {
       const at::Tensor tokens = RasterTokens(px, dev);
-      const at::Tensor rows = ClassRows(*m.arm, test.labels.narrow(0, s, b), 0, nullptr);
-      nll += m.arm->NllPerImage(tokens, KrauseImpl::kAuto, rows).sum().item<double>();
-      if (rows.defined()) nll_unconditional += m.arm->NllPerImage(tokens).sum().item<double>();
+      const at::Tensor rows = ClassRows(*m.pixel, test.labels.narrow(0, s, b), 0, nullptr);
+      nll += m.pixel->NllPerImage(tokens, KrauseImpl::kAuto, rows).sum().item<double>();
+      if (rows.defined()) nll_unconditional += m.pixel->NllPerImage(tokens).sum().item<double>();
     }
   }
   EvalResult r;
@@ -147,15 +150,16 @@ EvalResult Evaluate(Trainee& m, const ImageDataset& test, int64_t batch, const a
 // On the CPU through the generation engine (KV caches, one batched decode step per subpixel;
 // image i from seed + i); elsewhere by re-running the forward over the prefix per subpixel.
 // A conditional generator draws class i % classes for image i.
-at::Tensor SampleForCard(const Arm& arm, int64_t count, uint64_t seed, const at::Device& dev) {
+at::Tensor SampleForCard(const PixelModel& model, int64_t count, uint64_t seed,
+                         const at::Device& dev) {
   at::NoGradGuard no_grad;
-  const ArmConfig& c = arm.config();
+  const PixelModelConfig& c = model.config();
   const int64_t n = c.seq_len();
   auto label_of = [&c](int64_t i) { return c.conditional() ? i % c.classes : int64_t{-1}; };
   if (dev.is_cpu()) {
     std::vector<int64_t> labels(count);
     for (int64_t i = 0; i < count; ++i) labels[i] = label_of(i);
-    auto imgs = SampleImages(arm, labels, seed);
+    auto imgs = SampleImages(model, labels, seed);
     if (imgs.ok()) return *imgs;
   }
   at::Generator gen = at::detail::createCPUGenerator(seed);
@@ -166,7 +170,7 @@ at::Tensor SampleForCard(const Arm& arm, int64_t count, uint64_t seed, const at:
   for (int64_t t = first; t < n; ++t) {
     // With a start token t pixels give t + 1 positions, without one t positions: either way the
     // last position predicts x_t.
-    const at::Tensor logits = arm.Forward(x.narrow(1, 0, t).to(dev), KrauseImpl::kAuto, classes)
+    const at::Tensor logits = model.Forward(x.narrow(1, 0, t).to(dev), KrauseImpl::kAuto, classes)
                                   .select(1, -1)
                                   .to(at::kCPU);
     x.select(1, t).copy_(at::multinomial(at::softmax(logits, -1), 1, false, gen).squeeze(1));
@@ -232,7 +236,7 @@ absl::Status Train(const TrainOptions& o) {
     ASSIGN_OR_RETURN(ViT v, ViT::Create(c, o.seed));
     m.vit = std::move(v);
   } else if (o.model == "karm" || o.model == "arm") {
-    ArmConfig c = o.arm;
+    PixelModelConfig c = o.pixel;
     c.attention = o.model == "arm" ? AttentionKind::kSoftmax : AttentionKind::kKrause;
     c.height = height;
     c.width_px = width;
@@ -241,8 +245,8 @@ absl::Status Train(const TrainOptions& o) {
       c.classes = static_cast<int64_t>(train.label_names.size());
       c.labels = train.label_names;
     }
-    ASSIGN_OR_RETURN(Arm a, Arm::Create(c, o.seed));
-    m.arm = std::move(a);
+    ASSIGN_OR_RETURN(PixelModel a, PixelModel::Create(c, o.seed));
+    m.pixel = std::move(a);
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--model must be krause_vit, vit, karm or arm, got ", o.model));
@@ -309,8 +313,8 @@ absl::Status Train(const TrainOptions& o) {
                                     o.label_smoothing);
       } else {
         const at::Tensor rows =
-            ClassRows(*m.arm, train.labels.index_select(0, idx), o.label_drop, &gen);
-        loss = m.arm
+            ClassRows(*m.pixel, train.labels.index_select(0, idx), o.label_drop, &gen);
+        loss = m.pixel
                    ->NllPerImage(RasterTokens(px, dev), KrauseImpl::kAuto,
                                  rows.defined() ? rows.to(dev) : rows)
                    .mean();
@@ -401,8 +405,9 @@ absl::Status Train(const TrainOptions& o) {
       {m.classifier() ? "test_accuracy" : "test_bits_per_dim", final_eval.metric},
       {"test_nll", final_eval.loss},
       {"label_drop", o.conditional ? o.label_drop : 0.0},
-      {"test_bits_per_dim_unconditional",
-       m.arm && m.arm->config().conditional() ? final_eval.unconditional_bits : final_eval.metric},
+      {"test_bits_per_dim_unconditional", m.pixel && m.pixel->config().conditional()
+                                              ? final_eval.unconditional_bits
+                                              : final_eval.metric},
       {"train_seconds", trained_seconds},
       {"wall_seconds", Seconds(start)},
       {"threads", at::get_num_threads()},
@@ -415,14 +420,14 @@ absl::Status Train(const TrainOptions& o) {
   if (!m.classifier() && o.samples > 0) {
     if (!o.quiet)
       std::fprintf(stderr, "sampling %lld images...\n", static_cast<long long>(o.samples));
-    const ArmConfig& ac = m.arm->config();
+    const PixelModelConfig& ac = m.pixel->config();
     if (ac.conditional()) {
       // o.samples per class (image i is class i % classes), one row per class.
-      const at::Tensor imgs = SampleForCard(*m.arm, o.samples * ac.classes, o.seed + 17, dev);
+      const at::Tensor imgs = SampleForCard(*m.pixel, o.samples * ac.classes, o.seed + 17, dev);
       RETURN_IF_ERROR(
           WritePng(o.out_dir + "/samples.png", ClassRowsGrid(imgs, ac.classes, o.samples)));
     } else {
-      const at::Tensor imgs = SampleForCard(*m.arm, o.samples, o.seed + 17, dev);
+      const at::Tensor imgs = SampleForCard(*m.pixel, o.samples, o.seed + 17, dev);
       RETURN_IF_ERROR(
           WritePng(o.out_dir + "/samples.png",
                    ImageGrid(imgs, static_cast<int64_t>(std::ceil(std::sqrt(o.samples))))));

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "model/karm.h"
+#include "model/pixel_model.h"
 #include "model/vit.h"
 
 namespace krause {
@@ -35,14 +35,14 @@ struct TrainOptions {
   // Generators: images sampled into samples.png at the end (0: none); conditional generators
   // sample this many per class, one row per class.
   int64_t samples = 16;
-  // Generators: condition on the data set's classes (a class embedding; ArmConfig::classes),
+  // Generators: condition on the data set's classes (a class embedding; PixelModelConfig::classes),
   // with the label dropped to "no class" for this share of the training sequences, so that the
   // model also samples and scores unconditionally.
   bool conditional = false;
   double label_drop = 0.1;
   std::string command;   // the command line, recorded in summary.json
   ViTConfig vit;         // sizes for krause_vit / vit (attention is set from `model`)
-  ArmConfig arm;         // sizes for karm / arm
+  PixelModelConfig pixel;  // sizes for karm / arm
   bool quiet = false;    // no progress bar
 };
 

@@ -1,122 +1,26 @@
-#include "model/karm.h"
+#include "model/pixel_model.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cmath>
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "model/attention/causal_softmax.h"
-#include "model/engine/cpu_decoder.h"
-#include "model/engine/kv_cache.h"
+#include "model/kv_cache.h"
 #include "model/nn/layers.h"
 #include "model/util/status_macros.h"
 
 namespace krause {
 
-std::string ArmConfig::ToJson() const {
-  nlohmann::json j = {{"model", "arm"},           {"attention", AttentionKindName(attention)},
-                      {"height", height},         {"width_px", width_px},
-                      {"channels", channels},     {"width", width},
-                      {"depth", depth},           {"heads", heads},
-                      {"window", window},         {"top_k", top_k},
-                      {"sigma_init", sigma_init}, {"start_token", start_token}};
-  // Unconditional configs keep the official keys only (their JSON is unchanged).
-  if (classes > 0) {
-    j["classes"] = classes;
-    j["labels"] = labels;
-  }
-  return j.dump();
-}
-
-absl::StatusOr<ArmConfig> ArmConfig::FromJson(const std::string& text) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object())
-    return absl::InvalidArgumentError("config: not a JSON object");
-  ArmConfig c;
-  try {
-    if (j.value("model", "arm") != "arm")
-      return absl::InvalidArgumentError("config: model is not \"arm\"");
-    absl::StatusOr<AttentionKind> kind =
-        ParseAttentionKind(j.value("attention", std::string(AttentionKindName(c.attention))));
-    if (!kind.ok()) return kind.status();
-    c.attention = *kind;
-    c.height = j.value("height", c.height);
-    c.width_px = j.value("width_px", c.width_px);
-    c.channels = j.value("channels", c.channels);
-    c.width = j.value("width", c.width);
-    c.depth = j.value("depth", c.depth);
-    c.heads = j.value("heads", c.heads);
-    c.window = j.value("window", c.window);
-    c.top_k = j.value("top_k", c.top_k);
-    c.sigma_init = j.value("sigma_init", c.sigma_init);
-    c.start_token = j.value("start_token", c.start_token);
-    c.classes = j.value("classes", c.classes);
-    c.labels = j.value("labels", c.labels);
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("config: ", e.what()));
-  }
-  RETURN_IF_ERROR(c.Validate());
-  return c;
-}
-
-absl::Status ArmConfig::Validate() const {
-  if (height < 1 || width_px < 1 || channels < 1) {
-    return absl::InvalidArgumentError("config: height, width_px and channels must be >= 1");
-  }
-  if (width < 1 || heads < 1 || width % heads != 0 || depth < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config: width ", width, " must be a multiple of heads ", heads, ", depth >= 1"));
-  }
-  if (classes < 0 || (!labels.empty() && static_cast<int64_t>(labels.size()) != classes)) {
-    return absl::InvalidArgumentError(absl::StrCat("config: classes ", classes,
-                                                   " must be >= 0 with 0 or `classes` labels, got ",
-                                                   labels.size(), " labels"));
-  }
-  if (attention == AttentionKind::kKrause && (window < 1 || top_k < 1 || !(sigma_init > 0))) {
-    return absl::InvalidArgumentError("config: window, top_k and sigma_init must be positive");
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<int64_t> ArmConfig::ClassRow(int64_t label) const {
-  if (label < 0) return conditional() ? null_class() : -1;
-  if (!conditional()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("class ", label, " given, but the model is unconditional (no classes)"));
-  }
-  if (label >= classes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("class ", label, " is outside [0, ", classes, ")"));
-  }
-  return label;
-}
-
-absl::StatusOr<int64_t> ArmConfig::ClassOfLabel(const std::string& label) const {
-  if (!conditional()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("class \"", label, "\" given, but the model is unconditional (no classes)"));
-  }
-  for (size_t i = 0; i < labels.size(); ++i)
-    if (labels[i] == label) return static_cast<int64_t>(i);
-  if (labels.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("class \"", label, "\": the model names no ",
-                                                   "classes; give an index in [0, ", classes, ")"));
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "class \"", label, "\" is unknown; valid labels: ", absl::StrJoin(labels, ", ")));
-}
-
-absl::StatusOr<Arm> Arm::Create(const ArmConfig& config, uint64_t seed) {
+absl::StatusOr<PixelModel> PixelModel::Create(const PixelModelConfig& config, uint64_t seed) {
   RETURN_IF_ERROR(config.Validate());
-  Arm m;
+  PixelModel m;
   m.config_ = config;
   at::Generator gen = at::detail::createCPUGenerator(seed);
   ParameterStore& p = m.params_;
-  const int64_t d = config.width;
+  const int64_t d = config.d_model;
   p.Add("token_emb.weight", nn::TruncNormal({256, d}, 0.02, gen));
   p.Add("pos_emb.weight", nn::TruncNormal({config.seq_len(), d}, 0.02, gen));
   if (config.start_token) p.Add("start_token", nn::TruncNormal({d}, 0.02, gen));
@@ -144,8 +48,8 @@ absl::StatusOr<Arm> Arm::Create(const ArmConfig& config, uint64_t seed) {
   return m;
 }
 
-at::Tensor Arm::Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl,
-                          std::vector<std::pair<at::Tensor, at::Tensor>>* kv) const {
+at::Tensor PixelModel::Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl,
+                                 std::vector<std::pair<at::Tensor, at::Tensor>>* kv) const {
   // x: [B, T, D] -> [B, T, D]
   const std::string a = absl::StrCat("layers.", layer, ".attn.");
   const bool krause = config_.attention == AttentionKind::kKrause;
@@ -173,13 +77,13 @@ at::Tensor Arm::Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl,
   return nn::Linear(params_, a + "out_proj", nn::MergeHeads(out));
 }
 
-at::Tensor Arm::Embed(const at::Tensor& u) const {
+at::Tensor PixelModel::Embed(const at::Tensor& u) const {
   const at::Tensor emb = at::embedding(params_.Get("token_emb.weight"), u.clamp_max(255));
   if (!config_.start_token) return emb;
   return at::where((u == kStartToken).unsqueeze(-1), params_.Get("start_token"), emb);
 }
 
-at::Tensor Arm::AddClass(const at::Tensor& x, const at::Tensor& classes) const {
+at::Tensor PixelModel::AddClass(const at::Tensor& x, const at::Tensor& classes) const {
   if (!config_.conditional()) {
     TORCH_CHECK(!classes.defined(), "classes given to an unconditional model");
     return x;
@@ -193,9 +97,9 @@ at::Tensor Arm::AddClass(const at::Tensor& x, const at::Tensor& classes) const {
   return x + at::embedding(params_.Get("class_emb.weight"), c).unsqueeze(1);
 }
 
-at::Tensor Arm::ForwardTokens(const at::Tensor& u, KrauseImpl impl,
-                              std::vector<std::pair<at::Tensor, at::Tensor>>* kv,
-                              const at::Tensor& classes) const {
+at::Tensor PixelModel::ForwardTokens(const at::Tensor& u, KrauseImpl impl,
+                                     std::vector<std::pair<at::Tensor, at::Tensor>>* kv,
+                                     const at::Tensor& classes) const {
   const int64_t t = u.size(1);
   at::Tensor x = AddClass(Embed(u) + params_.Get("pos_emb.weight").narrow(0, 0, t),
                           classes);  // [B, T, D]
@@ -208,14 +112,14 @@ at::Tensor Arm::ForwardTokens(const at::Tensor& u, KrauseImpl impl,
   return nn::Linear(params_, "head", nn::LayerNorm(params_, "ln_f", x));
 }
 
-at::Tensor Arm::Forward(const at::Tensor& pixels, KrauseImpl impl,
-                        const at::Tensor& classes) const {
+at::Tensor PixelModel::Forward(const at::Tensor& pixels, KrauseImpl impl,
+                               const at::Tensor& classes) const {
   if (!config_.start_token) return ForwardTokens(pixels, impl, nullptr, classes);
   const at::Tensor start = at::full({pixels.size(0), 1}, kStartToken, pixels.options());
   return ForwardTokens(at::cat({start, pixels}, 1), impl, nullptr, classes);
 }
 
-at::Tensor Arm::Prefill(const at::Tensor& u, int64_t slot, ArmKvCache* cache) const {
+at::Tensor PixelModel::Prefill(const at::Tensor& u, int64_t slot, PixelKvCache* cache) const {
   at::NoGradGuard no_grad;
   std::vector<std::pair<at::Tensor, at::Tensor>> kv;
   at::Tensor classes;
@@ -223,34 +127,31 @@ at::Tensor Arm::Prefill(const at::Tensor& u, int64_t slot, ArmKvCache* cache) co
   const at::Tensor logits =
       ForwardTokens(u.to(device()).view({1, -1}), KrauseImpl::kAuto, &kv, classes);
   for (int64_t l = 0; l < config_.depth; ++l) {
-    cache->WritePrefix(l, slot, kv[l].first[0], kv[l].second[0]);
+    cache->layer(l).WritePrefix(slot, kv[l].first[0], kv[l].second[0]);
   }
   return logits[0];
 }
 
-at::Device Arm::device() const { return params_.Get("head.weight").device(); }
+at::Device PixelModel::device() const { return params_.Get("head.weight").device(); }
 
-ArmPackedWeights Arm::PackForDecode() const {
-  ArmPackedWeights w;
-  if (config_.attention == AttentionKind::kKrause) {
-    for (int64_t l = 0; l < config_.depth; ++l) {
-      auto scale = DecodeScale::Create(params_.Get(absl::StrCat("layers.", l, ".attn.log_sigma")),
-                                       config_.heads, device());
-      TORCH_CHECK(scale.ok(), "layer ", l, ": ", scale.status().ToString());
-      w.scales.push_back(std::move(scale).value());
+absl::StatusOr<std::vector<DecodeScale>> PixelModel::DecodeScales() const {
+  std::vector<DecodeScale> scales;
+  if (config_.attention != AttentionKind::kKrause) return scales;
+  for (int64_t l = 0; l < config_.depth; ++l) {
+    auto scale = DecodeScale::Create(params_.Get(absl::StrCat("layers.", l, ".attn.log_sigma")),
+                                     config_.heads, device());
+    if (!scale.ok()) {
+      return absl::Status(scale.status().code(),
+                          absl::StrCat("layer ", l, ": ", scale.status().message()));
     }
+    scales.push_back(std::move(scale).value());
   }
-  if (device().is_cpu()) {
-    auto cpu = CpuDecoder::Create(*this);
-    TORCH_CHECK(cpu.ok(), cpu.status().ToString());
-    w.cpu = std::move(cpu).value();
-  }
-  return w;
+  return scales;
 }
 
-at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
-                           const at::Tensor& slots, ArmKvCache* cache,
-                           const ArmPackedWeights* packed) const {
+at::Tensor PixelModel::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
+                                  const at::Tensor& slots, PixelKvCache* cache,
+                                  const PixelDecodeWeights* packed) const {
   if (packed != nullptr && packed->cpu != nullptr) {
     const int64_t s = slots.numel();
     TORCH_CHECK(u.dim() == 1 && positions.dim() == 1 && slots.dim() == 1 && u.numel() == s &&
@@ -273,10 +174,10 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u, const at::Tensor& positions,
   return DecodeStep(u.to(device(), /*non_blocking=*/true), *index, cache, packed);
 }
 
-at::Tensor Arm::DecodeStep(const at::Tensor& u_device, const DecodeIndex& index, ArmKvCache* cache,
-                           const ArmPackedWeights* packed) const {
+at::Tensor PixelModel::DecodeStep(const at::Tensor& u_device, const DecodeIndex& index,
+                                  PixelKvCache* cache, const PixelDecodeWeights* packed) const {
   at::NoGradGuard no_grad;
-  const int64_t s = index.size(), h = config_.heads, dh = config_.width / h;
+  const int64_t s = index.size(), h = config_.heads, dh = config_.d_model / h;
   const bool krause = config_.attention == AttentionKind::kKrause;
   const at::Device dev = device();
   TORCH_CHECK(u_device.dim() == 1 && u_device.size(0) == s && u_device.device() == dev,
@@ -291,6 +192,8 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u_device, const DecodeIndex& index,
     return logits;
   }
   // LibTorch ops: the reference of the packed CPU step, and the GPU path.
+  TORCH_CHECK(cache->kind() == config_.attention && cache->layers() == config_.depth,
+              "the cache was made for another model (kind or depth differ)");
   const at::Tensor& pos_d = index.device_positions();
   at::Tensor x = Embed(u_device) + params_.Get("pos_emb.weight").index_select(0, pos_d);
   if (config_.conditional()) {
@@ -299,16 +202,6 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u_device, const DecodeIndex& index,
     x = x + params_.Get("class_emb.weight")
                 .index_select(0, cache->slot_classes().index_select(0, index.device_slots()));
   }
-  const auto pos = index.host_positions().accessor<int64_t, 1>();
-  // The ARM: what every layer shares, made once per step.
-  at::Tensor slots_d, later;  // later: [S, 1, 1, L], true beyond each sequence's own position
-  int64_t longest = 0;
-  if (!krause) {
-    slots_d = index.device_slots();
-    for (int64_t i = 0; i < s; ++i) longest = std::max(longest, pos[i] + 1);
-    later =
-        at::arange(longest, pos_d.options()).view({1, 1, 1, longest}) > pos_d.view({s, 1, 1, 1});
-  }
   for (int64_t l = 0; l < config_.depth; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
     const std::string a = p + "attn.";
@@ -316,46 +209,31 @@ at::Tensor Arm::DecodeStep(const at::Tensor& u_device, const DecodeIndex& index,
     const at::Tensor q = nn::Linear(params_, a + (krause ? "W_q" : "q_proj"), hn).view({s, h, dh});
     const at::Tensor k = nn::Linear(params_, a + (krause ? "W_k" : "k_proj"), hn).view({s, h, dh});
     const at::Tensor v = nn::Linear(params_, a + (krause ? "W_v" : "v_proj"), hn).view({s, h, dh});
-    at::Tensor out;
+    // A Krause layer's scale: validated once by PackForDecode, or here for this step.
+    const DecodeScale* scale = nullptr;
+    DecodeScale step_scale;
     if (krause) {
-      // The scale validated once by PackForDecode, or here for this step.
-      const DecodeScale* scale =
-          packed != nullptr && !packed->scales.empty() ? &packed->scales[l] : nullptr;
-      DecodeScale step_scale;
-      if (scale == nullptr) {
+      if (packed != nullptr && !packed->scales.empty()) {
+        scale = &packed->scales[l];
+      } else {
         auto made = DecodeScale::Create(params_.Get(a + "log_sigma"), h, dev);
         TORCH_CHECK(made.ok(), made.status().ToString());
         step_scale = std::move(made).value();
         scale = &step_scale;
       }
-      auto r = KrauseDecodeStep(q, k, v, *scale, config_.top_k, index, &cache->ring(l));
-      TORCH_CHECK(r.ok(), r.status().ToString());
-      out = *r;
-    } else {
-      // All sequences at once: write each new key and value at (slot, position), then attend
-      // over positions 0..max(p) of the sequences' caches with the positions beyond each one's
-      // own masked out. Not batch-invariant (the softmax length is the batch's).
-      const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
-      using at::indexing::Slice;
-      cache->keys(l).index_put_({slots_d, Slice(), pos_d}, k);
-      cache->values(l).index_put_({slots_d, Slice(), pos_d}, v);
-      // Only positions 0..longest-1 of the batch's slots are gathered (not the whole length).
-      const at::Tensor kp = cache->keys(l).narrow(2, 0, longest).index_select(0, slots_d);
-      const at::Tensor vp = cache->values(l).narrow(2, 0, longest).index_select(0, slots_d);
-      const at::Tensor w = at::softmax(
-          (at::matmul(q.unsqueeze(2), kp.transpose(2, 3)) * scale).masked_fill(later, -INFINITY),
-          -1);                             // [S, H, 1, L]
-      out = at::matmul(w, vp).squeeze(2);  // [S, H, d]
     }
-    x = x + nn::Linear(params_, a + "out_proj", out.reshape({s, config_.width}));
+    auto attended = cache->layer(l).Attend(q, k, v, index, scale);
+    TORCH_CHECK(attended.ok(), "layer ", l, ": ", attended.status().ToString());
+    const at::Tensor& out = *attended;
+    x = x + nn::Linear(params_, a + "out_proj", out.reshape({s, config_.d_model}));
     const at::Tensor hm = nn::LayerNorm(params_, p + "ln2", x);
     x = x + nn::Linear(params_, p + "mlp.2", nn::Gelu(nn::Linear(params_, p + "mlp.0", hm)));
   }
   return nn::Linear(params_, "head", nn::LayerNorm(params_, "ln_f", x));
 }
 
-at::Tensor Arm::NllPerImage(const at::Tensor& images, KrauseImpl impl,
-                            const at::Tensor& classes) const {
+at::Tensor PixelModel::NllPerImage(const at::Tensor& images, KrauseImpl impl,
+                                   const at::Tensor& classes) const {
   // images: [B, N] int64
   const int64_t n = images.size(1);
   // With a start token the N positions predict x_0..x_{N-1}; without one, the N - 1 positions
@@ -366,8 +244,8 @@ at::Tensor Arm::NllPerImage(const at::Tensor& images, KrauseImpl impl,
   return -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).mean(1);
 }
 
-AttentionCost Arm::FlopsPerImage() const {
-  const int64_t n = config_.seq_len(), d = config_.width, dh = d / config_.heads;
+AttentionCost PixelModel::FlopsPerImage() const {
+  const int64_t n = config_.seq_len(), d = config_.d_model, dh = d / config_.heads;
   const double per_token = 2.0 * d * 3 * d + 2.0 * d * d + 2.0 * d * config_.mlp() * 2;
   AttentionCost total;
   for (int64_t l = 0; l < config_.depth; ++l) {

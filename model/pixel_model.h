@@ -29,54 +29,38 @@
 #include "model/attention/krause_attention.h"
 #include "model/attention_kind.h"
 #include "model/nn/parameters.h"
+#include "model/pixel_model_config.h"
 
 namespace krause {
 
-class ArmKvCache;
-class CpuDecoder;
+class PixelKvCache;
 
-// What every decode step of a model reuses, made once by Arm::PackForDecode(): on the CPU the
-// whole step packed (engine/cpu_decoder.h: batch-invariant, no LibTorch dispatch); on any device
-// each Krause layer's validated 1/sigma^2 (so that a step on a GPU reads nothing back to the host
-// for it).
-struct ArmPackedWeights {
-  std::shared_ptr<const CpuDecoder> cpu;  // null off the CPU
-  std::vector<DecodeScale> scales;        // per layer (KARM); empty for the ARM
+// A model's whole decode step on the host with packed weights and no LibTorch ops: the engine's
+// CpuDecoder (engine/cpu_decoder.h) implements it; PixelModel::DecodeStep runs it when given.
+class PackedDecodeStep {
+ public:
+  virtual ~PackedDecodeStep() = default;
+  // One step for s sequences (host arrays of s entries): u[i] the model-input token of sequence i
+  // at position positions[i] in cache slot slots[i]. Appends to the cache and writes logits
+  // [s, 256] (row-major). InvalidArgument naming the entry for bad input; nothing written then.
+  virtual absl::Status Step(const int64_t* u, const int64_t* positions, const int64_t* slots,
+                            int64_t s, PixelKvCache* cache, float* logits) const = 0;
+};
+
+// What every decode step of a model reuses, made once by PackForDecode (engine/cpu_decoder.h):
+// on the CPU the whole step packed (batch-invariant, no LibTorch dispatch); on any device each
+// Krause layer's validated 1/sigma^2 (so that a step on a GPU reads nothing back to the host for
+// it).
+struct PixelDecodeWeights {
+  std::shared_ptr<const PackedDecodeStep> cpu;  // null off the CPU
+  std::vector<DecodeScale> scales;              // per layer (KARM); empty for the ARM
 
   bool linears_packed() const { return cpu != nullptr; }
 };
 
-struct ArmConfig {
-  AttentionKind attention = AttentionKind::kKrause;  // JSON "krause" or "softmax" (KARM / ARM)
-  int64_t height = 28, width_px = 28, channels = 1;
-  int64_t width = 64, depth = 4, heads = 4;
-  int64_t window = 64, top_k = 32;  // KARM only
-  double sigma_init = 2.5;
-  bool start_token = true;
-  // Conditional generators: the number of classes (0: unconditional) and their names (empty,
-  // or one per class).
-  int64_t classes = 0;
-  std::vector<std::string> labels;
-
-  bool conditional() const { return classes > 0; }
-  // The class-embedding row of "no class" (conditional models only).
-  int64_t null_class() const { return classes; }
-  // The class-embedding row for a requested class (-1: none; the null class of a conditional
-  // model). InvalidArgument for a class on an unconditional model or one out of range.
-  absl::StatusOr<int64_t> ClassRow(int64_t label) const;
-  // The class named `label` (exact match). InvalidArgument naming the valid labels, or saying
-  // the model is unconditional or names no classes.
-  absl::StatusOr<int64_t> ClassOfLabel(const std::string& label) const;
-  int64_t seq_len() const { return height * width_px * channels; }
-  int64_t mlp() const { return 4 * width; }
-  std::string ToJson() const;
-  static absl::StatusOr<ArmConfig> FromJson(const std::string& json);
-  absl::Status Validate() const;
-};
-
-class Arm {
+class PixelModel {
  public:
-  static absl::StatusOr<Arm> Create(const ArmConfig& config, uint64_t seed);
+  static absl::StatusOr<PixelModel> Create(const PixelModelConfig& config, uint64_t seed);
 
   // inputs: [B, T] int64 model inputs (see the sequence convention; with a start token, pass the
   // pixels x_0..x_{T-2} and the start embedding is prepended: T - 1 pixels give T positions).
@@ -100,8 +84,8 @@ class Arm {
   // Incremental decoding over a KV cache (inference only).
   // Prefill: runs u [T] (positions 0..T-1) for one sequence, stores their keys/values in `slot`
   // and returns logits [T, 256]. A conditional model runs with the class the cache holds for
-  // the slot (ArmKvCache::SetClass), as DecodeStep does.
-  at::Tensor Prefill(const at::Tensor& u, int64_t slot, ArmKvCache* cache) const;
+  // the slot (PixelKvCache::SetClass), as DecodeStep does.
+  at::Tensor Prefill(const at::Tensor& u, int64_t slot, PixelKvCache* cache) const;
   // One step for S sequences: u [S] is each sequence's token at its position positions[s] (the
   // cache holds its positions before). u, positions and slots are host (CPU) tensors whatever the
   // model's device. Appends to the cache; returns logits [S, 256] on the model's device. With
@@ -110,15 +94,15 @@ class Arm {
   // GPU path: `packed` made on the GPU holds only the Krause layers' scales), LibTorch ops, and
   // for the ARM one masked attention over the whole batch.
   at::Tensor DecodeStep(const at::Tensor& u, const at::Tensor& positions, const at::Tensor& slots,
-                        ArmKvCache* cache, const ArmPackedWeights* packed = nullptr) const;
+                        PixelKvCache* cache, const PixelDecodeWeights* packed = nullptr) const;
   // The same with the tokens already on the model's device (u_device [S] int64) and the slots
   // and positions as a DecodeIndex made for `cache` on that device. With `packed` scales, a KARM
   // step on a GPU reads nothing back to the host: what a CUDA graph captures (decode_graphs.h).
-  at::Tensor DecodeStep(const at::Tensor& u_device, const DecodeIndex& index, ArmKvCache* cache,
-                        const ArmPackedWeights* packed = nullptr) const;
-  // Packs the current weights for DecodeStep (call again after loading new weights): linear
-  // layers on the CPU only, the Krause layers' scales on any device.
-  ArmPackedWeights PackForDecode() const;
+  at::Tensor DecodeStep(const at::Tensor& u_device, const DecodeIndex& index, PixelKvCache* cache,
+                        const PixelDecodeWeights* packed = nullptr) const;
+  // Each Krause layer's 1/sigma^2 validated on the model's device (empty for the ARM); part of
+  // PackForDecode's result (call again after loading new weights).
+  absl::StatusOr<std::vector<DecodeScale>> DecodeScales() const;
 
   // Teacher-forced mean negative log-likelihood in nats per scored subpixel, per image: [B].
   // images: [B, seq_len] int64 (raster order).
@@ -129,7 +113,7 @@ class Arm {
   // FLOPs per generated image (full sequence, teacher-forced equivalent).
   AttentionCost FlopsPerImage() const;
 
-  const ArmConfig& config() const { return config_; }
+  const PixelModelConfig& config() const { return config_; }
   // Where the parameters are (the CPU, or a GPU after LoadModel(..., "cuda")).
   at::Device device() const;
   ParameterStore& parameters() { return params_; }
@@ -142,7 +126,7 @@ class Arm {
   at::Tensor Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl,
                        std::vector<std::pair<at::Tensor, at::Tensor>>* kv) const;
 
-  ArmConfig config_;
+  PixelModelConfig config_;
   ParameterStore params_;
 };
 
