@@ -17,8 +17,9 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "server/call_book.h"
+#include "server/gate.h"
 #include "server/registry.h"
-#include "server/service.h"
 
 namespace krause::server {
 

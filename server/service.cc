@@ -8,7 +8,6 @@
 #include <optional>
 #include <random>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "model/data/png.h"
 #include "server/generate_stream.h"
@@ -21,10 +20,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double SecondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 // The call's deadline on the steady clock (max when it has none).
 Clock::time_point SteadyDeadline(const grpc::CallbackServerContext* ctx) {
   const auto d = ctx->deadline();
@@ -34,88 +29,12 @@ Clock::time_point SteadyDeadline(const grpc::CallbackServerContext* ctx) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
 }
 
-// What every call does at its two ends, unary or streaming: enter the gate; finish once,
-// report the call to the observer and leave the gate.
-class CallBook {
- public:
-  CallBook(KrauseService* svc, const char* rpc) : svc_(svc), rpc_(rpc), start_(Clock::now()) {}
-
-  absl::Status Enter(grpc::CallbackServerContext* ctx) {
-    // The caller's request ids go back in the initial metadata (nothing is sent yet) and into
-    // the request log.
-    const auto& md = ctx->client_metadata();
-    for (const char* key : {"x-request-id", "traceparent"}) {
-      const auto it = md.find(key);
-      if (it == md.end()) continue;
-      std::string value(it->second.data(), std::min<size_t>(it->second.size(), 256));
-      ctx->AddInitialMetadata(key, value);
-      (key[0] == 'x' ? request_id_ : traceparent_) = std::move(value);
-    }
-    if (svc_->request_log()) peer_ = ctx->peer();
-    const absl::Status st = svc_->gate()->Enter(ctx);
-    entered_ = st.ok();
-    return st;
-  }
-  void set_model(const std::string& m) { model_ = m; }
-  Clock::time_point start() const { return start_; }
-  // For the request log: the call's images, and the time its work waited (the longest wait).
-  void set_images(int64_t n) {
-    std::lock_guard<std::mutex> lock(mu_);
-    images_ = n;
-  }
-  void NoteQueued(double seconds) {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_seconds_ = std::max(queue_seconds_, seconds);
-  }
-
-  // reactor->Finish may end the call and free the reactor (and this object with it): what is
-  // needed afterwards is copied first.
-  template <typename Reactor>
-  void Finish(Reactor* reactor, const absl::Status& st) {
-    if (finished_.exchange(true)) return;  // a barrier's error after a normal finish
-    const grpc::Status g = ToGrpcStatus(st);
-    const double seconds = SecondsSince(start_);
-    if (svc_->observer()) svc_->observer()->OnCallDone(rpc_, model_, g.error_code(), seconds);
-    if (RequestLog* log = svc_->request_log()) {
-      CallRecord r;
-      r.rpc = rpc_;
-      r.model = model_;
-      r.code = GrpcCodeName(g.error_code());
-      r.peer = peer_;
-      r.request_id = request_id_;
-      r.traceparent = traceparent_;
-      r.seconds = seconds;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        r.images = images_;
-        r.queue_seconds = queue_seconds_;
-      }
-      log->Write(r);
-    }
-    const bool entered = entered_;
-    Gate* gate = svc_->gate();
-    reactor->Finish(g);
-    if (entered) gate->Leave();
-  }
-
- private:
-  KrauseService* const svc_;
-  const char* const rpc_;
-  const Clock::time_point start_;
-  std::string model_;
-  std::string peer_, request_id_, traceparent_;
-  bool entered_ = false;
-  std::atomic<bool> finished_{false};
-  std::mutex mu_;  // guards the two below (set from model threads)
-  int64_t images_ = 0;
-  double queue_seconds_ = 0;
-};
-
 // A unary call on the default reactor.
 class UnaryCall {
  public:
   UnaryCall(KrauseService* svc, grpc::CallbackServerContext* ctx, const char* rpc)
-      : book_(svc, rpc), reactor_(ctx->DefaultReactor()) {}
+      : book_(svc->gate(), svc->observer(), svc->request_log(), rpc),
+        reactor_(ctx->DefaultReactor()) {}
 
   // Enters the gate; on refusal finishes the call and returns false.
   bool Enter(grpc::CallbackServerContext* ctx) {
@@ -307,7 +226,7 @@ class GenerateState : public StepListener, public std::enable_shared_from_this<G
 class GenerateCall : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   GenerateCall(KrauseService* svc, grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req)
-      : svc_(svc), book_(svc, "Generate") {
+      : svc_(svc), book_(svc->gate(), svc->observer(), svc->request_log(), "Generate") {
     absl::Status st = book_.Enter(ctx);
     if (st.ok()) st = Guarded("Generate", [&] { return Start(ctx, *req); });
     if (!st.ok()) FinishCall(st);
@@ -517,53 +436,6 @@ absl::Status GenerateCall::Start(grpc::CallbackServerContext* ctx, const v1::Gen
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------------------------------------
-// Gate
-
-void Gate::SetTokens(std::vector<std::string> tokens) {
-  tokens_ = std::set<std::string>(tokens.begin(), tokens.end());
-}
-void Gate::SetRegistry(const Registry* registry) { registry_.store(registry); }
-void Gate::StartDraining() { draining_.store(true); }
-
-absl::Status Gate::Enter(const grpc::CallbackServerContext* ctx) {
-  if (!tokens_.empty()) {
-    const auto& md = ctx->client_metadata();
-    const auto it = md.find("authorization");
-    bool ok = false;
-    if (it != md.end()) {
-      const std::string value(it->second.data(), it->second.size());
-      // The scheme is case-insensitive (RFC 7235); the token is not.
-      constexpr char kBearer[] = "bearer ";
-      if (absl::StartsWithIgnoreCase(value, kBearer))
-        ok = tokens_.count(value.substr(sizeof(kBearer) - 1)) > 0;
-    }
-    if (!ok)
-      return absl::UnauthenticatedError(
-          "missing or invalid token: send the metadata \"authorization: Bearer <token>\"");
-  }
-  if (draining_.load()) return absl::UnavailableError("the server is shutting down");
-  if (registry_.load() == nullptr) return absl::UnavailableError("the models are still loading");
-  std::lock_guard<std::mutex> lock(mu_);
-  ++in_flight_;
-  return absl::OkStatus();
-}
-
-void Gate::Leave() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (--in_flight_ == 0) idle_.notify_all();
-}
-
-bool Gate::WaitIdle(std::chrono::steady_clock::time_point deadline) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  return idle_.wait_until(lock, deadline, [&] { return in_flight_ == 0; });
-}
-
-int64_t Gate::in_flight() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return in_flight_;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Handlers

@@ -9,66 +9,17 @@
 // all handlers may run concurrently.
 #pragma once
 
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <set>
-#include <string>
-#include <vector>
 
 #include "krause/v1/krause.grpc.pb.h"
+#include "server/call_book.h"
+#include "server/gate.h"
 #include "server/registry.h"
 #include "server/reply_pool.h"
 #include "server/request_log.h"
 
 namespace krause::server {
-
-// Observer of calls (metrics); optional. `model` is "" until the call resolved a served model.
-struct CallObserver {
-  virtual ~CallObserver() = default;
-  // Every call, once, when it finishes.
-  virtual void OnCallDone(const std::string& rpc, const std::string& model, grpc::StatusCode code,
-                          double seconds) = 0;
-  // Time a call's work waited in its model's queue before it ran (Classify: once per call;
-  // Generate: once per image, until it got a cache slot).
-  virtual void OnQueued(const std::string& rpc, const std::string& model, double seconds) {}
-  // FLOPs of a successful call, executed and dense-equivalent.
-  virtual void OnFlops(const std::string& rpc, const std::string& model, double executed,
-                       double dense) {}
-  // Images a successful call classified, generated or scored.
-  virtual void OnImages(const std::string& rpc, const std::string& model, int64_t images) {}
-  // A Generate message was sent: `first`: seconds since the call arrived; else since the
-  // previous message.
-  virtual void OnStreamChunk(const std::string& model, bool first, double seconds) {}
-};
-
-// Admission: authentication, loading/draining, and the count of calls in flight.
-class Gate {
- public:
-  void SetTokens(std::vector<std::string> tokens);  // empty: no authentication
-  void SetRegistry(const Registry* registry);       // null while loading
-  void StartDraining();
-
-  // OK and the call counts as in flight (Leave() must follow), or why it may not run.
-  absl::Status Enter(const grpc::CallbackServerContext* ctx);
-  void Leave();
-  // Waits until no call is in flight or `deadline`; true when idle.
-  bool WaitIdle(std::chrono::steady_clock::time_point deadline) const;
-  int64_t in_flight() const;
-  const Registry* registry() const { return registry_.load(); }
-  bool draining() const { return draining_.load(); }
-
- private:
-  std::set<std::string> tokens_;
-  std::atomic<const Registry*> registry_{nullptr};
-  std::atomic<bool> draining_{false};
-  mutable std::mutex mu_;
-  mutable std::condition_variable idle_;
-  int64_t in_flight_ = 0;
-};
 
 class KrauseService final : public v1::KrauseService::CallbackService {
  public:

@@ -1,0 +1,132 @@
+// What every call does at its two ends, unary or streaming, and who is told about it.
+//   CallObserver  the metrics' view of calls (server/metrics.h implements it);
+//   CallBook      one per call: enters the Gate (echoing the caller's x-request-id and
+//                 traceparent in the initial metadata), and finishes the call exactly once,
+//                 reporting it to the observer and the request log, then leaving the gate.
+// Thread-safety: CallObserver implementations are called from any thread. A CallBook's Enter runs
+// on the handler's thread; set_images/NoteQueued may run on model threads; Finish may race with
+// itself (a barrier's error after a normal finish) and only the first one counts.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "server/gate.h"
+#include "server/request_log.h"
+#include "server/status.h"
+
+namespace krause::server {
+
+// Observer of calls (metrics); optional. `model` is "" until the call resolved a served model.
+struct CallObserver {
+  virtual ~CallObserver() = default;
+  // Every call, once, when it finishes.
+  virtual void OnCallDone(const std::string& rpc, const std::string& model, grpc::StatusCode code,
+                          double seconds) = 0;
+  // Time a call's work waited in its model's queue before it ran (Classify: once per call;
+  // Generate: once per image, until it got a cache slot).
+  virtual void OnQueued(const std::string& rpc, const std::string& model, double seconds) {}
+  // FLOPs of a successful call, executed and dense-equivalent.
+  virtual void OnFlops(const std::string& rpc, const std::string& model, double executed,
+                       double dense) {}
+  // Images a successful call classified, generated or scored.
+  virtual void OnImages(const std::string& rpc, const std::string& model, int64_t images) {}
+  // A Generate message was sent: `first`: seconds since the call arrived; else since the
+  // previous message.
+  virtual void OnStreamChunk(const std::string& model, bool first, double seconds) {}
+};
+
+class CallBook {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // observer and log may be null; all must outlive the call.
+  CallBook(Gate* gate, CallObserver* observer, RequestLog* log, const char* rpc)
+      : gate_(gate), observer_(observer), log_(log), rpc_(rpc), start_(Clock::now()) {}
+
+  absl::Status Enter(grpc::CallbackServerContext* ctx) {
+    // The caller's request ids go back in the initial metadata (nothing is sent yet) and into
+    // the request log.
+    const auto& md = ctx->client_metadata();
+    for (const char* key : {"x-request-id", "traceparent"}) {
+      const auto it = md.find(key);
+      if (it == md.end()) continue;
+      std::string value(it->second.data(), std::min<size_t>(it->second.size(), 256));
+      ctx->AddInitialMetadata(key, value);
+      (key[0] == 'x' ? request_id_ : traceparent_) = std::move(value);
+    }
+    if (log_ != nullptr) peer_ = ctx->peer();
+    std::optional<std::string_view> authorization;
+    if (const auto it = md.find("authorization"); it != md.end())
+      authorization = std::string_view(it->second.data(), it->second.size());
+    const absl::Status st = gate_->Enter(authorization);
+    entered_ = st.ok();
+    return st;
+  }
+  void set_model(const std::string& m) { model_ = m; }
+  Clock::time_point start() const { return start_; }
+  // For the request log: the call's images, and the time its work waited (the longest wait).
+  void set_images(int64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    images_ = n;
+  }
+  void NoteQueued(double seconds) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_seconds_ = std::max(queue_seconds_, seconds);
+  }
+
+  // reactor->Finish may end the call and free the reactor (and this object with it): what is
+  // needed afterwards is copied first.
+  template <typename Reactor>
+  void Finish(Reactor* reactor, const absl::Status& st) {
+    if (finished_.exchange(true)) return;  // a barrier's error after a normal finish
+    const grpc::Status g = ToGrpcStatus(st);
+    const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    if (observer_ != nullptr) observer_->OnCallDone(rpc_, model_, g.error_code(), seconds);
+    if (log_ != nullptr) {
+      CallRecord r;
+      r.rpc = rpc_;
+      r.model = model_;
+      r.code = GrpcCodeName(g.error_code());
+      r.peer = peer_;
+      r.request_id = request_id_;
+      r.traceparent = traceparent_;
+      r.seconds = seconds;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        r.images = images_;
+        r.queue_seconds = queue_seconds_;
+      }
+      log_->Write(r);
+    }
+    const bool entered = entered_;
+    Gate* gate = gate_;
+    reactor->Finish(g);
+    if (entered) gate->Leave();
+  }
+
+ private:
+  Gate* const gate_;
+  CallObserver* const observer_;
+  RequestLog* const log_;
+  const char* const rpc_;
+  const Clock::time_point start_;
+  std::string model_;
+  std::string peer_, request_id_, traceparent_;
+  bool entered_ = false;
+  std::atomic<bool> finished_{false};
+  std::mutex mu_;  // guards the two below (set from model threads)
+  int64_t images_ = 0;
+  double queue_seconds_ = 0;
+};
+
+}  // namespace krause::server

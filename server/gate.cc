@@ -1,0 +1,48 @@
+#include "server/gate.h"
+
+#include "absl/strings/match.h"
+
+namespace krause::server {
+
+void Gate::SetTokens(std::vector<std::string> tokens) {
+  tokens_ = std::set<std::string, std::less<>>(tokens.begin(), tokens.end());
+}
+void Gate::SetRegistry(const Registry* registry) { registry_.store(registry); }
+void Gate::StartDraining() { draining_.store(true); }
+
+absl::Status Gate::Enter(std::optional<std::string_view> authorization) {
+  if (!tokens_.empty()) {
+    bool ok = false;
+    // The scheme is case-insensitive (RFC 7235); the token is not.
+    constexpr std::string_view kBearer = "bearer ";
+    if (authorization &&
+        absl::StartsWithIgnoreCase(absl::string_view(authorization->data(), authorization->size()),
+                                   absl::string_view(kBearer.data(), kBearer.size())))
+      ok = tokens_.count(authorization->substr(kBearer.size())) > 0;
+    if (!ok)
+      return absl::UnauthenticatedError(
+          "missing or invalid token: send the metadata \"authorization: Bearer <token>\"");
+  }
+  if (draining_.load()) return absl::UnavailableError("the server is shutting down");
+  if (registry_.load() == nullptr) return absl::UnavailableError("the models are still loading");
+  std::lock_guard<std::mutex> lock(mu_);
+  ++in_flight_;
+  return absl::OkStatus();
+}
+
+void Gate::Leave() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--in_flight_ == 0) idle_.notify_all();
+}
+
+bool Gate::WaitIdle(std::chrono::steady_clock::time_point deadline) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_.wait_until(lock, deadline, [&] { return in_flight_ == 0; });
+}
+
+int64_t Gate::in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_flight_;
+}
+
+}  // namespace krause::server

@@ -1,0 +1,51 @@
+// Admission for every call: authentication (bearer tokens), refusal while the models load or the
+// server drains, and the count of calls in flight that the drain waits on. Plain values in and
+// out (the caller reads the "authorization" metadata), so it is tested without a server.
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace krause::server {
+
+class Registry;
+
+class Gate {
+ public:
+  void SetTokens(std::vector<std::string> tokens);  // empty: no authentication
+  void SetRegistry(const Registry* registry);       // null while loading
+  void StartDraining();
+
+  // `authorization`: the call's "authorization" metadata, if it sent one. OK and the call counts
+  // as in flight (Leave() must follow), or why it may not run: UNAUTHENTICATED without a known
+  // "Bearer <token>" (the scheme in any case) when tokens are set, then UNAVAILABLE while
+  // draining or loading.
+  absl::Status Enter(std::optional<std::string_view> authorization);
+  void Leave();
+  // Waits until no call is in flight or `deadline`; true when idle.
+  bool WaitIdle(std::chrono::steady_clock::time_point deadline) const;
+  int64_t in_flight() const;
+  const Registry* registry() const { return registry_.load(); }
+  bool draining() const { return draining_.load(); }
+
+ private:
+  std::set<std::string, std::less<>> tokens_;
+  std::atomic<const Registry*> registry_{nullptr};
+  std::atomic<bool> draining_{false};
+  mutable std::mutex mu_;
+  mutable std::condition_variable idle_;
+  int64_t in_flight_ = 0;
+};
+
+}  // namespace krause::server
