@@ -58,7 +58,6 @@ class ServerTest : public ::testing::Test {
     EXPECT_TRUE(m.ok());
     return *m;
   }
-  // Waits (up to 5 s) until `model` holds no active or waiting sequence.
   // Polls `done` (up to 5 s): for states another thread reaches, never a fixed wait.
   template <typename F>
   static bool Eventually(F done) {
@@ -69,6 +68,7 @@ class ServerTest : public ::testing::Test {
     }
     return done();
   }
+  // Waits (up to 5 s) until `model` holds no active or waiting sequence.
   bool SlotsFree(const std::string& model) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (std::chrono::steady_clock::now() < until) {
