@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/attention/cpu_kernels.h"
 #include "model/nn/packed.h"
+#include "model/util/status_macros.h"
 
 namespace krause {
 
@@ -109,19 +110,8 @@ void SoftmaxLayerCache::WritePrefix(int64_t slot, const at::Tensor& k, const at:
 absl::StatusOr<at::Tensor> SoftmaxLayerCache::Attend(const at::Tensor& q, const at::Tensor& k,
                                                      const at::Tensor& v, const DecodeIndex& index,
                                                      const DecodeScale* /*scale*/) {
-  const int64_t s = index.size(), h = heads(), d = head_dim();
-  for (const at::Tensor* t : {&q, &k, &v}) {
-    if (!t->defined() || t->dim() != 3 || t->size(0) != s || t->size(1) != h || t->size(2) != d ||
-        t->device() != device_) {
-      return absl::InvalidArgumentError(absl::StrCat("q, k and v must have shape [S, H, d] = [", s,
-                                                     ", ", h, ", ", d, "] on ", device_.str()));
-    }
-  }
-  if (index.cache_slots() != slots() || index.device() != device_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "index was made for a cache of ", index.cache_slots(), " slots on ", index.device().str(),
-        ", not this one (", slots(), " slots on ", device_.str(), ")"));
-  }
+  RETURN_IF_ERROR(CheckDecodeStepArgs(q, k, v, index, heads(), head_dim(), slots(), device_));
+  const int64_t s = index.size();
   const auto pos = index.host_positions().accessor<int64_t, 1>();
   int64_t longest = 0;
   for (int64_t i = 0; i < s; ++i) {

@@ -202,6 +202,16 @@ at::Tensor PixelModel::DecodeStep(const at::Tensor& u_device, const DecodeIndex&
     x = x + params_.Get("class_emb.weight")
                 .index_select(0, cache->slot_classes().index_select(0, index.device_slots()));
   }
+  // The Krause layers' scales: validated once by PackForDecode, or here for this step.
+  std::vector<DecodeScale> step_scales;
+  const std::vector<DecodeScale>* scales = &step_scales;
+  if (packed != nullptr && !packed->scales.empty()) {
+    scales = &packed->scales;
+  } else if (krause) {
+    auto made = DecodeScales();
+    TORCH_CHECK(made.ok(), made.status().ToString());
+    step_scales = std::move(made).value();
+  }
   for (int64_t l = 0; l < config_.depth; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
     const std::string a = p + "attn.";
@@ -209,20 +219,7 @@ at::Tensor PixelModel::DecodeStep(const at::Tensor& u_device, const DecodeIndex&
     const at::Tensor q = nn::Linear(params_, a + (krause ? "W_q" : "q_proj"), hn).view({s, h, dh});
     const at::Tensor k = nn::Linear(params_, a + (krause ? "W_k" : "k_proj"), hn).view({s, h, dh});
     const at::Tensor v = nn::Linear(params_, a + (krause ? "W_v" : "v_proj"), hn).view({s, h, dh});
-    // A Krause layer's scale: validated once by PackForDecode, or here for this step.
-    const DecodeScale* scale = nullptr;
-    DecodeScale step_scale;
-    if (krause) {
-      if (packed != nullptr && !packed->scales.empty()) {
-        scale = &packed->scales[l];
-      } else {
-        auto made = DecodeScale::Create(params_.Get(a + "log_sigma"), h, dev);
-        TORCH_CHECK(made.ok(), made.status().ToString());
-        step_scale = std::move(made).value();
-        scale = &step_scale;
-      }
-    }
-    auto attended = cache->layer(l).Attend(q, k, v, index, scale);
+    auto attended = cache->layer(l).Attend(q, k, v, index, krause ? &(*scales)[l] : nullptr);
     TORCH_CHECK(attended.ok(), "layer ", l, ": ", attended.status().ToString());
     const at::Tensor& out = *attended;
     x = x + nn::Linear(params_, a + "out_proj", out.reshape({s, config_.d_model}));

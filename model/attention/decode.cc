@@ -112,6 +112,30 @@ absl::Status CheckIndexVector(const at::Tensor& t, const char* name, int64_t s) 
 
 }  // namespace
 
+absl::Status CheckDecodeStepArgs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const DecodeIndex& index, int64_t heads, int64_t head_dim,
+                                 int64_t cache_slots, const at::Device& device) {
+  RETURN_IF_ERROR(CheckDefined(q, "q"));
+  if (q.dim() != 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("q must have shape [S, H, d], got ", ShapeString(q.sizes())));
+  }
+  const int64_t s = q.size(0);
+  RETURN_IF_ERROR(CheckStepTensor(q, "q", s, heads, head_dim, device));
+  RETURN_IF_ERROR(CheckStepTensor(k, "k", s, heads, head_dim, device));
+  RETURN_IF_ERROR(CheckStepTensor(v, "v", s, heads, head_dim, device));
+  if (index.size() != s) {
+    return absl::InvalidArgumentError(absl::StrCat("slots and positions must have shape [S] = [", s,
+                                                   "] (q's S), got [", index.size(), "]"));
+  }
+  if (index.cache_slots() != cache_slots || index.device() != device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "index was made for a cache of ", index.cache_slots(), " slots on ", index.device().str(),
+        ", not this one (", cache_slots, " slots on ", device.str(), ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DecodeIndex> DecodeIndex::Create(const at::Tensor& slots,
                                                 const at::Tensor& positions, int64_t cache_slots,
                                                 const at::Device& device) {
@@ -225,26 +249,11 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
     if (cache == nullptr || !cache->keys_t().defined()) {
       return absl::InvalidArgumentError("cache must be a created KrauseRingCache");
     }
-    RETURN_IF_ERROR(CheckDefined(q, "q"));
-    if (q.dim() != 3) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("q must have shape [S, H, d], got ", ShapeString(q.sizes())));
-    }
-    const int64_t s = q.size(0), h = cache->heads(), d = cache->head_dim();
+    const int64_t h = cache->heads(), d = cache->head_dim();
     const int64_t win = cache->window();
     const at::Device dev = cache->keys_t().device();
-    RETURN_IF_ERROR(CheckStepTensor(q, "q", s, h, d, dev));
-    RETURN_IF_ERROR(CheckStepTensor(k, "k", s, h, d, dev));
-    RETURN_IF_ERROR(CheckStepTensor(v, "v", s, h, d, dev));
-    if (index.size() != s) {
-      return absl::InvalidArgumentError(absl::StrCat("slots and positions must have shape [S] = [",
-                                                     s, "] (q's S), got [", index.size(), "]"));
-    }
-    if (index.cache_slots() != cache->slots() || index.device() != dev) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "index was made for a cache of ", index.cache_slots(), " slots on ", index.device().str(),
-          ", not this one (", cache->slots(), " slots on ", dev.str(), ")"));
-    }
+    RETURN_IF_ERROR(CheckDecodeStepArgs(q, k, v, index, h, d, cache->slots(), dev));
+    const int64_t s = q.size(0);
     if (top_k < 1)
       return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 1, got ", top_k));
     const at::Tensor& inv_var = scale.inv_var();

@@ -114,6 +114,13 @@ class DecodeScale {
   at::Tensor inv_var_;
 };
 
+// What every layer cache's decode step checks of its arguments (KrauseDecodeStep and the softmax
+// cache, model/kv_cache.h): q, k, v [S, H, d] fp32 on `device`, index.size() == S, and an index
+// made for a cache of `cache_slots` slots on `device`. InvalidArgument naming the argument.
+absl::Status CheckDecodeStepArgs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const DecodeIndex& index, int64_t heads, int64_t head_dim,
+                                 int64_t cache_slots, const at::Device& device);
+
 // One decode step for S sequences.
 //   q, k, v:    [S, H, d] fp32 on the cache's device: the new tokens' projections.
 //   scale:      the layer's DecodeScale, made for H heads on the cache's device.

@@ -13,6 +13,7 @@
 #include "model/kv_cache.h"
 #include "model/nn/packed.h"
 #include "model/pixel_model.h"
+#include "model/util/status_macros.h"
 #include "model/util/threads.h"
 
 namespace krause {
@@ -65,6 +66,8 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const PixelModel&
   try {
     at::NoGradGuard no_grad;
     const ParameterStore& p = model.parameters();
+    // Each Krause layer's 1/sigma^2, validated as every decode step validates a log_sigma.
+    ASSIGN_OR_RETURN(const std::vector<DecodeScale> scales, model.DecodeScales());
     const bool krause = c.attention == AttentionKind::kKrause;
     dec->kind_ = c.attention;
     dec->start_token_ = c.start_token;
@@ -90,13 +93,7 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const PixelModel&
       layer.ln2_b = Floats(p.Get(b + "ln2.bias"));
       if (krause) {
         layer.qkv = PackLinear(p, {a + "W_q", a + "W_k", a + "W_v"});
-        // Validated as every decode step validates a log_sigma (DecodeScale).
-        auto scale = DecodeScale::Create(p.Get(a + "log_sigma"), c.heads, at::Device(at::kCPU));
-        if (!scale.ok()) {
-          return absl::Status(scale.status().code(),
-                              absl::StrCat("layer ", l, ": ", scale.status().message()));
-        }
-        layer.inv_var = Floats(scale->inv_var());
+        layer.inv_var = Floats(scales[l].inv_var());
       } else {
         layer.qkv = PackLinear(p, {a + "q_proj", a + "k_proj", a + "v_proj"});
       }
