@@ -30,7 +30,7 @@ void KrauseLayerCache::WritePrefix(int64_t slot, const at::Tensor& k, const at::
   const int64_t t = k.size(1);
   const int64_t w = ring_.window(), d = ring_.head_dim();
   // The keys as the ring holds them (a bf16 / fp16 cache rounds them); the biases are theirs.
-  const at::Tensor stored = k.to(device_, ring_.dtype()).contiguous();
+  const at::Tensor stored = KrauseRingCache::Rounded(k.to(device_), ring_.dtype()).contiguous();
   at::Tensor bias;
   if (device_.is_cpu()) {
     // With the CPU decode kernel's own function, so that prefill and CPU decode agree bit for bit
@@ -50,7 +50,8 @@ void KrauseLayerCache::WritePrefix(int64_t slot, const at::Tensor& k, const at::
   const at::Tensor cols =
       at::arange(first, t, at::TensorOptions().dtype(at::kLong).device(device_)).remainder(w);
   ring_.keys_t()[slot].index_copy_(2, cols, stored.narrow(1, first, count).transpose(1, 2));
-  ring_.values()[slot].index_copy_(1, cols, v.narrow(1, first, count).to(device_, ring_.dtype()));
+  ring_.values()[slot].index_copy_(
+      1, cols, KrauseRingCache::Rounded(v.narrow(1, first, count).to(device_), ring_.dtype()));
   ring_.bias()[slot].index_copy_(1, cols, bias.narrow(1, first, count).to(device_));
 }
 

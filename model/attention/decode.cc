@@ -42,6 +42,12 @@ absl::StatusOr<KrauseRingCache> KrauseRingCache::Create(int64_t slots, int64_t h
     return absl::InvalidArgumentError(
         absl::StrCat("a ", c10::toString(dtype), " ring cache needs window <= 256, got ", window));
   }
+  // cuda::kMaxCandidates and cuda::kMaxHeadDim (krause_cuda.h): the CUDA decode step's limits.
+  if (device.is_cuda() && (window > 2048 || head_dim > 256)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a ring cache on a GPU needs window <= 2048 and head_dim <= 256, got window ",
+                     window, ", head_dim ", head_dim));
+  }
   KrauseRingCache c;
   c.slots_ = slots;
   c.heads_ = heads;
@@ -57,6 +63,11 @@ absl::StatusOr<KrauseRingCache> KrauseRingCache::Create(int64_t slots, int64_t h
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the ring cache: ", e.what()));
   }
   return c;
+}
+
+at::Tensor KrauseRingCache::Rounded(const at::Tensor& x, at::ScalarType dtype) {
+  if (dtype == at::kHalf) return x.clamp(-65504.0, 65504.0).to(dtype);  // clamp keeps NaN
+  return x.to(dtype);
 }
 
 int64_t KrauseRingCache::BytesPerSlot(int64_t heads, int64_t head_dim, int64_t window,

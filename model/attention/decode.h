@@ -28,12 +28,17 @@ class KrauseRingCache {
  public:
   // On `device`: the CPU (the fused kernels) or, in CUDA builds, a GPU (the CUDA decode kernel).
   // Keys and values in `dtype`: fp32, or on a GPU with window <= 256 also bf16 or fp16 (half the
-  // bytes per step; a new key is rounded when stored and its bias is the rounded key's); the
-  // biases are fp32. InvalidArgument otherwise.
+  // bytes per step; a new key is rounded when stored (Rounded) and its bias is the rounded
+  // key's); the biases are fp32. On a GPU, window <= 2048 and head_dim <= 256 (the CUDA
+  // kernels' limits). InvalidArgument otherwise.
   static absl::StatusOr<KrauseRingCache> Create(int64_t slots, int64_t heads, int64_t head_dim,
                                                 int64_t window,
                                                 const at::Device& device = at::Device(at::kCPU),
                                                 at::ScalarType dtype = at::kFloat);
+  // x as a ring of `dtype` stores it: rounded to nearest; float16 saturates at +-65504 (the
+  // largest finite half: a larger key element would be inf and its scores NaN), NaN stays NaN.
+  // The CUDA decode step stores new keys and values by the same rule.
+  static at::Tensor Rounded(const at::Tensor& x, at::ScalarType dtype);
   // Bytes one slot takes for these dimensions and key/value dtype (padding included).
   static int64_t BytesPerSlot(int64_t heads, int64_t head_dim, int64_t window,
                               at::ScalarType dtype = at::kFloat);

@@ -46,7 +46,8 @@ KrauseResult ReferenceAttention(const AttentionArgs& a, const KrauseOptions& o) 
                                                     /*dim=*/-1, /*descending=*/true));
       const at::Tensor top = (n - 1) - order.narrow(-1, 0, kept);  // [N, K]
       const at::Tensor top_score = score.gather(-1, top);
-      const at::Tensor is_kept = top_score > neg_inf;  // false where |N(i)| < K
+      // False where |N(i)| < K; a NaN score (ranked first by the sort) is a kept candidate.
+      const at::Tensor is_kept = (top_score > neg_inf).logical_or(top_score.isnan());
       const at::Tensor weight = at::softmax(top_score, -1);
       const at::Tensor dense = at::zeros({n, n}, a.q.options()).scatter(-1, top, weight);
       out_h.push_back(at::matmul(dense, v));

@@ -52,7 +52,7 @@ Selected SelectAndNormalise(const at::Tensor& cand_scores, int64_t kept) {
   Selected s;
   s.position = RankTopK(cand_scores, kept);
   const at::Tensor top = cand_scores.gather(-1, s.position);
-  s.valid = top > kNegInf;
+  s.valid = (top > kNegInf).logical_or(top.isnan());  // a NaN score is a kept candidate
   s.weight = at::softmax(top, -1);
   return s;
 }
