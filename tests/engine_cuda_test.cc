@@ -1,7 +1,8 @@
-// GPU serving paths (ctest label gpu): the generators' decode engine and scoring with the model on
-// a CUDA device, against the same model on the CPU. Built only with KRAUSE_WITH_CUDA; every test
-// skips without a device.
+// GPU serving paths (ctest label gpu): the generators' decode engine and scoring, and the
+// classifier's forward, with the model on a CUDA device, against the same model on the CPU.
+// Built only with KRAUSE_WITH_CUDA; every test skips without a device.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,11 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "model/engine/decode_engine.h"
 #include "model/engine/decode_graphs.h"
 #include "model/engine/device_context.h"
 #include "model/kv_cache.h"
 #include "model/pixel_model.h"
+#include "model/vit.h"
 #include "test_util.h"
 
 namespace krause::testing {
@@ -262,6 +265,69 @@ TEST_P(EngineCuda, ScoringMatchesTheCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineCuda, ::testing::Values("krause", "softmax"));
+
+// The classifier end to end: a small random ViT's logits on the GPU (kAuto: the CUDA kernels,
+// with gradients off) are the CPU's (kAuto: the fused CPU kernel), within 1e-4 relative to the
+// logit scale. 4x4 patches + CLS (17 tokens), and 16x16 patches + CLS (257 tokens: the CLS row
+// has 257 candidates, so the block kernel runs it while the warp kernel runs the patch rows).
+// Each layer has its own sigma, a [1] log_sigma broadcast to the heads as the ViT passes it.
+// Catches what the attention tests cannot see: the ViT's glue on a GPU (a per-layer scalar
+// log_sigma, head splitting, the CLS token, the grid the model builds) and a device fallback
+// that changes the result. The softmax baseline runs the same way (no Krause kernel).
+TEST(ViTCuda, ForwardOnTheGpuGivesTheCpuLogits) {
+  KRAUSE_SKIP_WITHOUT_CUDA();
+  const at::Device dev(at::kCUDA);
+  struct Shape {
+    int64_t image, patch, channels;
+    GridMetric metric;
+  };
+  for (const std::string attention : {"krause", "softmax"}) {
+    for (const Shape& s :
+         {Shape{12, 3, 1, GridMetric::kManhattan}, Shape{32, 2, 3, GridMetric::kChebyshev}}) {
+      SCOPED_TRACE(absl::StrCat(attention, " ", s.image, "/", s.patch));
+      ViTConfig cfg;
+      cfg.attention = ParseAttentionKind(attention).value();
+      cfg.image_size = s.image;
+      cfg.patch = s.patch;
+      cfg.channels = s.channels;
+      cfg.d_model = 48;
+      cfg.heads = 3;
+      cfg.depth = 2;
+      cfg.mlp = 72;
+      cfg.classes = 7;
+      cfg.radius = 1;
+      cfg.metric = s.metric;
+      cfg.top_k = 2;
+      cfg.cls = true;
+      auto make = [&]() -> ViT {
+        ViT m = ViT::Create(cfg, 4).value();
+        at::NoGradGuard no_grad;
+        for (int64_t l = 0; l < cfg.depth; ++l) {
+          const std::string name = absl::StrCat("blocks.", l, ".attention.log_sigma");
+          if (m.parameters().Has(name)) m.parameters().Get(name).fill_(0.4 + 0.5 * l);
+        }
+        return m;
+      };
+      const ViT cpu = make();
+      ViT gpu = make();
+      gpu.parameters().To(dev);
+      at::Generator gen = at::detail::createCPUGenerator(8);
+      const at::Tensor images = GaussianTensor({4, s.channels, s.image, s.image}, 1.0, gen);
+      at::NoGradGuard no_grad;
+      const at::Tensor want = cpu.Forward(images);
+      const at::Tensor got = gpu.Forward(images.to(dev));
+      ASSERT_TRUE(got.is_cuda());
+      ASSERT_EQ(got.sizes(), want.sizes());
+      EXPECT_TRUE(at::isfinite(got).all().item<bool>());
+      EXPECT_LE(RelativeMaxError(got.cpu(), want), 1e-4);
+      if (cfg.attention == AttentionKind::kKrause) {
+        // kCuda forced: the kernels take every layer (no fallback hides behind kAuto).
+        EXPECT_LE(RelativeMaxError(gpu.Forward(images.to(dev), KrauseImpl::kCuda).cpu(), want),
+                  1e-4);
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace krause::testing

@@ -86,7 +86,9 @@ absl::StatusOr<KrauseResult> KrauseAttention(const at::Tensor& q, const at::Tens
       if (needs_grad && q.scalar_type() == at::kFloat && q.device().is_cpu())
         impl = KrauseImpl::kFusedCpuTrain;
 #ifdef KRAUSE_WITH_CUDA
-      if (fp32 && q.device().is_cuda()) impl = KrauseImpl::kCuda;
+      // Shapes the CUDA kernels do not take go to the windowed path.
+      if (fp32 && q.device().is_cuda() && internal::CudaTakes(args, options).ok())
+        impl = KrauseImpl::kCuda;
 #endif
     }
     if (args.batch == 0 || args.heads == 0 || args.n == 0) {  // nothing to attend
@@ -122,6 +124,7 @@ absl::StatusOr<KrauseResult> KrauseAttention(const at::Tensor& q, const at::Tens
           return absl::InvalidArgumentError(
               absl::StrCat("impl cuda needs fp32 CUDA tensors; q is ", std::string(q.toString())));
         }
+        RETURN_IF_ERROR(internal::CudaTakes(args, options));
         return internal::CudaAttention(args, options);
 #else
         return absl::InvalidArgumentError(

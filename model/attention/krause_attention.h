@@ -103,9 +103,14 @@ void SetGridRouteForTesting(GridRoute route);
 KrauseResult FusedCpuAttention(const AttentionArgs& a, const KrauseOptions& o);
 KrauseResult FusedCpuTrainAttention(const AttentionArgs& a, const KrauseOptions& o);
 #ifdef KRAUSE_WITH_CUDA
+// OK when the CUDA kernels take these shapes (at most 2048 candidates per row, head dimension
+// at most 256), else InvalidArgument naming the limit; cheap (no candidate table is built for a
+// causal or global neighbourhood). kAuto falls back to WindowedAttention where they do not.
+absl::Status CudaTakes(const AttentionArgs& a, const KrauseOptions& o);
 KrauseResult CudaAttention(const AttentionArgs& a, const KrauseOptions& o);
 // The CUDA kernels' variant (cuda/krause_cuda.h): a thread block or a warp per row. kAuto takes
-// the warp kernel where a row fits it (up to 256 candidates), unless the environment variable
+// the warp kernel for the rows that fit it (up to 256 candidates) and the block kernel for the
+// others, unless the environment variable
 // KRAUSE_CUDA_KERNEL=block (or warp) says otherwise; tests force each. Prefill and decode alike.
 enum class CudaKernel { kAuto, kBlock, kWarp };
 void SetCudaKernelForTesting(CudaKernel kernel);

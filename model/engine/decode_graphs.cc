@@ -8,10 +8,14 @@
 
 #include "absl/strings/str_cat.h"
 
-// Graphs need LibTorch 2.x's thread-local capture mode (see Supported()).
-#if defined(KRAUSE_WITH_CUDA) && TORCH_VERSION_MAJOR >= 2
+// Graphs need LibTorch 2.x's thread-local capture mode (see Supported()) and, for the clean-up
+// of a failed capture, the allocator's pool calls of 2.1 and later.
+#if defined(KRAUSE_WITH_CUDA) && \
+    (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1))
 #define KRAUSE_CUDA_GRAPHS 1
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #endif
@@ -42,6 +46,30 @@ void AbandonCapture() {
   }
   (void)cudaGetLastError();  // capture errors are not sticky; clear the last one
 }
+
+// Ends a capture that failed (the step threw while capturing, or capture_end itself threw) so
+// that the stream and the allocator work eagerly again. CUDAGraph::capture_end stops the
+// allocator routing the stream's allocations into the graphs' pool only after
+// cudaStreamEndCapture succeeds, and the graph releases its use of the pool on destruction only
+// if it got that far: when capture_end throws before, both are done here, else the pool keeps
+// taking this thread's allocations and is never freed. `pool` is the id the capture began with
+// (CUDAGraph::pool() refuses to answer without a successful capture).
+void EndFailedCapture(at::cuda::CUDAGraph& graph, const PoolId& pool) {
+  try {
+    graph.capture_end();
+    return;  // ended cleanly (and the graph releases the pool when destroyed)
+  } catch (const std::exception&) {
+  }
+  AbandonCapture();
+  const c10::DeviceIndex device = c10::cuda::current_device();
+  bool was_allocating = true;
+  try {
+    c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
+  } catch (const std::exception&) {
+    was_allocating = false;  // capture_end got past it: the graph's destructor releases the pool
+  }
+  if (was_allocating) c10::cuda::CUDACachingAllocator::releasePool(device, pool);
+}
 }  // namespace
 #endif
 
@@ -58,7 +86,7 @@ DecodeGraphs::DecodeGraphs(const PixelModel* model, PixelKvCache* cache,
                            const PixelDecodeWeights* packed, int64_t max_sequences)
     : model_(model), cache_(cache), packed_(packed) {
   if (!Supported(*model)) {
-    reason_ = "CUDA graphs need a KARM on a GPU, in a CUDA build against LibTorch 2.x";
+    reason_ = "CUDA graphs need a KARM on a GPU, in a CUDA build against LibTorch 2.1 or later";
     return;
   }
   if (packed == nullptr || static_cast<int64_t>(packed->scales.size()) != model->config().depth) {
@@ -118,13 +146,9 @@ at::Tensor DecodeGraphs::Step(const at::Tensor& u, const at::Tensor& positions,
     graph->graph.capture_end();
   } catch (const std::exception& e) {
     // Nothing of the step ran (a capture records work without running it): end the capture
-    // through LibTorch (which also unwinds its allocator's capture state), else directly, then
-    // run the step eagerly and leave graphs off.
-    try {
-      graph->graph.capture_end();
-    } catch (const std::exception&) {
-    }
-    AbandonCapture();
+    // (EndFailedCapture: the stream and the allocator's pool), then run the step eagerly and
+    // leave graphs off.
+    EndFailedCapture(graph->graph, *static_cast<const PoolId*>(pool_.get()));
     graph.reset();
     enabled_ = false;
     reason_ = absl::StrCat("capturing the decode step of ", s, " sequences failed: ", e.what());

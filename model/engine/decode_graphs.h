@@ -34,8 +34,8 @@ namespace krause {
 class DecodeGraphs {
  public:
   // Whether graphs can apply to this model here: a KARM on a GPU in a CUDA build against
-  // LibTorch 2.x (1.13's capture mode is process-global, which other models' worker threads
-  // would trip over).
+  // LibTorch 2.1 or later (1.13's capture mode is process-global, which other models' worker
+  // threads would trip over).
   static bool Supported(const PixelModel& model);
 
   // Borrows the model, its cache and its packed weights (all must outlive this object).

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "model/attention/cuda/krause_cuda.h"
 #include "model/attention/decode.h"
@@ -47,6 +48,9 @@ cuda::Variant KernelVariant() {
 struct DeviceCandidates {
   at::Tensor cand, count;  // int32 [n * width], [n] on the GPU
   int64_t width = 0;
+  // Where width > kWarpRow: the rows of more than kWarpRow candidates (int32, ascending), for
+  // the block kernel while the warp kernel runs the others.
+  at::Tensor wide;
 };
 
 // The candidate table of (neighbourhood, N) on a GPU, built on the host and uploaded once and
@@ -63,16 +67,23 @@ DeviceCandidates CandidatesOn(const Neighbourhood& nb, int64_t n, const at::Devi
     std::lock_guard<std::mutex> lock(mu);
     if (auto it = kept->find(key); it != kept->end()) return it->second;
   }
+  // (CudaTakes checked the width before: no table of more than kMaxCandidates per row is built.)
   const CandidateTable table = BuildCandidateTable(nb, n);
   TORCH_CHECK(table.width <= cuda::kMaxCandidates, "cuda: at most ", cuda::kMaxCandidates,
               " candidates per row, got ", table.width);
   const std::vector<int32_t> cand(table.index.begin(), table.index.end());
   const std::vector<int32_t> count(table.count.begin(), table.count.end());
+  std::vector<int32_t> wide;
+  for (int64_t i = 0; i < n; ++i) {
+    if (table.count[i] > cuda::kWarpRow) wide.push_back(static_cast<int32_t>(i));
+  }
   DeviceCandidates d;
   d.width = table.width;
   // Synchronous uploads: complete before any stream uses the tensors.
-  d.cand = at::tensor(cand, at::TensorOptions().dtype(at::kInt)).to(device, false);
-  d.count = at::tensor(count, at::TensorOptions().dtype(at::kInt)).to(device, false);
+  const auto int32 = at::TensorOptions().dtype(at::kInt);
+  d.cand = at::tensor(cand, int32).to(device, false);
+  d.count = at::tensor(count, int32).to(device, false);
+  if (!wide.empty()) d.wide = at::tensor(wide, int32).to(device, false);
   std::lock_guard<std::mutex> lock(mu);
   if (kept->size() < kMaxKept) kept->emplace(key, d);
   return d;
@@ -82,12 +93,25 @@ DeviceCandidates CandidatesOn(const Neighbourhood& nb, int64_t n, const at::Devi
 
 void SetCudaKernelForTesting(CudaKernel kernel) { forced_kernel.store(kernel); }
 
+absl::Status CudaTakes(const AttentionArgs& a, const KrauseOptions& o) {
+  if (a.head_dim > cuda::kMaxHeadDim) {
+    return absl::InvalidArgumentError(absl::StrCat("impl cuda: head dimension at most ",
+                                                   cuda::kMaxHeadDim, ", got ", a.head_dim));
+  }
+  const int64_t width = MaxCandidates(o.neighbourhood, a.n);
+  if (width > cuda::kMaxCandidates) {
+    return absl::InvalidArgumentError(absl::StrCat("impl cuda: at most ", cuda::kMaxCandidates,
+                                                   " candidates per row, got ", width, " (",
+                                                   o.neighbourhood.ToString(), ", N ", a.n, ")"));
+  }
+  return absl::OkStatus();
+}
+
 KrauseResult CudaAttention(const AttentionArgs& a, const KrauseOptions& o) {
   const c10::cuda::CUDAGuard guard(a.q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   const at::Tensor q = a.q.contiguous(), k = a.k.contiguous(), v = a.v.contiguous();
   const auto f32 = q.options();
-  TORCH_CHECK(a.head_dim <= 256, "cuda: head dimension at most 256, got ", a.head_dim);
   const DeviceCandidates table = CandidatesOn(o.neighbourhood, a.n, q.device());
   const at::Tensor& cand_d = table.cand;
   const at::Tensor& count_d = table.count;
@@ -112,6 +136,10 @@ KrauseResult CudaAttention(const AttentionArgs& a, const KrauseOptions& o) {
   p.n = a.n;
   p.d = a.head_dim;
   p.kept = a.kept;
+  if (table.wide.defined()) {
+    p.wide_rows = table.wide.data_ptr<int32_t>();
+    p.n_wide = table.wide.numel();
+  }
   p.out = r.out.data_ptr<float>();
   if (o.return_selection) {
     r.indices = at::empty({a.batch, a.heads, a.n, a.kept}, f32.dtype(at::kLong));

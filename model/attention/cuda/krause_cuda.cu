@@ -23,12 +23,12 @@
 #include <cstdint>
 
 #include "model/attention/cuda/krause_cuda.h"
+#include "model/attention/score_order.h"
 
 namespace krause::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kMaxHeadDim = 256;
 constexpr int kMaxRow = 2048;  // candidates per row held in shared memory
 constexpr int kPerLane = static_cast<int>(kWarpRow / 32);  // warp kernels: candidates per lane
 constexpr int kWarpsPerBlock = 4;
@@ -48,16 +48,18 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 Store<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
+// fp16 saturates: a value beyond the largest finite half (65504) is stored as +-65504, not inf
+// (an inf key would make its scores NaN). NaN stays NaN. KrauseRingCache::Rounded is the same
+// rule on the host.
 template <>
 __device__ __forceinline__ __half Store<__half>(float x) {
+  if (fabsf(x) > 65504.f) x = copysignf(65504.f, x);
   return __float2half_rn(x);
 }
 
-// Float -> uint32 with the same order (negative values flipped, positives get the top bit).
-__device__ __forceinline__ uint32_t OrderedBits(float x) {
-  const uint32_t u = __float_as_uint(x);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
+// Float -> uint32 with the scores' rank order (score_order.h: -0 is +0, NaN above every number).
+// Never 0: that value marks a dropped candidate below.
+__device__ __forceinline__ uint32_t OrderedBits(float x) { return ScoreKey(__float_as_uint(x)); }
 
 __device__ float BlockSum(float v, float* red) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
@@ -138,18 +140,27 @@ __device__ void SelectAndSoftmax(Row& row, int c, int kept, int64_t* sel_index, 
       },
       &need);
   // Keep: above the K-th, or equal to it and among the `need` largest positions of the ties.
+  // Every thread decides its candidates (reading others' keys) before any key is overwritten.
   __syncthreads();
-  for (int i = threadIdx.x; i < c; i += kThreads) {
-    bool keep = row.key[i] > prefix;
-    if (!keep && row.key[i] == prefix) {
-      int larger_ties = 0;
-      for (int j = i + 1; j < c; ++j) larger_ties += row.key[j] == prefix;
-      keep = larger_ties < need;
+  bool keep[kMaxRow / kThreads];
+#pragma unroll
+  for (int u = 0; u < kMaxRow / kThreads; ++u) {
+    const int i = threadIdx.x + u * kThreads;
+    keep[u] = false;
+    if (i < c) {
+      keep[u] = row.key[i] > prefix;
+      if (!keep[u] && row.key[i] == prefix) {
+        int larger_ties = 0;
+        for (int j = i + 1; j < c; ++j) larger_ties += row.key[j] == prefix;
+        keep[u] = larger_ties < need;
+      }
     }
-    if (!keep)
-      row.key[i] = 0;  // 0 is below every real score's pattern: marks "dropped"
-    else
-      row.key[i] = max(row.key[i], 1u);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int u = 0; u < kMaxRow / kThreads; ++u) {
+    const int i = threadIdx.x + u * kThreads;
+    if (i < c && !keep[u]) row.key[i] = 0;  // no score's key is 0: marks "dropped"
   }
   __syncthreads();
   float local_max = -INFINITY;
@@ -162,8 +173,8 @@ __device__ void SelectAndSoftmax(Row& row, int c, int kept, int64_t* sel_index, 
     local_sum += w;
   }
   const float sum = BlockSum(local_sum, row.red);
-  // Ranks (descending score, ties: larger position first) need the scores: compute before
-  // overwriting them with weights.
+  // Ranks (descending rank key, ties: larger position first), before the scores are overwritten
+  // with weights.
   if (sel_index != nullptr) {
     for (int r = threadIdx.x; r < sel_width; r += kThreads) {
       sel_index[r] = -1;
@@ -175,7 +186,7 @@ __device__ void SelectAndSoftmax(Row& row, int c, int kept, int64_t* sel_index, 
       int rank = 0;
       for (int j = 0; j < c; ++j) {
         if (row.key[j] == 0 || j == i) continue;
-        rank += row.score[j] > row.score[i] || (row.score[j] == row.score[i] && j > i);
+        rank += row.key[j] > row.key[i] || (row.key[j] == row.key[i] && j > i);
       }
       sel_index[rank] = row.pos[i];
       sel_weight[rank] = __expf(row.score[i] - mx) / sum;
@@ -241,8 +252,11 @@ __global__ void KeyBiasKernel(const float* k, int64_t rows, int64_t d, float* bi
 __global__ void PrefillKernel(PrefillArgs a) {
   extern __shared__ unsigned char smem[];
   Row& row = *reinterpret_cast<Row*>(smem);
-  // One block per (batch * heads + head, query row), flattened on x (y would cap B * H at 65535).
-  const int64_t i = blockIdx.x % a.n, bh = blockIdx.x / a.n;
+  // One block per (batch * heads + head, query row), flattened on x (y would cap B * H at 65535);
+  // with a list of wide rows, only those rows.
+  const int64_t rows = a.wide_rows != nullptr ? a.n_wide : a.n;
+  const int64_t r = blockIdx.x % rows, bh = blockIdx.x / rows;
+  const int64_t i = a.wide_rows != nullptr ? a.wide_rows[r] : r;
   const int64_t h = bh % a.heads;
   const int64_t base = bh * a.n;  // row offset of this (b, h)
   const int c = a.count[i];
@@ -310,14 +324,25 @@ __global__ void DecodeKernel(DecodeArgs a) {
 // One warp's shared scratch for its row.
 struct WarpRow {
   alignas(16) float q[kMaxHeadDim];
-  float w[kWarpRow];      // softmax weight per candidate (0: dropped or underflowed)
-  float score[kWarpRow];  // the kept candidates' scores, for their ranks
-  int64_t pos[kWarpRow];  // key position of a kept candidate, -1 for a dropped one
+  float w[kWarpRow];       // softmax weight per candidate (0: dropped or underflowed)
+  uint32_t key[kWarpRow];  // the candidates' rank keys (score_order.h), for the ranks
+  int64_t pos[kWarpRow];   // key position of a kept candidate, -1 for a dropped one
 };
 
 __device__ __forceinline__ float WarpSum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
   return v;
+}
+
+// The warp's sum of an integer: one instruction from sm_80 on, shuffles before (an architecture
+// list with older GPUs, e.g. from TORCH_CUDA_ARCH_LIST, must still compile). Exact either way.
+__device__ __forceinline__ int WarpCount(int v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(v)));
+#else
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+#endif
 }
 
 __device__ __forceinline__ float WarpMax(float v) {
@@ -327,7 +352,7 @@ __device__ __forceinline__ float WarpMax(float v) {
 
 // This lane's candidates are ci = lane + 32 u < c (ascending key position in ci), with their
 // scores, ordered bit patterns and positions. Keeps K = min(kept, c) of them with the tie rule
-// and leaves each candidate's softmax weight in row.w (and row.pos / row.score) for the
+// and leaves each candidate's softmax weight in row.w (and row.pos / row.key) for the
 // aggregation; optionally writes the selection in rank order.
 __device__ __forceinline__ void WarpSelectAndSoftmax(const float (&score)[kPerLane],
                                                      const uint32_t (&key)[kPerLane],
@@ -343,7 +368,7 @@ __device__ __forceinline__ void WarpSelectAndSoftmax(const float (&score)[kPerLa
         int local = 0;
 #pragma unroll
         for (int u = 0; u < kPerLane; ++u) local += (lane + 32 * u < c) && ((key[u] & m) == want);
-        return static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(local)));
+        return WarpCount(local);
       },
       &need);
   // Keep: above the K-th, or equal to it and among the `need` largest positions of the ties
@@ -377,7 +402,7 @@ __device__ __forceinline__ void WarpSelectAndSoftmax(const float (&score)[kPerLa
     const int ci = lane + 32 * u;
     if (ci < c) {
       row.w[ci] = keep[u] ? e[u] / sum : 0.f;
-      row.score[ci] = score[u];
+      row.key[ci] = key[u];
       row.pos[ci] = keep[u] ? pos[u] : -1;
     }
   }
@@ -395,7 +420,7 @@ __device__ __forceinline__ void WarpSelectAndSoftmax(const float (&score)[kPerLa
       int rank = 0;
       for (int j = 0; j < c; ++j) {
         if (row.pos[j] < 0 || j == i) continue;
-        rank += row.score[j] > score[u] || (row.score[j] == score[u] && j > i);
+        rank += row.key[j] > key[u] || (row.key[j] == key[u] && j > i);
       }
       sel_index[rank] = pos[u];
       sel_weight[rank] = e[u] / sum;
@@ -478,12 +503,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) PrefillWarpKernel(Prefill
   const int64_t g = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   if (g >= a.n * a.batch * a.heads) return;  // the whole warp: no block-wide barrier follows
   const int64_t i = g % a.n, bh = g / a.n;
+  const int c = a.count[i];
+  if (c > kWarpRow) return;  // a wide row of a mixed launch: the block kernel's (the whole warp)
   const int64_t h = bh % a.heads;
   const int64_t base = bh * a.n;
   WarpRow& row = rows[warp];
   for (int64_t t = lane; t < a.d; t += 32) row.q[t] = a.q[(base + i) * a.d + t];
   __syncwarp();
-  const int c = a.count[i];
   const float s2 = a.inv_sigma2[h];
   // Rows of K start 16-byte aligned when K does and d is a multiple of 4 (a view with an odd
   // storage offset must not take the vector loads: a misaligned load is a sticky CUDA error).
@@ -575,20 +601,30 @@ cudaError_t Prefill(const PrefillArgs& a, cudaStream_t stream, Variant variant) 
     return cudaErrorInvalidValue;
   if (variant == Variant::kWarp && a.width > kWarpRow) return cudaErrorInvalidValue;
   if (a.n == 0 || a.batch * a.heads == 0) return cudaSuccess;
-  if (variant == Variant::kWarp || (variant == Variant::kAuto && a.width <= kWarpRow)) {
+  // kAuto: the warp kernel for rows of up to kWarpRow candidates, the block kernel for wider
+  // ones; a table with both (a grid with CLS over 256 tokens, causal W > 256) runs both kernels,
+  // each on its rows.
+  const bool narrow_only =
+      variant == Variant::kWarp || (variant == Variant::kAuto && a.width <= kWarpRow);
+  const bool mixed = variant == Variant::kAuto && a.width > kWarpRow && a.wide_rows != nullptr &&
+                     a.n_wide > 0 && a.n_wide < a.n;
+  if (narrow_only || mixed) {
     const int64_t warps = a.n * a.batch * a.heads;
     const int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
     if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
     PrefillWarpKernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(a);
-    return cudaGetLastError();
+    const cudaError_t e = cudaGetLastError();
+    if (narrow_only || e != cudaSuccess) return e;
   }
+  PrefillArgs b = a;
+  if (!mixed) b.wide_rows = nullptr;  // every row
   const size_t smem = sizeof(Row);
   cudaError_t e = cudaFuncSetAttribute(PrefillKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem));
   if (e != cudaSuccess) return e;
-  const int64_t blocks = a.n * a.batch * a.heads;
+  const int64_t blocks = (mixed ? a.n_wide : a.n) * a.batch * a.heads;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;  // x dimension limit
-  PrefillKernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(a);
+  PrefillKernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(b);
   return cudaGetLastError();
 }
 

@@ -17,6 +17,8 @@ namespace krause::cuda {
 
 // The most candidates per row the prefill kernel takes (scores live in shared memory).
 constexpr int64_t kMaxCandidates = 2048;
+// The largest head dimension of every kernel (a query row lives in shared memory).
+constexpr int64_t kMaxHeadDim = 256;
 // The most candidates per row (prefill) or the largest window (decode) of the warp variant.
 constexpr int64_t kWarpRow = 256;
 
@@ -39,11 +41,18 @@ struct PrefillArgs {
   int64_t width = 0;
   int64_t batch = 0, heads = 0, n = 0, d = 0;
   int64_t kept = 0;              // K = min(top_k, width)
+  // Optional, for kAuto on a table wider than kWarpRow: the rows of more than kWarpRow
+  // candidates, ascending. Then the block kernel runs these rows and the warp kernel the others
+  // (a CLS row over a large grid need not send every patch row to the block kernel). Null: one
+  // kernel, chosen by the width, runs every row.
+  const int32_t* wide_rows = nullptr;  // [n_wide]
+  int64_t n_wide = 0;
   float* out;                    // [B, H, N, d]
   int64_t* sel_index = nullptr;  // optional [B, H, N, K], rank order, -1 padded
   float* sel_weight = nullptr;   // optional [B, H, N, K], 0 padded
 };
-// kWarp with a.width > kWarpRow: cudaErrorInvalidValue.
+// kWarp with a.width > kWarpRow, a.width > kMaxCandidates or a.d > kMaxHeadDim:
+// cudaErrorInvalidValue.
 cudaError_t Prefill(const PrefillArgs& a, cudaStream_t stream, Variant variant = Variant::kAuto);
 
 // The element type of a ring cache's keys and values (biases are always fp32). Reduced
