@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compile-checks the CUDA code on machines without a GPU or a CUDA LibTorch, so it cannot rot:
-#  1. every CUDA source (model/**/*.cu) compiles standalone with nvcc for sm_90 (the kernels
-#     include no LibTorch header);
+#  1. every CUDA source (model/**/*.cu) compiles standalone with nvcc for sm_90 and sm_75 (the
+#     kernels include no LibTorch header);
 #  2. the LibTorch glue and every file with KRAUSE_WITH_CUDA branches pass a syntax check with
 #     KRAUSE_WITH_CUDA defined, against this machine's LibTorch headers (Debian's ship the CUDA
 #     headers but not one generated config header, which is stubbed for the check).
@@ -19,10 +19,13 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 n=0
 while IFS= read -r f; do
-  "$NVCC" -std=c++17 -arch=sm_90 -I. -Werror all-warnings -c "$f" -o "$out/$(basename "$f").o"
+  # sm_90 (the GPU machines) and sm_75, the oldest CUDA 13 has: the kernels' fallbacks for GPUs
+  # before sm_80 (an architecture list taken from TORCH_CUDA_ARCH_LIST may include them).
+  "$NVCC" -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_75,code=sm_75 -I. \
+    -Werror all-warnings -c "$f" -o "$out/$(basename "$f").o"
   n=$((n + 1))
 done < <(find model -name '*.cu' | sort)
-echo "check-cuda-compile: $n CUDA file(s) compiled for sm_90 with $("$NVCC" --version | tail -1)"
+echo "check-cuda-compile: $n CUDA file(s) compiled for sm_90 and sm_75 with $("$NVCC" --version | tail -1)"
 
 TORCH_INCLUDE=${TORCH_INCLUDE:-/usr/include}
 if [ ! -f "$TORCH_INCLUDE/ATen/cuda/CUDAContext.h" ]; then
