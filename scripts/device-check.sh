@@ -49,15 +49,19 @@ phase() {
   [ $rc -eq 124 ] && report "$name: cut off after $budget s (log: $log)"
   return $rc
 }
-# tests_report NAME LOG RC: one line of counts, then every test that did not pass, by name.
+# tests_report NAME LOG RC: the counts (passed, skipped, not passed), then each test that was
+# skipped or did not pass, by name. ctest's status is the field after the dots (a test's name may
+# itself contain "Failed" or "Exception").
 tests_report() {
   local name=$1 log=$LOGS/$2 rc=$3
-  local passed failed
-  passed=$(grep -c -E 'Test +#[0-9]+: .* Passed' "$log" 2>/dev/null)
-  failed=$(grep -c -E 'Test +#[0-9]+: .*(Failed|Timeout|SEGFAULT|Exception|Not Run|Skipped)' "$log" 2>/dev/null)
-  report "$name: ${passed:-0} passed, ${failed:-0} not passed (rc $rc): $(grep -E 'tests passed|tests failed|No tests were found' "$log" | tail -1)"
-  grep -E 'Test +#[0-9]+: .*(Failed|Timeout|SEGFAULT|Exception|Not Run|Skipped)' "$log" |
-    sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: /  not passed: /; s/ +\.+/ /' | tee -a "$SUMMARY"
+  local lines passed skipped failed
+  lines=$(grep -E '^ *[0-9]+/[0-9]+ Test +#[0-9]+: ' "$log" 2>/dev/null)
+  passed=$(grep -c -E ' Passed +[0-9.]+ sec$' <<< "$lines")
+  skipped=$(grep -c -E '\*\*\*Skipped +[0-9.]+ sec$' <<< "$lines")
+  failed=$(grep -v -E ' Passed +[0-9.]+ sec$|\*\*\*Skipped +[0-9.]+ sec$' <<< "$lines" | grep -c .)
+  report "$name: $passed passed, $skipped skipped, $failed not passed (rc $rc): $(grep -E 'tests passed|tests failed|No tests were found' "$log" | tail -1)"
+  grep -v -E ' Passed +[0-9.]+ sec$' <<< "$lines" | grep . |
+    sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: /  /; s/ +\.{2,} */ /; s/  #.*\*\*\*/ ***/' | tee -a "$SUMMARY"
 }
 
 # CPU_REHEARSAL=1 (with TORCH_PREFIX set, e.g. to Debian's LibTorch): the same flow on a machine
