@@ -45,6 +45,19 @@ absl::StatusOr<PixelModel> PixelModel::Create(const PixelModelConfig& config, ui
   // Last, so that the other parameters draw what an unconditional model of this size draws.
   if (config.classes > 0)
     p.Add("class_emb.weight", nn::TruncNormal({config.classes + 1, d}, 0.02, gen));
+  // Per-class LayerNorm scale and shift, zero: the model starts as the one without them.
+  if (config.class_norm) {
+    std::vector<std::string> norms;
+    for (int64_t l = 0; l < config.depth; ++l) {
+      norms.push_back(absl::StrCat("layers.", l, ".ln1"));
+      norms.push_back(absl::StrCat("layers.", l, ".ln2"));
+    }
+    norms.push_back("ln_f");
+    for (const std::string& n : norms) {
+      p.Add(n + ".class_scale", at::zeros({config.classes + 1, d}));
+      p.Add(n + ".class_shift", at::zeros({config.classes + 1, d}));
+    }
+  }
   return m;
 }
 
@@ -83,33 +96,45 @@ at::Tensor PixelModel::Embed(const at::Tensor& u) const {
   return at::where((u == kStartToken).unsqueeze(-1), params_.Get("start_token"), emb);
 }
 
-at::Tensor PixelModel::AddClass(const at::Tensor& x, const at::Tensor& classes) const {
+at::Tensor PixelModel::ClassRows(const at::Tensor& classes, int64_t b) const {
   if (!config_.conditional()) {
     TORCH_CHECK(!classes.defined(), "classes given to an unconditional model");
-    return x;
+    return {};
   }
-  const int64_t b = x.size(0);
-  at::Tensor c = classes.defined()
-                     ? classes.to(x.device(), at::kLong)
-                     : at::full({b}, config_.null_class(),
-                                at::TensorOptions().dtype(at::kLong).device(x.device()));
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(device());
+  at::Tensor c = classes.defined() ? classes.to(device(), at::kLong)
+                                   : at::full({b}, config_.null_class(), opts);
   TORCH_CHECK(c.dim() == 1 && c.size(0) == b, "classes must have shape [", b, "]");
-  return x + at::embedding(params_.Get("class_emb.weight"), c).unsqueeze(1);
+  return c;
+}
+
+at::Tensor PixelModel::Norm(const std::string& name, const at::Tensor& x,
+                            const at::Tensor& rows) const {
+  const at::Tensor h = nn::LayerNorm(params_, name, x);
+  if (!config_.class_norm) return h;
+  at::Tensor scale = params_.Get(name + ".class_scale").index_select(0, rows);  // [B, D]
+  at::Tensor shift = params_.Get(name + ".class_shift").index_select(0, rows);
+  if (x.dim() == 3) {
+    scale = scale.unsqueeze(1);
+    shift = shift.unsqueeze(1);
+  }
+  return h * (scale + 1) + shift;
 }
 
 at::Tensor PixelModel::ForwardTokens(const at::Tensor& u, KrauseImpl impl,
                                      std::vector<std::pair<at::Tensor, at::Tensor>>* kv,
                                      const at::Tensor& classes) const {
   const int64_t t = u.size(1);
-  at::Tensor x = AddClass(Embed(u) + params_.Get("pos_emb.weight").narrow(0, 0, t),
-                          classes);  // [B, T, D]
+  const at::Tensor rows = ClassRows(classes, u.size(0));
+  at::Tensor x = Embed(u) + params_.Get("pos_emb.weight").narrow(0, 0, t);  // [B, T, D]
+  if (rows.defined()) x = x + at::embedding(params_.Get("class_emb.weight"), rows).unsqueeze(1);
   for (int64_t l = 0; l < config_.depth; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
-    x = x + Attention(l, nn::LayerNorm(params_, p + "ln1", x), impl, kv);
-    const at::Tensor h = nn::LayerNorm(params_, p + "ln2", x);
+    x = x + Attention(l, Norm(p + "ln1", x, rows), impl, kv);
+    const at::Tensor h = Norm(p + "ln2", x, rows);
     x = x + nn::Linear(params_, p + "mlp.2", nn::Gelu(nn::Linear(params_, p + "mlp.0", h)));
   }
-  return nn::Linear(params_, "head", nn::LayerNorm(params_, "ln_f", x));
+  return nn::Linear(params_, "head", Norm("ln_f", x, rows));
 }
 
 at::Tensor PixelModel::Forward(const at::Tensor& pixels, KrauseImpl impl,
@@ -196,11 +221,12 @@ at::Tensor PixelModel::DecodeStep(const at::Tensor& u_device, const DecodeIndex&
               "the cache was made for another model (kind or depth differ)");
   const at::Tensor& pos_d = index.device_positions();
   at::Tensor x = Embed(u_device) + params_.Get("pos_emb.weight").index_select(0, pos_d);
+  at::Tensor rows;  // each sequence's class row (conditional models)
   if (config_.conditional()) {
     // Each sequence's class, from the cache's per-slot classes on the device (no host read:
     // what a CUDA graph captures).
-    x = x + params_.Get("class_emb.weight")
-                .index_select(0, cache->slot_classes().index_select(0, index.device_slots()));
+    rows = cache->slot_classes().index_select(0, index.device_slots());
+    x = x + params_.Get("class_emb.weight").index_select(0, rows);
   }
   // The Krause layers' scales: validated once by PackForDecode, or here for this step.
   std::vector<DecodeScale> step_scales;
@@ -215,7 +241,7 @@ at::Tensor PixelModel::DecodeStep(const at::Tensor& u_device, const DecodeIndex&
   for (int64_t l = 0; l < config_.depth; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
     const std::string a = p + "attn.";
-    const at::Tensor hn = nn::LayerNorm(params_, p + "ln1", x);
+    const at::Tensor hn = Norm(p + "ln1", x, rows);
     const at::Tensor q = nn::Linear(params_, a + (krause ? "W_q" : "q_proj"), hn).view({s, h, dh});
     const at::Tensor k = nn::Linear(params_, a + (krause ? "W_k" : "k_proj"), hn).view({s, h, dh});
     const at::Tensor v = nn::Linear(params_, a + (krause ? "W_v" : "v_proj"), hn).view({s, h, dh});
@@ -223,10 +249,10 @@ at::Tensor PixelModel::DecodeStep(const at::Tensor& u_device, const DecodeIndex&
     TORCH_CHECK(attended.ok(), "layer ", l, ": ", attended.status().ToString());
     const at::Tensor& out = *attended;
     x = x + nn::Linear(params_, a + "out_proj", out.reshape({s, config_.d_model}));
-    const at::Tensor hm = nn::LayerNorm(params_, p + "ln2", x);
+    const at::Tensor hm = Norm(p + "ln2", x, rows);
     x = x + nn::Linear(params_, p + "mlp.2", nn::Gelu(nn::Linear(params_, p + "mlp.0", hm)));
   }
-  return nn::Linear(params_, "head", nn::LayerNorm(params_, "ln_f", x));
+  return nn::Linear(params_, "head", Norm("ln_f", x, rows));
 }
 
 at::Tensor PixelModel::NllPerImage(const at::Tensor& images, KrauseImpl impl,

@@ -121,8 +121,13 @@ class PixelModel {
 
  private:
   at::Tensor Embed(const at::Tensor& u) const;  // [..] tokens -> [.., D], no positions
-  // [B, T, D]: the class embedding of each row's class (the null class when undefined).
-  at::Tensor AddClass(const at::Tensor& x, const at::Tensor& classes) const;
+  // A conditional model's class rows [B] (int64 on the model's device): `classes`, or the null
+  // class for every row when undefined. Undefined for an unconditional model (which must be
+  // given no classes).
+  at::Tensor ClassRows(const at::Tensor& classes, int64_t b) const;
+  // LayerNorm `name` of x ([B, T, D] or [S, D]); with class_norm, then h * (1 + scale[rows]) +
+  // shift[rows] for each row's class (rows [B] or [S]).
+  at::Tensor Norm(const std::string& name, const at::Tensor& x, const at::Tensor& rows) const;
   at::Tensor Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl,
                        std::vector<std::pair<at::Tensor, at::Tensor>>* kv) const;
 

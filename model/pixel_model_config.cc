@@ -19,6 +19,7 @@ std::string PixelModelConfig::ToJson() const {
   if (classes > 0) {
     j["classes"] = classes;
     j["labels"] = labels;
+    if (class_norm) j["class_norm"] = true;
   }
   return j.dump();
 }
@@ -47,6 +48,7 @@ absl::StatusOr<PixelModelConfig> PixelModelConfig::FromJson(const std::string& t
     c.start_token = j.value("start_token", c.start_token);
     c.classes = j.value("classes", c.classes);
     c.labels = j.value("labels", c.labels);
+    c.class_norm = j.value("class_norm", c.class_norm);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("config: ", e.what()));
   }
@@ -67,6 +69,9 @@ absl::Status PixelModelConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("config: classes ", classes,
                                                    " must be >= 0 with 0 or `classes` labels, got ",
                                                    labels.size(), " labels"));
+  }
+  if (class_norm && classes == 0) {
+    return absl::InvalidArgumentError("config: class_norm needs a conditional model (classes > 0)");
   }
   if (attention == AttentionKind::kKrause && (window < 1 || top_k < 1 || !(sigma_init > 0))) {
     return absl::InvalidArgumentError("config: window, top_k and sigma_init must be positive");

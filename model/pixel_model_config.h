@@ -1,7 +1,8 @@
 // The configuration of a pixel model (KARM or its softmax ARM baseline): image shape, model size,
 // attention kind and its parameters, class conditioning. Stored as the checkpoint's JSON config in
 // the official keys (docs/operator.md, section 4): the model width d_model is the key "width";
-// "width_px" is the image width. Conditional configs add "classes" and "labels".
+// "width_px" is the image width. Conditional configs add "classes" and "labels" (and
+// "class_norm" when set).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,11 @@ struct PixelModelConfig {
   // or one per class).
   int64_t classes = 0;
   std::vector<std::string> labels;
+  // Conditional models only: the class also scales and shifts every LayerNorm's output
+  // (ln1, ln2 of each layer and ln_f: h * (1 + scale[c]) + shift[c], a learned [classes + 1, d]
+  // pair per norm, zero at initialisation), as adaptive LayerNorm does, besides the class
+  // embedding added to the input. JSON "class_norm" (absent: false).
+  bool class_norm = false;
 
   bool conditional() const { return classes > 0; }
   // The class-embedding row of "no class" (conditional models only).

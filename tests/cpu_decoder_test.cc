@@ -62,14 +62,17 @@ TEST(PlanCpuStep, InlineUnlessEachTaskGetsEnoughWork) {
 struct ModelCase {
   const char* attention;
   bool start;
-  int64_t classes;  // > 0: class-conditional
+  int64_t classes;          // > 0: class-conditional
+  bool class_norm = false;  // per-class LayerNorm scale and shift
 };
 
 void PrintTo(const ModelCase& c, std::ostream* os) {
-  *os << c.attention << (c.start ? " start" : " no start") << ", classes " << c.classes;
+  *os << c.attention << (c.start ? " start" : " no start") << ", classes " << c.classes
+      << (c.class_norm ? ", class_norm" : "");
 }
 
-PixelModelConfig Config(const std::string& attention, bool start, int64_t classes = 0) {
+PixelModelConfig Config(const std::string& attention, bool start, int64_t classes = 0,
+                        bool class_norm = false) {
   PixelModelConfig c;
   c.attention = ParseAttentionKind(attention).value();
   c.height = 6;
@@ -77,19 +80,21 @@ PixelModelConfig Config(const std::string& attention, bool start, int64_t classe
   c.channels = 2;  // 60 tokens: a window of 12 wraps several times
   c.d_model = 48;  // 3 * 48 = 144 fused q/k/v columns; MLP 192
   c.depth = 2;
-  c.heads = 3;     // head dim 16
+  c.heads = 3;  // head dim 16
   c.window = 12;
   c.top_k = 7;
   c.start_token = start;
   c.classes = classes;
+  c.class_norm = class_norm;
   return c;
 }
 
 class CpuDecoderTest : public ::testing::TestWithParam<ModelCase> {
  protected:
   void SetUp() override {
-    auto m =
-        PixelModel::Create(Config(GetParam().attention, GetParam().start, GetParam().classes), 21);
+    auto m = PixelModel::Create(
+        Config(GetParam().attention, GetParam().start, GetParam().classes, GetParam().class_norm),
+        21);
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::make_unique<PixelModel>(std::move(*m));
     at::NoGradGuard g;
@@ -97,7 +102,7 @@ class CpuDecoderTest : public ::testing::TestWithParam<ModelCase> {
       if (name.find("log_sigma") != std::string::npos) {
         t.copy_(at::linspace(-0.4, 0.8, t.numel()).view(t.sizes()));
       } else if (name.find("bias") != std::string::npos || name.find("ln") != std::string::npos) {
-        t.add_(at::randn(t.sizes()) * 0.1);  // non-trivial biases and norms
+        t.add_(at::randn(t.sizes()) * 0.1);  // non-trivial biases and norms (class_norm's too)
       } else if (name == "class_emb.weight") {
         t.mul_(25);  // classes that change the logits clearly
       }
@@ -143,10 +148,10 @@ class CpuDecoderTest : public ::testing::TestWithParam<ModelCase> {
         const int64_t g = std::min<int64_t>(group, static_cast<int64_t>(rows.size() - g0));
         at::Tensor logits;
         if (reference) {
-          logits = model_->DecodeStep(at::tensor(std::vector<int64_t>(u.begin() + g0, u.begin() + g0 + g)),
-                                      at::tensor(std::vector<int64_t>(pos.begin() + g0, pos.begin() + g0 + g)),
-                                      at::tensor(std::vector<int64_t>(slot.begin() + g0, slot.begin() + g0 + g)),
-                                      &cache);
+          logits = model_->DecodeStep(
+              at::tensor(std::vector<int64_t>(u.begin() + g0, u.begin() + g0 + g)),
+              at::tensor(std::vector<int64_t>(pos.begin() + g0, pos.begin() + g0 + g)),
+              at::tensor(std::vector<int64_t>(slot.begin() + g0, slot.begin() + g0 + g)), &cache);
         } else {
           logits = at::empty({g, 256});
           const absl::Status st = decoder_->Step(&u[g0], &pos[g0], &slot[g0], g, &cache,
@@ -227,10 +232,10 @@ TEST_P(CpuDecoderTest, BadEntriesAreRefusedByNameAndChangeNothing) {
     return decoder_->Step(u.data(), pos.data(), slots.data(), static_cast<int64_t>(u.size()),
                           &cache, logits.data());
   };
-  EXPECT_THAT(step({1, 2}, {0, 0}, {1, 1}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slots[1] = 1 appears twice")));
-  EXPECT_THAT(step({1, 2}, {0, 0}, {0, 3}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slots[1] = 3 is outside [0, 3)")));
+  EXPECT_THAT(step({1, 2}, {0, 0}, {1, 1}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                     HasSubstr("slots[1] = 1 appears twice")));
+  EXPECT_THAT(step({1, 2}, {0, 0}, {0, 3}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                     HasSubstr("slots[1] = 3 is outside [0, 3)")));
   EXPECT_THAT(step({1, 2}, {0, c.seq_len()}, {0, 1}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("positions[1] = 60")));
   EXPECT_THAT(step({1, 300}, {0, 1}, {0, 1}),
@@ -257,17 +262,17 @@ TEST_P(CpuDecoderTest, BadEntriesAreRefusedByNameAndChangeNothing) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("class conditioning")));
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, CpuDecoderTest,
-                         ::testing::Values(ModelCase{"krause", true, 0},
-                                           ModelCase{"krause", false, 0},
-                                           ModelCase{"softmax", true, 0},
-                                           ModelCase{"krause", true, 4},
-                                           ModelCase{"softmax", true, 4}),
-                         [](const auto& info) {
-                           return std::string(info.param.attention) +
-                                  (info.param.start ? "_start" : "_nostart") +
-                                  (info.param.classes > 0 ? "_conditional" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, CpuDecoderTest,
+    ::testing::Values(ModelCase{"krause", true, 0}, ModelCase{"krause", false, 0},
+                      ModelCase{"softmax", true, 0}, ModelCase{"krause", true, 4},
+                      ModelCase{"softmax", true, 4}, ModelCase{"krause", true, 4, true},
+                      ModelCase{"softmax", true, 4, true}),
+    [](const auto& info) {
+      return std::string(info.param.attention) + (info.param.start ? "_start" : "_nostart") +
+             (info.param.classes > 0 ? "_conditional" : "") +
+             (info.param.class_norm ? "_class_norm" : "");
+    });
 
 TEST(CpuKernels, GeluMatchesTheErfFormulaInEveryVariant) {
   // Lengths with and without a tail of fewer than 8; values across the whole useful range.

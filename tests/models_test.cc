@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "model/checkpoint/safetensors.h"
+#include "model/kv_cache.h"
 #include "model/nn/layers.h"
 #include "model/pixel_model.h"
 #include "model/vit.h"
@@ -141,6 +142,73 @@ TEST(PixelModel, ConditionalConfigsRoundTripAndUnconditionalJsonIsUnchanged) {
                              cond.Forward(px, KrauseImpl::kReference, at::zeros({2}, at::kLong))),
             1e-5);
   EXPECT_THROW(uncond.Forward(px, KrauseImpl::kAuto, at::zeros({2}, at::kLong)), std::exception);
+}
+
+// class_norm: a per-class scale and shift of every LayerNorm's output, zero at initialisation.
+// The config round-trips (and is refused without classes); a fresh model computes what the same
+// model without class_norm computes (bit for bit: h * 1 + 0); with trained (here: random) scales
+// the logits depend on the class at every position through every norm, the forward, the
+// reference attention and the prefill + decode step agree, and a checkpoint reloads.
+TEST(PixelModel, ClassNormScalesEveryNormPerClass) {
+  PixelModelConfig c = SmallPixelModel("krause", true);
+  c.classes = 3;
+  c.class_norm = true;
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModelConfig back, PixelModelConfig::FromJson(c.ToJson()));
+  EXPECT_TRUE(back.class_norm);
+  EXPECT_EQ(back.ToJson(), c.ToJson());
+  PixelModelConfig bad = c;
+  bad.classes = 0;
+  EXPECT_THAT(bad.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("class_norm")));
+  PixelModelConfig plain_cfg = c;
+  plain_cfg.class_norm = false;
+  EXPECT_EQ(plain_cfg.ToJson().find("class_norm"), std::string::npos);
+
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel m, PixelModel::Create(c, 4));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel plain, PixelModel::Create(plain_cfg, 4));
+  for (const char* name : {"layers.0.ln1.class_scale", "layers.1.ln2.class_shift",
+                           "ln_f.class_scale", "ln_f.class_shift"}) {
+    ASSERT_TRUE(m.parameters().Has(name)) << name;
+    EXPECT_EQ(m.parameters().Get(name).sizes(), (std::vector<int64_t>{4, 32})) << name;
+  }
+  at::NoGradGuard no_grad;
+  const at::Tensor px = at::randint(0, 256, {2, 29}, at::kLong);
+  const at::Tensor cls = at::tensor(std::vector<int64_t>{0, 2});
+  EXPECT_TRUE(
+      at::equal(m.Forward(px, KrauseImpl::kAuto, cls), plain.Forward(px, KrauseImpl::kAuto, cls)));
+  at::Generator gen = at::detail::createCPUGenerator(3);
+  for (auto& [name, t] : m.parameters().items()) {
+    if (name.find(".class_") != std::string::npos) t.copy_(testing::GaussianTensor(t.sizes(), 0.3, gen));
+  }
+  const at::Tensor with_norm = m.Forward(px, KrauseImpl::kAuto, cls);
+  // Only the norms differ from the plain model: every position changes.
+  EXPECT_GT((with_norm - plain.Forward(px, KrauseImpl::kAuto, cls))
+                .abs()
+                .amax({0, 2})
+                .min()
+                .item<double>(),
+            0.0);
+  EXPECT_LE(RelativeMaxError(m.Forward(px, KrauseImpl::kReference, cls), with_norm), 1e-5);
+  // Prefill of the first 10 tokens, then decode steps, equal the forward (class 2).
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelKvCache cache, PixelKvCache::Create(c, 2));
+  cache.SetClass(1, 2);
+  const at::Tensor u = at::cat({at::full({1}, PixelModel::kStartToken, at::kLong), px[1]});
+  const at::Tensor full = with_norm[1];
+  EXPECT_LE(RelativeMaxError(m.Prefill(u.narrow(0, 0, 10), 1, &cache), full.narrow(0, 0, 10)),
+            1e-5);
+  for (int64_t p = 10; p < 30; ++p) {
+    const at::Tensor step = m.DecodeStep(u.narrow(0, p, 1), at::full({1}, p, at::kLong),
+                                         at::full({1}, 1, at::kLong), &cache);
+    EXPECT_LE(RelativeMaxError(step[0], full[p]), 1e-5) << p;
+  }
+  // A checkpoint reloads into a model made from its config.
+  KRAUSE_ASSERT_OK_AND_ASSIGN(
+      std::string bytes,
+      SerializeSafetensors(m.parameters().items(), {{"config", m.config().ToJson()}}));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(SafetensorsContents contents, ParseSafetensors(bytes));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel loaded, PixelModel::Create(back, 9));
+  ASSERT_TRUE(loaded.parameters().LoadStrict(contents.tensors).ok());
+  EXPECT_TRUE(at::equal(loaded.Forward(px, KrauseImpl::kAuto, cls), with_norm));
 }
 
 TEST(PixelModel, OfficialParameterNames) {

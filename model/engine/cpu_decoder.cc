@@ -82,15 +82,34 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const PixelModel&
     dec->pos_emb_ = Floats(p.Get("pos_emb.weight"));
     if (c.start_token) dec->start_emb_ = Floats(p.Get("start_token"));
     if (c.conditional()) dec->class_emb_ = Floats(p.Get("class_emb.weight"));
+    dec->class_norm_ = c.class_norm;
+    // A LayerNorm's weight and bias, with class_norm one pair per class row, the class's scale
+    // and shift folded in.
+    auto norm = [&](const std::string& n, std::vector<float>* w, std::vector<float>* b) {
+      *w = Floats(p.Get(n + ".weight"));
+      *b = Floats(p.Get(n + ".bias"));
+      if (!c.class_norm) return;
+      const std::vector<float> scale = Floats(p.Get(n + ".class_scale"));
+      const std::vector<float> shift = Floats(p.Get(n + ".class_shift"));
+      const int64_t rows = c.classes + 1, d = c.d_model;
+      std::vector<float> cw(rows * d), cb(rows * d);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = 0; i < d; ++i) {
+          const float g = scale[r * d + i] + 1.0f;
+          cw[r * d + i] = (*w)[i] * g;
+          cb[r * d + i] = (*b)[i] * g + shift[r * d + i];
+        }
+      }
+      *w = std::move(cw);
+      *b = std::move(cb);
+    };
     double linear_macs = 0;
     for (int64_t l = 0; l < c.depth; ++l) {
       const std::string b = absl::StrCat("layers.", l, ".");
       const std::string a = b + "attn.";
       Layer layer;
-      layer.ln1_w = Floats(p.Get(b + "ln1.weight"));
-      layer.ln1_b = Floats(p.Get(b + "ln1.bias"));
-      layer.ln2_w = Floats(p.Get(b + "ln2.weight"));
-      layer.ln2_b = Floats(p.Get(b + "ln2.bias"));
+      norm(b + "ln1", &layer.ln1_w, &layer.ln1_b);
+      norm(b + "ln2", &layer.ln2_w, &layer.ln2_b);
       if (krause) {
         layer.qkv = PackLinear(p, {a + "W_q", a + "W_k", a + "W_v"});
         layer.inv_var = Floats(scales[l].inv_var());
@@ -106,8 +125,7 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const PixelModel&
       }
       dec->layers_.push_back(std::move(layer));
     }
-    dec->lnf_w_ = Floats(p.Get("ln_f.weight"));
-    dec->lnf_b_ = Floats(p.Get("ln_f.bias"));
+    norm("ln_f", &dec->lnf_w_, &dec->lnf_b_);
     dec->head_ = PackLinear(p, {"head"});
     if (dec->head_.out != 256 || dec->head_.out_pad != 256) {
       return absl::InvalidArgumentError("head must have 256 outputs");
@@ -177,6 +195,10 @@ void CpuDecoder::Attention(int64_t layer, const float* qkv, int64_t qkv_stride,
   }
 }
 
+int64_t CpuDecoder::NormOffset(const PixelKvCache& cache, int64_t slot) const {
+  return class_norm_ ? cache.slot_class(slot) * d_ : 0;
+}
+
 void CpuDecoder::EmbedRow(int64_t u, int64_t position, int64_t slot, const PixelKvCache& cache,
                           float* out) const {
   const int64_t d = d_;
@@ -201,22 +223,29 @@ void CpuDecoder::RunRows(const int64_t* u, const int64_t* positions, const int64
   for (int64_t r = 0; r < n; ++r) EmbedRow(u[r], positions[r], slots[r], *cache, b.x + r * d);
   for (int64_t l = 0; l < depth_; ++l) {
     const Layer& L = layers_[l];
-    for (int64_t r = 0; r < n; ++r)
-      LayerNormRow(b.x + r * d, d, L.ln1_w.data(), L.ln1_b.data(), b.h + r * d);
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t o = NormOffset(*cache, slots[r]);
+      LayerNormRow(b.x + r * d, d, L.ln1_w.data() + o, L.ln1_b.data() + o, b.h + r * d);
+    }
     ApplyLinear(L.qkv, b.h, n, b.qkv, 0, Chunks(L.qkv));
     Attention(l, b.qkv, L.qkv.out_pad, positions, slots, 0, n, 0, heads_, cache, b.att, d);
     ApplyLinear(L.out, b.att, n, b.tmp, 0, Chunks(L.out));
     for (int64_t r = 0; r < n; ++r)
       for (int64_t i = 0; i < d; ++i) b.x[r * d + i] += b.tmp[r * L.out.out_pad + i];
-    for (int64_t r = 0; r < n; ++r)
-      LayerNormRow(b.x + r * d, d, L.ln2_w.data(), L.ln2_b.data(), b.h + r * d);
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t o = NormOffset(*cache, slots[r]);
+      LayerNormRow(b.x + r * d, d, L.ln2_w.data() + o, L.ln2_b.data() + o, b.h + r * d);
+    }
     ApplyLinear(L.mlp0, b.h, n, b.mid, 0, Chunks(L.mlp0));
     for (int64_t r = 0; r < n; ++r) GeluRow(b.mid + r * L.mlp0.out_pad, mlp_, b.act + r * mlp_);
     ApplyLinear(L.mlp2, b.act, n, b.tmp, 0, Chunks(L.mlp2));
     for (int64_t r = 0; r < n; ++r)
       for (int64_t i = 0; i < d; ++i) b.x[r * d + i] += b.tmp[r * L.mlp2.out_pad + i];
   }
-  for (int64_t r = 0; r < n; ++r) LayerNormRow(b.x + r * d, d, lnf_w_.data(), lnf_b_.data(), b.h + r * d);
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t o = NormOffset(*cache, slots[r]);
+    LayerNormRow(b.x + r * d, d, lnf_w_.data() + o, lnf_b_.data() + o, b.h + r * d);
+  }
   ApplyLinear(head_, b.h, n, logits + begin * 256, 0, Chunks(head_));
 }
 
@@ -247,7 +276,8 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
   for (int64_t l = 0; l < depth_; ++l) {
     const Layer& L = layers_[l];
     rows(8.0 * d, [&](int64_t r) {
-      LayerNormRow(b.x + r * d, d, L.ln1_w.data(), L.ln1_b.data(), b.h + r * d);
+      const int64_t o = NormOffset(*cache, slots[r]);
+      LayerNormRow(b.x + r * d, d, L.ln1_w.data() + o, L.ln1_b.data() + o, b.h + r * d);
     });
     linear(L.qkv, b.h, b.qkv);
     at::parallel_for(0, s * heads_, grain(keys * 4.0 * head_dim_), [&](int64_t w0, int64_t w1) {
@@ -257,17 +287,20 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
     linear(L.out, b.att, b.tmp);
     rows(8.0 * d, [&](int64_t r) {
       for (int64_t i = 0; i < d; ++i) b.x[r * d + i] += b.tmp[r * L.out.out_pad + i];
-      LayerNormRow(b.x + r * d, d, L.ln2_w.data(), L.ln2_b.data(), b.h + r * d);
+      const int64_t o = NormOffset(*cache, slots[r]);
+      LayerNormRow(b.x + r * d, d, L.ln2_w.data() + o, L.ln2_b.data() + o, b.h + r * d);
     });
     linear(L.mlp0, b.h, b.mid);
-    rows(20.0 * mlp_, [&](int64_t r) { GeluRow(b.mid + r * L.mlp0.out_pad, mlp_, b.act + r * mlp_); });
+    rows(20.0 * mlp_,
+         [&](int64_t r) { GeluRow(b.mid + r * L.mlp0.out_pad, mlp_, b.act + r * mlp_); });
     linear(L.mlp2, b.act, b.tmp);
     rows(2.0 * d, [&](int64_t r) {
       for (int64_t i = 0; i < d; ++i) b.x[r * d + i] += b.tmp[r * L.mlp2.out_pad + i];
     });
   }
   rows(8.0 * d, [&](int64_t r) {
-    LayerNormRow(b.x + r * d, d, lnf_w_.data(), lnf_b_.data(), b.h + r * d);
+    const int64_t o = NormOffset(*cache, slots[r]);
+    LayerNormRow(b.x + r * d, d, lnf_w_.data() + o, lnf_b_.data() + o, b.h + r * d);
   });
   linear(head_, b.h, logits);
 }
@@ -308,14 +341,14 @@ absl::Status CpuDecoder::Step(const int64_t* u, const int64_t* positions, const 
     }
     seen[slots[i]] = 1;
     if (positions[i] < 0 || positions[i] >= seq_len_) {
-      return absl::InvalidArgumentError(absl::StrCat("positions[", i, "] = ", positions[i],
-                                                     " is outside [0, ", seq_len_, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("positions[", i, "] = ", positions[i], " is outside [0, ", seq_len_, ")"));
     }
     const bool start = start_token_ && u[i] == PixelModel::kStartToken;
     if (!start && (u[i] < 0 || u[i] > 255)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "u[", i, "] = ", u[i], " is not a pixel value",
-          start_token_ ? " or the start token (256)" : "", ""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("u[", i, "] = ", u[i], " is not a pixel value",
+                       start_token_ ? " or the start token (256)" : "", ""));
     }
   }
   const CpuStepPlan plan = Plan(s);

@@ -97,6 +97,8 @@ class CpuDecoder final : public PackedDecodeStep {
   int64_t weight_bytes() const { return weight_bytes_; }
 
   using Linear = nn::PackedLinear;
+  // A LayerNorm's weight and bias: [D] each, or with class_norm [classes + 1, D] each, the
+  // class's scale and shift folded in (w (1 + scale[c]), b (1 + scale[c]) + shift[c]).
   struct Layer {
     std::vector<float> ln1_w, ln1_b, ln2_w, ln2_b;
     Linear qkv;  // columns: q [0, D), k [D, 2D), v [2D, 3D)
@@ -115,6 +117,9 @@ class CpuDecoder final : public PackedDecodeStep {
   // embedding of a conditional model), into out [D].
   void EmbedRow(int64_t u, int64_t position, int64_t slot, const PixelKvCache& cache,
                 float* out) const;
+  // The offset of row r's LayerNorm weights and biases: its slot's class row with class_norm,
+  // else 0.
+  int64_t NormOffset(const PixelKvCache& cache, int64_t slot) const;
   void Attention(int64_t layer, const float* qkv, int64_t qkv_stride, const int64_t* positions,
                  const int64_t* slots, int64_t row_begin, int64_t row_end, int64_t head_begin,
                  int64_t head_end, PixelKvCache* cache, float* out, int64_t out_stride) const;
@@ -125,6 +130,7 @@ class CpuDecoder final : public PackedDecodeStep {
   int64_t cache_length_ = 0;  // positions a slot of this model's cache holds (W or N)
   std::vector<float> token_emb_, pos_emb_, start_emb_;  // [256, D], [N, D], [D]
   std::vector<float> class_emb_;  // conditional models: [classes + 1, D]; else empty
+  bool class_norm_ = false;       // LayerNorm weights per class (PixelModelConfig::class_norm)
   std::vector<Layer> layers_;
   std::vector<float> lnf_w_, lnf_b_;
   Linear head_;

@@ -40,6 +40,9 @@ ABSL_FLAG(int64_t, samples, 16,
 ABSL_FLAG(bool, conditional, false,
           "generators: condition on the data set's classes (class embedding added to every "
           "position); the model also samples without a class");
+ABSL_FLAG(bool, class_norm, false,
+          "conditional generators: the class also scales and shifts every LayerNorm's output "
+          "(adaptive LayerNorm; the config's \"class_norm\")");
 ABSL_FLAG(double, label_drop, 0.1,
           "conditional generators: share of training sequences whose label is dropped to \"no "
           "class\"");
@@ -125,6 +128,11 @@ int main(int argc, char** argv) {
   o.pixel.top_k = k > 0 ? k : std::max<int64_t>(1, o.pixel.window / 2);
   o.vit.sigma_init = o.pixel.sigma_init = absl::GetFlag(FLAGS_sigma_init);
   o.pixel.start_token = absl::GetFlag(FLAGS_start_token);
+  o.pixel.class_norm = absl::GetFlag(FLAGS_class_norm);
+  if (o.pixel.class_norm && !o.conditional) {
+    std::fprintf(stderr, "--class_norm needs --conditional\n");
+    return 2;
+  }
 
   const absl::Status st = krause::Train(o);
   if (!st.ok()) {
