@@ -178,7 +178,8 @@ TEST(PixelModel, ClassNormScalesEveryNormPerClass) {
       at::equal(m.Forward(px, KrauseImpl::kAuto, cls), plain.Forward(px, KrauseImpl::kAuto, cls)));
   at::Generator gen = at::detail::createCPUGenerator(3);
   for (auto& [name, t] : m.parameters().items()) {
-    if (name.find(".class_") != std::string::npos) t.copy_(testing::GaussianTensor(t.sizes(), 0.3, gen));
+    if (name.find(".class_") != std::string::npos)
+      t.copy_(testing::GaussianTensor(t.sizes(), 0.3, gen));
   }
   const at::Tensor with_norm = m.Forward(px, KrauseImpl::kAuto, cls);
   // Only the norms differ from the plain model: every position changes.
