@@ -180,10 +180,9 @@ double FullRun(const PixelModel& m, int64_t s) {
   for (int64_t i = 0; i < s; ++i) {
     GenerationRequest r;
     r.sampling.seed = static_cast<uint64_t>(i);
-    r.on_done = [&done](absl::Status st, std::vector<uint8_t>) { done += st.ok(); };
     if (!(*engine)->Submit(std::move(r)).ok()) std::exit(1);
   }
-  while ((*engine)->Busy()) (*engine)->Step();
+  for (const auto& [id, f] : RunUntilIdle(engine->get())) done += f.status.ok();
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   if (done != s) std::exit(1);
   return s / secs;

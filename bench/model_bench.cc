@@ -39,7 +39,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 int Usage() {
   std::fprintf(stderr,
@@ -113,9 +115,7 @@ int main(int argc, char** argv) {
       std::function<void()> run;
       if (what == "classify" && reference) {
         const krause::ViT& vit = *model->vit;
-        run = [&] {
-          at::softmax(vit.Forward(krause::NormalizePixels(vit.config(), pixels)), -1);
-        };
+        run = [&] { at::softmax(vit.Forward(krause::NormalizePixels(vit.config(), pixels)), -1); };
       } else if (what == "classify") {
         if (!packed) {
           auto p = krause::CpuViT::Create(*model->vit);
@@ -168,15 +168,13 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "krause-model-bench: %s\n", engine.status().ToString().c_str());
       return 1;
     }
-    int64_t finished = 0;
     for (int64_t i = 0; i < n; ++i) {
       krause::GenerationRequest r;
       r.sampling.seed = static_cast<uint64_t>(i);
-      r.on_done = [&finished](absl::Status, std::vector<uint8_t>) { ++finished; };
       if (!(*engine)->Submit(std::move(r)).ok()) return 1;
     }
     const Clock::time_point t0 = Clock::now();
-    while ((*engine)->Busy()) (*engine)->Step();
+    const int64_t finished = static_cast<int64_t>(krause::RunUntilIdle(engine->get()).size());
     const double sec = Since(t0);
     std::printf(
         "{\"what\":\"generate\",\"streams\":%lld,\"images\":%lld,\"seconds\":%.6g,"

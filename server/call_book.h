@@ -1,4 +1,5 @@
 // What every call does at its two ends, unary or streaming, and who is told about it.
+//   SteadyDeadline the call's deadline on the clock the workers use;
 //   CallObserver  the metrics' view of calls (server/metrics.h implements it);
 //   CallBook      one per call: enters the Gate (echoing the caller's x-request-id and
 //                 traceparent in the initial metadata), and finishes the call exactly once,
@@ -25,6 +26,17 @@
 #include "server/status.h"
 
 namespace krause::server {
+
+// The call's deadline on the steady clock (max when it has none).
+inline std::chrono::steady_clock::time_point SteadyDeadline(
+    const grpc::CallbackServerContext* ctx) {
+  using Clock = std::chrono::steady_clock;
+  const auto d = ctx->deadline();
+  if (d == std::chrono::system_clock::time_point::max()) return Clock::time_point::max();
+  const auto left = d - std::chrono::system_clock::now();
+  if (left > std::chrono::hours(24 * 365)) return Clock::time_point::max();
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
+}
 
 // Observer of calls (metrics); optional. `model` is "" until the call resolved a served model.
 struct CallObserver {

@@ -4,10 +4,18 @@
 #include <ATen/core/grad_mode.h>
 
 #include <chrono>
+#include <cstdio>
+#include <exception>
 
 #include "absl/strings/str_cat.h"
 
 namespace krause::server {
+
+void CallUpdate::Clear() {
+  admitted.clear();
+  pixels.clear();
+  done.clear();
+}
 
 absl::StatusOr<std::unique_ptr<GeneratorWorker>> GeneratorWorker::Create(
     std::shared_ptr<const PixelModel> model, const GeneratorOptions& options,
@@ -33,59 +41,54 @@ GeneratorWorker::GeneratorWorker(std::shared_ptr<const PixelModel> model,
 
 GeneratorWorker::~GeneratorWorker() { Stop(); }
 
-bool GeneratorWorker::stopping() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stopping_;
-}
-
-absl::StatusOr<std::vector<int64_t>> GeneratorWorker::Submit(
-    std::vector<GenerationRequest> requests) {
-  std::vector<int64_t> ids;
+absl::Status GeneratorWorker::Submit(std::vector<GenerationRequest> images,
+                                     std::shared_ptr<GenerationReceiver> receiver) {
+  // Every image is checked before any is queued: all or none.
+  for (const GenerationRequest& r : images) {
+    if (absl::Status st = engine_->Validate(r); !st.ok()) return st;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return absl::UnavailableError("the server is shutting down");
-    const int64_t n = static_cast<int64_t>(requests.size());
-    // Everything not yet holding a slot counts as waiting, including this call's images.
-    const int64_t waiting = static_cast<int64_t>(live_.size()) - active_.load();
+    const int64_t n = static_cast<int64_t>(images.size());
+    // Every image not yet holding a slot counts as waiting, including this call's.
+    const int64_t waiting = static_cast<int64_t>(images_.size()) - active_.load();
     const int64_t free_slots = slots_ - slots_in_use_.load();
     if (waiting + n - free_slots > options_.max_waiting)
       return absl::UnavailableError(
           absl::StrCat("generator queue is full (", std::max<int64_t>(waiting, 0),
                        " images waiting, ", active_.load(), " of ", slots_,
                        " slots busy, waiting limit ", options_.max_waiting, "); retry later"));
-    for (GenerationRequest& r : requests) {
-      // Wrap on_done so the worker knows which requests are live.
-      auto done = std::move(r.on_done);
-      auto id_holder = std::make_shared<int64_t>(0);
-      r.on_done = [this, done = std::move(done), id_holder](absl::Status st,
-                                                            std::vector<uint8_t> px) {
-        {
-          std::lock_guard<std::mutex> l(mu_);
-          live_.erase(*id_holder);
+    if (receiver == nullptr || calls_.count(receiver.get()))
+      return absl::InvalidArgumentError("a call needs a receiver of its own");
+    Call& call = calls_[receiver.get()];
+    call.receiver = std::move(receiver);
+    for (int64_t i = 0; i < n; ++i) {
+      auto id = engine_->Submit(std::move(images[i]));
+      if (!id.ok()) {  // validated above, so not expected; undo exactly anyway
+        for (int64_t prev : call.ids) {
+          engine_->Cancel(prev);  // its output, for an id no call holds, is ignored
+          images_.erase(prev);
         }
-        done(std::move(st), std::move(px));
-      };
-      auto id = engine_->Submit(std::move(r));
-      if (!id.ok()) {
-        // Validation is the same for every image of a call, so this is the first one; but be
-        // exact anyway: cancel what was already submitted.
-        for (int64_t prev : ids) engine_->Cancel(prev);
+        calls_.erase(call.receiver.get());
         return id.status();
       }
-      *id_holder = *id;
-      live_.insert(*id);
-      ids.push_back(*id);
+      call.ids.push_back(*id);
+      images_[*id] = {&call, i};
     }
+    call.unfinished = n;
     wake_ = true;
   }
   cv_.notify_one();
-  return ids;
+  return absl::OkStatus();
 }
 
-void GeneratorWorker::Cancel(int64_t id) {
-  engine_->Cancel(id);
+void GeneratorWorker::Cancel(const GenerationReceiver* receiver) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    const auto it = calls_.find(receiver);
+    if (it == calls_.end()) return;
+    for (int64_t id : it->second.ids) engine_->Cancel(id);
     wake_ = true;
   }
   cv_.notify_one();
@@ -109,15 +112,6 @@ absl::Status GeneratorWorker::EnqueueScore(ScoreJob job) {
   }
   cv_.notify_one();
   return absl::OkStatus();
-}
-
-void GeneratorWorker::AddListener(std::shared_ptr<StepListener> listener) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    new_listeners_.push_back(std::move(listener));
-    wake_ = true;
-  }
-  cv_.notify_one();
 }
 
 void GeneratorWorker::Stop() {
@@ -151,14 +145,90 @@ void GeneratorWorker::DropScores(std::deque<RunningScore>* scores, bool stopping
   }
 }
 
+void GeneratorWorker::ScoreChunk(std::deque<RunningScore>* scores, int64_t images, bool decoding,
+                                 WorkerLedger* ledger, DecodeEvent* e) {
+  RunningScore& r = scores->front();
+  const auto t0 = Clock::now();
+  const std::vector<int64_t> labels =
+      r.job.labels.empty() ? std::vector<int64_t>()
+                           : std::vector<int64_t>(r.job.labels.begin() + r.done,
+                                                  r.job.labels.begin() + r.done + images);
+  auto bits = ScoreBitsPerDim(*model_, r.job.images.narrow(0, r.done, images), labels);
+  e->score_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  e->score_images = images;
+  ledger->OnScore(e->score_seconds, images, decoding);
+  if (!bits.ok()) {
+    r.job.done(bits.status());
+    scores->pop_front();
+    return;
+  }
+  r.bits.insert(r.bits.end(), bits->begin(), bits->end());
+  r.done += images;
+  if (r.done == r.job.images.size(0)) {
+    r.job.done(std::move(r.bits));
+    scores->pop_front();
+  }
+}
+
+void GeneratorWorker::Deliver(const StepOutput& out, Clock::time_point step_start, bool stopping) {
+  const Clock::time_point now = Clock::now();
+  std::vector<Call*> live;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Ids no call holds (an image of a Submit undone part way) are passed over.
+    auto owner = [this](int64_t id) -> std::pair<Call*, int64_t> {
+      const auto it = images_.find(id);
+      return it == images_.end() ? std::pair<Call*, int64_t>{nullptr, 0} : it->second;
+    };
+    for (int64_t id : out.admitted) {
+      if (auto [call, image] = owner(id); call != nullptr) call->update.admitted.push_back(image);
+    }
+    for (const StepOutput::Pixel& p : out.pixels) {
+      if (auto [call, image] = owner(p.id); call != nullptr)
+        call->update.pixels.push_back({image, p.index, p.value});
+    }
+    for (const StepOutput::Finished& f : out.finished) {
+      if (auto [call, image] = owner(f.id); call != nullptr) {
+        call->update.done.push_back({image, f.status});
+        --call->unfinished;
+        images_.erase(f.id);
+      }
+    }
+    live.reserve(calls_.size());
+    for (auto& [receiver, call] : calls_) live.push_back(&call);
+  }
+  // Outside the lock: a receiver may call Cancel. Calls are erased only below, on this thread.
+  for (Call* call : live) {
+    CallUpdate& u = call->update;
+    u.now = now;
+    u.admitted_at = step_start;
+    u.stopping = stopping;
+    try {
+      call->receiver->OnUpdate(u);
+    } catch (const std::exception& e) {  // a receiver must not throw; if it does, its call ends
+      std::fprintf(stderr, "krause-server: a generate call's update failed: %s\n", e.what());
+      Cancel(call->receiver.get());
+    }
+    u.Clear();
+  }
+  std::vector<std::shared_ptr<GenerationReceiver>> finished;  // released outside the lock
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = calls_.begin(); it != calls_.end();) {
+      if (it->second.unfinished > 0) {
+        ++it;
+        continue;
+      }
+      finished.push_back(std::move(it->second.receiver));
+      it = calls_.erase(it);
+    }
+  }
+}
+
 void GeneratorWorker::Loop() {
   at::NoGradGuard no_grad;
-  using Clock = std::chrono::steady_clock;
-  std::vector<std::shared_ptr<StepListener>> listeners;
   std::deque<RunningScore> scores;  // the oldest first; the front may be part done
-  SideWorkCredit credit(options_.scheduling);
-  double seconds_per_token = 0, seconds_per_image = 0;  // measured, smoothed
-  auto smooth = [](double old, double now) { return old == 0 ? now : 0.7 * old + 0.3 * now; };
+  WorkerLedger ledger(options_.scheduling);
   for (;;) {
     bool stopping = false;
     {
@@ -168,78 +238,43 @@ void GeneratorWorker::Loop() {
       stopping = stopping_;
       for (ScoreJob& j : scores_) scores.push_back(RunningScore{std::move(j), 0, {}});
       scores_.clear();
-      for (auto& l : new_listeners_) listeners.push_back(std::move(l));
-      new_listeners_.clear();
       if (stopping)
-        for (int64_t id : live_) engine_->Cancel(id);
+        for (const auto& [receiver, call] : calls_)
+          for (int64_t id : call.ids) engine_->Cancel(id);
     }
     DropScores(&scores, stopping);
     WorkerState state;
     state.decoding = engine_->active();
     state.free_slots = engine_->free_slots();
-    state.waiting_prefill_tokens = engine_->WaitingPrefillTokens(state.free_slots);
+    state.waiting = engine_->Waiting();
     if (!scores.empty()) {
       state.score_images_left = scores.front().job.images.size(0) - scores.front().done;
     }
-    state.credit_seconds = credit.seconds();
-    state.seconds_per_prefill_token = seconds_per_token;
-    state.seconds_per_score_image = seconds_per_image;
+    ledger.Fill(&state);
     const WorkerPlan plan = PlanWorkerIteration(state, options_.scheduling);
+    const bool decoding = state.decoding > 0;
 
     DecodeEvent e;
-    if (plan.score_images > 0) {
-      RunningScore& r = scores.front();
-      const auto t0 = Clock::now();
-      const std::vector<int64_t> labels =
-          r.job.labels.empty()
-              ? std::vector<int64_t>()
-              : std::vector<int64_t>(r.job.labels.begin() + r.done,
-                                     r.job.labels.begin() + r.done + plan.score_images);
-      auto bits =
-          ScoreBitsPerDim(*model_, r.job.images.narrow(0, r.done, plan.score_images), labels);
-      e.score_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-      e.score_images = plan.score_images;
-      seconds_per_image = smooth(seconds_per_image, e.score_seconds / plan.score_images);
-      if (state.decoding > 0) credit.OnSideWork(e.score_seconds);
-      if (!bits.ok()) {
-        r.job.done(bits.status());
-        scores.pop_front();
-      } else {
-        r.bits.insert(r.bits.end(), bits->begin(), bits->end());
-        r.done += plan.score_images;
-        if (r.done == r.job.images.size(0)) {
-          r.job.done(std::move(r.bits));
-          scores.pop_front();
-        }
-      }
-    }
+    if (plan.score_images > 0) ScoreChunk(&scores, plan.score_images, decoding, &ledger, &e);
+    StepOutput out;
+    const auto t0 = Clock::now();
     if (plan.step) {
-      const auto t0 = Clock::now();
-      e.stats = engine_->Step(plan.admit);
+      out = engine_->Step(plan.admission);
+      e.stats = out.stats;
       e.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       e.active = engine_->active();
       e.waiting = engine_->waiting();
       active_.store(e.active);
       slots_in_use_.store(engine_->pool().in_use());
       waiting_.store(e.waiting);
-      credit.OnDecode(e.stats.decode_seconds);
-      if (e.stats.prefill_tokens > 0) {
-        if (state.decoding > 0) credit.OnSideWork(e.stats.prefill_seconds);
-        seconds_per_token =
-            smooth(seconds_per_token, e.stats.prefill_seconds / e.stats.prefill_tokens);
-      }
+      ledger.OnStep(e.stats.prefill_tokens, e.stats.prefill_seconds, e.stats.decode_seconds,
+                    decoding);
       if (on_step_) on_step_(e);
     }
-    for (auto it = listeners.begin(); it != listeners.end();) {
-      if ((*it)->AfterStep()) {
-        ++it;
-      } else {
-        it = listeners.erase(it);
-      }
-    }
+    Deliver(out, t0, stopping);
     if (stopping && !engine_->Busy() && scores.empty()) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (scores_.empty() && new_listeners_.empty()) return;
+      if (scores_.empty() && calls_.empty()) return;
     }
   }
 }

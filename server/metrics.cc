@@ -93,20 +93,16 @@ class Metrics::Gauges : public prometheus::Collectable {
     }
     if (registry_ != nullptr) {
       for (const auto& m : registry_->models()) {
-        const std::string& name = m->spec.name;
-        if (m->batcher) {
-          AddGauge(&queued, name, static_cast<double>(m->batcher->queued_images()));
-        } else if (m->generator) {
-          const GeneratorWorker& g = *m->generator;
-          const double per = static_cast<double>(g.bytes_per_sequence());
-          AddGauge(&queued, name, static_cast<double>(g.waiting()));
-          AddGauge(&active, name, static_cast<double>(g.active()));
-          AddGauge(&slots, name, static_cast<double>(g.slots()));
-          // A guided sequence holds two slots.
-          AddGauge(&used, name, static_cast<double>(g.slots_in_use()));
-          AddGauge(&bytes, name, per * static_cast<double>(g.slots()));
-          AddGauge(&bytes_used, name, per * static_cast<double>(g.slots_in_use()));
-        }
+        const ModelGauges g = m->Gauges();
+        AddGauge(&queued, m->name(), static_cast<double>(g.queued_images));
+        if (!g.cache) continue;
+        const ModelGauges::Cache& c = *g.cache;
+        const double per = static_cast<double>(c.bytes_per_slot);
+        AddGauge(&active, m->name(), static_cast<double>(c.active_sequences));
+        AddGauge(&slots, m->name(), static_cast<double>(c.slots));
+        AddGauge(&used, m->name(), static_cast<double>(c.slots_in_use));
+        AddGauge(&bytes, m->name(), per * static_cast<double>(c.slots));
+        AddGauge(&bytes_used, m->name(), per * static_cast<double>(c.slots_in_use));
       }
     }
     return {calls, queued, active, slots, used, bytes, bytes_used};

@@ -89,20 +89,6 @@ const char* KvCacheDtypeName(KvCacheDtype dtype) {
   return "?";
 }
 
-absl::StatusOr<int64_t> ImagesPerRequest(const ModelSpec& spec, ModelKind kind) {
-  if (kind == ModelKind::kGenerator) {
-    return spec.max_images_per_request > 0 ? spec.max_images_per_request
-                                           : defaults::kGeneratorImagesPerRequest;
-  }
-  if (spec.max_images_per_request > spec.max_batch_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model ", spec.name, ": max_images_per_request (", spec.max_images_per_request,
-        ") is over max_batch_size (", spec.max_batch_size,
-        "); a request is never split over batches, so lower it or raise max_batch_size"));
-  }
-  return spec.max_images_per_request > 0 ? spec.max_images_per_request : spec.max_batch_size;
-}
-
 absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
                                                      const std::string& base_dir) {
   const nlohmann::json j = nlohmann::json::parse(json, nullptr, false);

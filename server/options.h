@@ -21,7 +21,6 @@
 
 #include "absl/status/statusor.h"
 #include "server/defaults.h"
-#include "server/model_info.h"
 
 namespace krause::server {
 
@@ -48,8 +47,9 @@ struct ModelSpec {
   bool cuda_graphs = false;  // a KARM on a GPU: replay its decode step as CUDA graphs
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kFloat32;  // a KARM on a GPU
   // Images per Classify / Generate / Score request (0: max_batch_size for classifiers, 16 for
-  // generators: defaults::kGeneratorImagesPerRequest). A classifier's may not exceed its
-  // max_batch_size (a request is never split). Every value must have its JSON type (integers,
+  // generators: defaults::kGeneratorImagesPerRequest; each kind's ImagesPerRequest applies it,
+  // served_classifier.h / served_generator.h). A classifier's may not exceed its max_batch_size
+  // (a request is never split). Every value must have its JSON type (integers,
   // booleans, strings: no conversion); a wrong type is an error naming the entry and the key.
   int64_t max_images_per_request = 0;
 };
@@ -86,12 +86,6 @@ struct ServerOptions {
   // Tests only (no flag): see KrauseService's fault hook.
   std::function<void(const char* point)> fault_hook_for_test;
 };
-
-// The images one request to this model may hold once its kind is known (from the checkpoint):
-// max_images_per_request, or its default when 0 (a classifier's max_batch_size, a generator's
-// defaults::kGeneratorImagesPerRequest). InvalidArgument naming the model when a classifier's is
-// over its max_batch_size (a request is never split over batches).
-absl::StatusOr<int64_t> ImagesPerRequest(const ModelSpec& spec, ModelKind kind);
 
 // Parses a manifest; relative checkpoint paths are resolved against `base_dir`.
 absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,

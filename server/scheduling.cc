@@ -21,7 +21,8 @@ ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::
     if (stopping) {
       plan.drop.push_back({i, absl::UnavailableError("the server is shutting down")});
     } else if (now >= q.deadline) {
-      plan.drop.push_back({i, absl::DeadlineExceededError("deadline exceeded while queued for a batch")});
+      plan.drop.push_back(
+          {i, absl::DeadlineExceededError("deadline exceeded while queued for a batch")});
     } else if (q.cancelled) {
       plan.drop.push_back({i, absl::CancelledError("cancelled by the client")});
     } else {
@@ -69,21 +70,15 @@ WorkerPlan PlanWorkerIteration(const WorkerState& s, const GeneratorSchedulingOp
   if (idle || s.credit_seconds > 0) {
     // Idle, a slice at a time (so that the first admitted streams start decoding soon);
     // else what the credit allows.
-    const double budget = idle ? std::max(o.side_slice_seconds, s.credit_seconds) : s.credit_seconds;
-    double spent = 0;
-    // Admissions first (they start streams), oldest first, at least one.
-    const int64_t admissible =
-        std::min<int64_t>(s.free_slots, static_cast<int64_t>(s.waiting_prefill_tokens.size()));
-    for (int64_t i = 0; i < admissible; ++i) {
-      const int64_t tokens = s.waiting_prefill_tokens[i];
-      // A prefill of unknown cost (none measured yet) is the iteration's last: it measures it.
-      const bool unknown = tokens > 0 && s.seconds_per_prefill_token <= 0;
-      const double cost = static_cast<double>(tokens) * s.seconds_per_prefill_token;
-      if (plan.admit > 0 && spent + cost > budget) break;
-      ++plan.admit;
-      spent += cost;
-      if (unknown) break;
-    }
+    const double budget =
+        idle ? std::max(o.side_slice_seconds, s.credit_seconds) : s.credit_seconds;
+    // Admissions first (they start streams).
+    AdmissionBudget a;
+    a.free_slots = s.free_slots;
+    a.seconds = budget;
+    a.seconds_per_token = s.seconds_per_prefill_token;
+    plan.admission = PlanAdmission(s.waiting, a);
+    const double spent = plan.admission.seconds;
     if (s.score_images_left > 0 && spent < budget) {
       // One chunk of what is left of the budget; while its cost is unknown, one image (which
       // measures it).
@@ -94,8 +89,34 @@ WorkerPlan PlanWorkerIteration(const WorkerState& s, const GeneratorSchedulingOp
       plan.score_images = std::clamp<int64_t>(images, 1, s.score_images_left);
     }
   }
-  plan.step = s.decoding > 0 || plan.admit > 0;
+  plan.step = s.decoding > 0 || !plan.admission.ids.empty();
   return plan;
+}
+
+namespace {
+double Smooth(double old, double now) { return old == 0 ? now : 0.7 * old + 0.3 * now; }
+}  // namespace
+
+void WorkerLedger::OnScore(double seconds, int64_t images, bool decoding) {
+  seconds_per_score_image_ =
+      Smooth(seconds_per_score_image_, seconds / static_cast<double>(images));
+  if (decoding) credit_.OnSideWork(seconds);
+}
+
+void WorkerLedger::OnStep(int64_t prefill_tokens, double prefill_seconds, double decode_seconds,
+                          bool decoding) {
+  credit_.OnDecode(decode_seconds);
+  if (prefill_tokens > 0) {
+    if (decoding) credit_.OnSideWork(prefill_seconds);
+    seconds_per_prefill_token_ =
+        Smooth(seconds_per_prefill_token_, prefill_seconds / static_cast<double>(prefill_tokens));
+  }
+}
+
+void WorkerLedger::Fill(WorkerState* s) const {
+  s->credit_seconds = credit_.seconds();
+  s->seconds_per_prefill_token = seconds_per_prefill_token_;
+  s->seconds_per_score_image = seconds_per_score_image_;
 }
 
 }  // namespace krause::server

@@ -12,7 +12,9 @@
 //     requests are dropped before a batch forms, wherever they are in the queue.
 //   Generator: while sequences decode, side work (prefills and Score chunks) may use at most
 //     `side_share` (a third) of the worker's time, accounted by SideWorkCredit from measured
-//     durations; each side unit is bounded (a prefill; a Score chunk sized to the credit), so a
+//     durations (WorkerLedger keeps the credit and the measured costs); who is admitted follows
+//     the engine's one rule, PlanAdmission (model/engine/admission.h), within the budget decided
+//     here. Each side unit is bounded (a prefill; a Score chunk sized to the credit), so a
 //     burst of completion prompts or a stream of Score jobs slows running streams by a bounded
 //     factor instead of stalling them. With nothing decoding, side work takes a slice per iteration
 //     (admissions first: the first admitted streams start at once, the rest join under the
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "model/engine/admission.h"
 #include "server/defaults.h"
 
 namespace krause::server {
@@ -115,8 +118,7 @@ class SideWorkCredit {
 struct WorkerState {
   int64_t decoding = 0;  // sequences holding a slot
   int64_t free_slots = 0;
-  // Prefill tokens of the waiting requests, oldest first (at most free_slots of them matter).
-  std::vector<int64_t> waiting_prefill_tokens;
+  std::vector<WaitingRequest> waiting;  // oldest first (DecodeEngine::Waiting)
   // Images left in the oldest Score job (0: none queued).
   int64_t score_images_left = 0;
   double credit_seconds = 0;  // SideWorkCredit::seconds()
@@ -126,11 +128,29 @@ struct WorkerState {
 };
 
 struct WorkerPlan {
-  int64_t admit = 0;         // waiting requests to admit (prefill) in this iteration's step
+  AdmissionPlan admission;   // the waiting requests this iteration's step admits (prefills)
   int64_t score_images = 0;  // images of the oldest Score job to score now (one chunk)
-  bool step = false;         // run an engine step (admits `admit`, decodes every active one)
+  bool step = false;         // run an engine step (admits `admission`, decodes every active one)
 };
 
 WorkerPlan PlanWorkerIteration(const WorkerState& state, const GeneratorSchedulingOptions& options);
+
+// What a generator worker has earned and measured: the side-work credit, and the smoothed cost
+// of a prefill position and of a Score image (an exponential average, 0.7 old + 0.3 new; 0 until
+// measured). The worker reports each unit of work it ran; Fill() puts the figures into the next
+// WorkerState. `decoding`: whether sequences were decoding when the unit started (only then does
+// side work spend credit).
+class WorkerLedger {
+ public:
+  explicit WorkerLedger(const GeneratorSchedulingOptions& options) : credit_(options) {}
+  void OnScore(double seconds, int64_t images, bool decoding);
+  // An engine step: its prefills (positions and seconds) and its decode step's seconds.
+  void OnStep(int64_t prefill_tokens, double prefill_seconds, double decode_seconds, bool decoding);
+  void Fill(WorkerState* state) const;
+
+ private:
+  SideWorkCredit credit_;
+  double seconds_per_prefill_token_ = 0, seconds_per_score_image_ = 0;
+};
 
 }  // namespace krause::server

@@ -163,11 +163,11 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   }
   s->registry_ = std::move(*registry);
   for (const auto& m : s->registry_->models()) {
-    const ModelInfo& i = m->info;
+    const ModelInfo& i = m->info();
     s->Log(absl::StrCat("model ", i.name, ": ", ModelKindName(i.kind), " ",
                         AttentionKindName(i.attention), " ", i.shape.height, "x", i.shape.width,
                         "x", i.shape.channels, ", ", i.parameters, " parameters",
-                        i.is_default ? ", default" : "", " (", m->model.path, ")"));
+                        i.is_default ? ", default" : "", " (", m->checkpoint(), ")"));
   }
   s->metrics_->SetRegistry(s->registry_.get());
   s->gate_.SetRegistry(s->registry_.get());

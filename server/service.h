@@ -1,12 +1,13 @@
-// krause.v1.KrauseService on gRPC's callback API. Handlers validate and hand work to the model's
-// worker (ClassifyBatcher / GeneratorWorker); they run no model, except that a Classify may run
-// its forward on the RPC thread when it arrives at an idle batcher (RunOnArrival,
-// classify_batcher.h). The workers hand results to
-// the service's ReplyPool, whose threads build the reply messages (PNG encoding included) and
-// finish or write the calls, so a model thread does not serialise while work waits for it (a
-// classify batcher with an empty queue replies itself: then the hop would only add latency). Every
-// call passes the Gate first: authentication, and refusal while loading or draining. Thread-safety:
-// all handlers may run concurrently.
+// krause.v1.KrauseService on gRPC's callback API: the handlers and the replies. Handlers check
+// the request (requests.h turns it into native types) and hand work to the model's worker
+// (ClassifyBatcher / GeneratorWorker); they run no model, except that a Classify may run its
+// forward on the RPC thread when it arrives at an idle batcher (RunOnArrival,
+// classify_batcher.h). The workers hand results to the service's ReplyPool, whose threads build
+// the reply messages (PNG encoding included) and finish or write the calls, so a model thread
+// does not serialise while work waits for it (a classify batcher with an empty queue replies
+// itself: then the hop would only add latency). A Generate call is its own object
+// (generate_call.h). Every call passes the Gate first: authentication, and refusal while loading
+// or draining. Thread-safety: all handlers may run concurrently.
 #pragma once
 
 #include <functional>
@@ -18,6 +19,7 @@
 #include "server/registry.h"
 #include "server/reply_pool.h"
 #include "server/request_log.h"
+#include "server/requests.h"
 
 namespace krause::server {
 
@@ -28,7 +30,7 @@ class KrauseService final : public v1::KrauseService::CallbackService {
   // before a Generate message is built), e.g. to throw and check that the call still ends with
   // INTERNAL, is counted and leaves the gate.
   explicit KrauseService(Gate* gate, CallObserver* observer = nullptr, int reply_threads = 1,
-                         std::function<void(const char* point)> fault_hook = nullptr)
+                         FaultHook fault_hook = nullptr)
       : gate_(gate), observer_(observer), fault_(std::move(fault_hook)), replies_(reply_threads) {}
 
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* ctx,
@@ -48,6 +50,7 @@ class KrauseService final : public v1::KrauseService::CallbackService {
   void Fault(const char* point) const {
     if (fault_) fault_(point);
   }
+  const FaultHook& fault_hook() const { return fault_; }
 
   Gate* gate() const { return gate_; }
   CallObserver* observer() const { return observer_; }
@@ -60,7 +63,7 @@ class KrauseService final : public v1::KrauseService::CallbackService {
   Gate* const gate_;
   CallObserver* const observer_;
   RequestLog* request_log_ = nullptr;
-  const std::function<void(const char*)> fault_;  // before replies_: its tasks may call it
+  const FaultHook fault_;  // before replies_: its tasks may call it
   ReplyPool replies_;
 };
 

@@ -42,25 +42,57 @@ struct Outcome {
   int done_calls = 0;
 };
 
-GenerationRequest Request(uint64_t seed, Outcome* out, std::vector<uint8_t> prompt = {}) {
+GenerationRequest Request(uint64_t seed, std::vector<uint8_t> prompt = {}) {
   GenerationRequest r;
   r.prompt = std::move(prompt);
   r.sampling.seed = seed;
   r.sampling.temperature = 1.0;
   r.sampling.top_p = 0.95;
-  const int64_t offset = static_cast<int64_t>(r.prompt.size());
-  r.on_pixel = [out, offset](int64_t index, uint8_t v) {
-    // In order, right after the prompt (x_0 of a start-less model without prompt is index 0).
-    EXPECT_EQ(index, offset + static_cast<int64_t>(out->streamed.size()));
-    out->streamed.push_back(v);
-  };
-  r.on_done = [out](absl::Status st, std::vector<uint8_t> px) {
-    out->status = st;
-    out->pixels = std::move(px);
-    ++out->done_calls;
-  };
   return r;
 }
+
+// Drives an engine and hands each step's output to the Outcome of its request, by id (what the
+// server's worker does for its calls).
+class Router {
+ public:
+  explicit Router(DecodeEngine* engine) : engine_(engine) {}
+  absl::StatusOr<int64_t> Submit(GenerationRequest r, Outcome* out) {
+    const int64_t offset = static_cast<int64_t>(r.prompt.size());
+    auto id = engine_->Submit(std::move(r));
+    if (id.ok()) routes_[*id] = {out, offset};
+    return id;
+  }
+  StepStats Step() {
+    const StepOutput o = engine_->Step();
+    for (const StepOutput::Pixel& p : o.pixels) {
+      const Route& r = routes_.at(p.id);
+      // In order, right after the prompt (x_0 of a start-less model without prompt is index 0).
+      EXPECT_EQ(p.index, r.offset + static_cast<int64_t>(r.out->streamed.size()));
+      r.out->streamed.push_back(p.value);
+    }
+    for (const StepOutput::Finished& f : o.finished) {
+      Outcome* out = routes_.at(f.id).out;
+      out->status = f.status;
+      out->pixels = f.image;
+      ++out->done_calls;
+      if (f.status.ok()) {
+        EXPECT_EQ(f.sampled, static_cast<int64_t>(f.image.size()) - routes_.at(f.id).offset);
+      }
+    }
+    return o.stats;
+  }
+  void Drain() {
+    while (engine_->Busy()) Step();
+  }
+
+ private:
+  struct Route {
+    Outcome* out;
+    int64_t offset;  // prompt length
+  };
+  DecodeEngine* engine_;
+  std::map<int64_t, Route> routes_;
+};
 
 // Generates `count` images with seeds 0..count-1; request i is submitted at step i * stagger,
 // with class label_of(i) when given (and then `guidance` for the images with a class).
@@ -69,17 +101,18 @@ std::vector<Outcome> Generate(const PixelModel& m, int64_t slots, int64_t count,
                               double guidance = 1.0) {
   auto engine = DecodeEngine::Create(&m, EngineOptions{slots, 0});
   EXPECT_TRUE(engine.ok());
+  Router router(engine->get());
   std::vector<Outcome> out(count);
   int64_t submitted = 0, step = 0;
   while (submitted < count || (*engine)->Busy()) {
     while (submitted < count && submitted * stagger <= step) {
-      GenerationRequest r = Request(submitted, &out[submitted]);
+      GenerationRequest r = Request(submitted);
       if (label_of) r.label = label_of(submitted);
       if (r.label >= 0) r.guidance = guidance;
-      EXPECT_TRUE((*engine)->Submit(std::move(r)).ok());
+      EXPECT_TRUE(router.Submit(std::move(r), &out[submitted]).ok());
       ++submitted;
     }
-    const StepStats st = (*engine)->Step();
+    const StepStats st = router.Step();
     EXPECT_LE(st.batch, slots);
     ++step;
   }
@@ -119,12 +152,13 @@ INSTANTIATE_TEST_SUITE_P(Models, EngineInvarianceTest,
 TEST(DecodeEngine, CompletionKeepsThePromptAndStreamsTheRest) {
   KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel m, PixelModel::Create(TinyConfig("krause", true), 6));
   KRAUSE_ASSERT_OK_AND_ASSIGN(auto engine, DecodeEngine::Create(&m, EngineOptions{4, 0}));
+  Router router(engine.get());
   const std::vector<uint8_t> prompt = {10, 20, 30, 40, 50, 60, 70};
   Outcome out;
-  ASSERT_TRUE(engine->Submit(Request(9, &out, prompt)).ok());
+  ASSERT_TRUE(router.Submit(Request(9, prompt), &out).ok());
   int steps = 0;
   while (engine->Busy()) {
-    engine->Step();
+    router.Step();
     ++steps;
   }
   ASSERT_TRUE(out.status.ok());
@@ -133,10 +167,10 @@ TEST(DecodeEngine, CompletionKeepsThePromptAndStreamsTheRest) {
   EXPECT_EQ(std::vector<uint8_t>(out.pixels.begin() + 7, out.pixels.end()), out.streamed);
   // Greedy completion equals the argmax of the teacher-forced forward at every generated step.
   Outcome greedy;
-  GenerationRequest r = Request(0, &greedy, prompt);
+  GenerationRequest r = Request(0, prompt);
   r.sampling.temperature = 0;
-  ASSERT_TRUE(engine->Submit(std::move(r)).ok());
-  while (engine->Busy()) engine->Step();
+  ASSERT_TRUE(router.Submit(std::move(r), &greedy).ok());
+  router.Drain();
   ASSERT_TRUE(greedy.status.ok());
   at::NoGradGuard no_grad;
   const at::Tensor x =
@@ -149,36 +183,82 @@ TEST(DecodeEngine, CompletionKeepsThePromptAndStreamsTheRest) {
 TEST(DecodeEngine, CancelLeavesAtTheNextStepAndFreesTheSlot) {
   KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel m, PixelModel::Create(TinyConfig("krause", true), 7));
   KRAUSE_ASSERT_OK_AND_ASSIGN(auto engine, DecodeEngine::Create(&m, EngineOptions{1, 0}));
+  Router router(engine.get());
   Outcome a, b;
-  KRAUSE_ASSERT_OK_AND_ASSIGN(int64_t ida, engine->Submit(Request(1, &a)));
-  KRAUSE_ASSERT_OK_AND_ASSIGN(int64_t idb, engine->Submit(Request(2, &b)));
-  engine->Step();
+  KRAUSE_ASSERT_OK_AND_ASSIGN(int64_t ida, router.Submit(Request(1), &a));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(int64_t idb, router.Submit(Request(2), &b));
+  router.Step();
   EXPECT_EQ(engine->active(), 1);
   EXPECT_EQ(engine->waiting(), 1);  // the pool is full: b waits
   engine->Cancel(ida);
-  const StepStats st = engine->Step();
+  const StepStats st = router.Step();
   EXPECT_EQ(st.cancelled, 1);
   EXPECT_TRUE(absl::IsCancelled(a.status));
   EXPECT_EQ(a.done_calls, 1);
   EXPECT_EQ(st.admitted, 1);  // b took the freed slot in the same step
   engine->Cancel(idb);
   engine->Cancel(ida);  // already gone: no effect
-  engine->Step();
+  router.Step();
   EXPECT_TRUE(absl::IsCancelled(b.status));
   EXPECT_EQ(engine->pool().in_use(), 0);
   EXPECT_FALSE(engine->Busy());
 }
 
+// Step(plan) carries the plan out and decides nothing itself: it admits exactly the plan's
+// requests still waiting, oldest first, and the prefill positions Waiting() reports (what the
+// planner budgets with) are the positions those admissions run.
+TEST(DecodeEngine, StepAdmitsThePlanAndWaitingReportsThePrefillItRuns) {
+  for (bool start : {true, false}) {
+    SCOPED_TRACE(start ? "start token" : "no start token");
+    KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel m, PixelModel::Create(TinyConfig("krause", start), 4));
+    KRAUSE_ASSERT_OK_AND_ASSIGN(auto engine, DecodeEngine::Create(&m, EngineOptions{8, 0}));
+    std::vector<int64_t> ids;
+    for (const std::vector<uint8_t>& prompt :
+         {std::vector<uint8_t>{}, std::vector<uint8_t>{7}, std::vector<uint8_t>(6, 9),
+          std::vector<uint8_t>(11, 3), std::vector<uint8_t>(2, 1)}) {
+      ids.push_back(engine->Submit(Request(ids.size(), prompt)).value());
+    }
+    const std::vector<WaitingRequest> waiting = engine->Waiting();
+    ASSERT_EQ(waiting.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) EXPECT_EQ(waiting[i].id, ids[i]);
+    // A plan that passes over the oldest request admits nothing: no request overtakes an older
+    // one.
+    AdmissionPlan skip_oldest;
+    skip_oldest.ids = {ids[1]};
+    StepOutput out = engine->Step(skip_oldest);
+    EXPECT_TRUE(out.admitted.empty());
+    EXPECT_EQ(engine->waiting(), 5);
+    // A planned request cancelled before the step is passed over; the rest are admitted.
+    AdmissionPlan plan;
+    plan.ids = {ids[0], ids[1], ids[2], ids[3]};
+    engine->Cancel(ids[1]);
+    out = engine->Step(plan);
+    EXPECT_EQ(out.admitted, (std::vector<int64_t>{ids[0], ids[2], ids[3]}));
+    EXPECT_EQ(out.stats.prefill_tokens,
+              waiting[0].prefill_tokens + waiting[2].prefill_tokens + waiting[3].prefill_tokens);
+    EXPECT_EQ(out.stats.prefill_tokens, start ? 0 + 6 + 11 : 0 + 5 + 10);
+    ASSERT_EQ(out.finished.size(), 1u);
+    EXPECT_EQ(out.finished[0].id, ids[1]);
+    EXPECT_TRUE(absl::IsCancelled(out.finished[0].status));
+    EXPECT_EQ(engine->waiting(), 1);
+    // Step() plans for itself: whatever fits.
+    out = engine->Step();
+    EXPECT_EQ(out.admitted, std::vector<int64_t>{ids[4]});
+    EXPECT_EQ(out.stats.prefill_tokens, waiting[4].prefill_tokens);
+  }
+}
+
 TEST(DecodeEngine, RandomJoinCancelFinishLeaksNoSlot) {
   KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel m, PixelModel::Create(TinyConfig("softmax", true), 8));
   KRAUSE_ASSERT_OK_AND_ASSIGN(auto engine, DecodeEngine::Create(&m, EngineOptions{5, 0}));
+  Router router(engine.get());
   std::mt19937 rng(42);
   std::map<int64_t, std::unique_ptr<Outcome>> outcomes;
   for (int step = 0; step < 300; ++step) {
     const int joins = rng() % 3;
     for (int j = 0; j < joins; ++j) {
       auto o = std::make_unique<Outcome>();
-      auto id = engine->Submit(Request(rng(), o.get()));
+      auto id = router.Submit(Request(rng()), o.get());
       ASSERT_TRUE(id.ok());
       outcomes[*id] = std::move(o);
     }
@@ -187,11 +267,11 @@ TEST(DecodeEngine, RandomJoinCancelFinishLeaksNoSlot) {
       std::advance(it, rng() % outcomes.size());
       engine->Cancel(it->first);
     }
-    engine->Step();
+    router.Step();
     EXPECT_LE(engine->pool().in_use(), 5);
     EXPECT_EQ(engine->pool().in_use(), engine->active());
   }
-  while (engine->Busy()) engine->Step();
+  router.Drain();
   EXPECT_EQ(engine->pool().in_use(), 0);
   int ok = 0, cancelled = 0;
   for (auto& [id, o] : outcomes) {
@@ -207,20 +287,19 @@ TEST(DecodeEngine, RandomJoinCancelFinishLeaksNoSlot) {
 TEST(DecodeEngine, BadRequestsAreRejectedByField) {
   KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel m, PixelModel::Create(TinyConfig("krause", true), 9));
   KRAUSE_ASSERT_OK_AND_ASSIGN(auto engine, DecodeEngine::Create(&m, EngineOptions{2, 0}));
-  Outcome o;
-  GenerationRequest r = Request(1, &o, std::vector<uint8_t>(20, 0));
+  GenerationRequest r = Request(1, std::vector<uint8_t>(20, 0));
   EXPECT_THAT(engine->Submit(r).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("prompt has 20 subpixels; at most 19")));
-  r = Request(1, &o);
+  r = Request(1);
   r.sampling.top_p = 0;
   EXPECT_THAT(engine->Submit(r).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("top_p")));
-  r = Request(1, &o);
+  r = Request(1);
   r.sampling.temperature = -1;
   EXPECT_THAT(engine->Submit(r).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("temperature")));
-  r = Request(1, &o);
+  r = Request(1);
   r.sampling.top_k = 300;
   EXPECT_THAT(engine->Submit(r).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("top_k")));
@@ -318,15 +397,16 @@ TEST_P(ConditionalEngineTest, GreedyImagesAreTheForwardsArgmaxGivenTheClassWithA
   const PixelModel m = ConditionalModel(GetParam(), 7);
   const int64_t n = m.config().seq_len();
   auto engine = DecodeEngine::Create(&m, EngineOptions{4, 0}).value();
+  Router router(engine.get());
   std::vector<Outcome> out(4);
   const std::vector<uint8_t> prompt = {10, 200, 30, 40, 250};
   for (int64_t i = 0; i < 4; ++i) {
-    GenerationRequest r = Request(i, &out[i], i % 2 ? prompt : std::vector<uint8_t>());
+    GenerationRequest r = Request(i, i % 2 ? prompt : std::vector<uint8_t>());
     r.sampling.temperature = 0;
     r.label = i < 3 ? i : -1;
-    ASSERT_TRUE(engine->Submit(std::move(r)).ok());
+    ASSERT_TRUE(router.Submit(std::move(r), &out[i]).ok());
   }
-  while (engine->Busy()) engine->Step();
+  router.Drain();
   at::NoGradGuard no_grad;
   for (int64_t i = 0; i < 4; ++i) {
     ASSERT_TRUE(out[i].status.ok()) << out[i].status;
@@ -375,16 +455,17 @@ TEST_P(ConditionalEngineTest, GreedyGuidedImagesAreTheArgmaxOfTheGuidedForward) 
   const int64_t n = m.config().seq_len();
   const double guidance[3] = {0.25, 2.5, 0.25};
   auto engine = DecodeEngine::Create(&m, EngineOptions{5, 0}).value();
+  Router router(engine.get());
   std::vector<Outcome> out(3);
   const std::vector<uint8_t> prompt = {10, 200, 30, 40, 250};
   for (int64_t i = 0; i < 3; ++i) {
-    GenerationRequest r = Request(i, &out[i], i == 1 ? prompt : std::vector<uint8_t>());
+    GenerationRequest r = Request(i, i == 1 ? prompt : std::vector<uint8_t>());
     r.sampling.temperature = 0;
     r.label = i;
     r.guidance = guidance[i];
-    ASSERT_TRUE(engine->Submit(std::move(r)).ok());
+    ASSERT_TRUE(router.Submit(std::move(r), &out[i]).ok());
   }
-  while (engine->Busy()) engine->Step();
+  router.Drain();
   at::NoGradGuard no_grad;
   for (int64_t i = 0; i < 3; ++i) {
     ASSERT_TRUE(out[i].status.ok()) << out[i].status;
@@ -412,38 +493,47 @@ INSTANTIATE_TEST_SUITE_P(Models, ConditionalEngineTest, ::testing::Values("kraus
 TEST(ConditionalEngine, AGuidedRequestTakesTwoSlotsAndWaitsForThem) {
   const PixelModel m = ConditionalModel("krause", 3);
   auto engine = DecodeEngine::Create(&m, EngineOptions{3, 0}).value();
+  Router router(engine.get());
   std::vector<Outcome> out(3);
-  GenerationRequest a = Request(1, &out[0]);
-  GenerationRequest b = Request(2, &out[1], {1, 2, 3, 4, 5});
-  GenerationRequest c = Request(3, &out[2], {1, 2, 3});
+  GenerationRequest a = Request(1);
+  GenerationRequest b = Request(2, {1, 2, 3, 4, 5});
+  GenerationRequest c = Request(3, {1, 2, 3});
   a.label = 0;
   a.guidance = 2;
   b.label = 1;
   b.guidance = 0.5;
   c.label = 2;  // unguided
-  ASSERT_TRUE(engine->Submit(std::move(a)).ok());
-  const int64_t b_id = engine->Submit(std::move(b)).value();
-  ASSERT_TRUE(engine->Submit(std::move(c)).ok());
-  // Costs as admission would see them: b's prompt prefilled into both its slots (5 each).
-  EXPECT_EQ(engine->WaitingPrefillTokens(5), (std::vector<int64_t>{0, 10, 3}));
-  EXPECT_EQ(engine->WaitingPrefillTokens(3), (std::vector<int64_t>{0}));  // b does not fit
-  StepStats st = engine->Step();
+  const int64_t a_id = router.Submit(std::move(a), &out[0]).value();
+  const int64_t b_id = router.Submit(std::move(b), &out[1]).value();
+  const int64_t c_id = router.Submit(std::move(c), &out[2]).value();
+  // Costs as admission sees them: b's prompt prefilled into both its slots (5 each).
+  const std::vector<WaitingRequest> waiting = engine->Waiting();
+  ASSERT_EQ(waiting.size(), 3u);
+  EXPECT_EQ(waiting[0].prefill_tokens, 0);
+  EXPECT_EQ(waiting[1].prefill_tokens, 10);
+  EXPECT_EQ(waiting[2].prefill_tokens, 3);
+  EXPECT_EQ(PlanAdmission(waiting, AdmissionBudget{5}).ids,
+            (std::vector<int64_t>{a_id, b_id, c_id}));
+  EXPECT_EQ(PlanAdmission(waiting, AdmissionBudget{3}).ids,
+            (std::vector<int64_t>{a_id}));  // b does not fit
+  StepStats st = router.Step();
   // a holds 2 slots; b needs 2 and waits with one free, and c waits behind it (oldest first).
   EXPECT_EQ(st.admitted, 1);
   EXPECT_EQ(st.batch, 2);  // a's row and its guide row
   EXPECT_EQ(engine->pool().in_use(), 2);
   EXPECT_EQ(engine->waiting(), 2);
-  EXPECT_EQ(engine->WaitingPrefillTokens(engine->free_slots()), std::vector<int64_t>{});
-  while (engine->active() > 0 && engine->waiting() == 2) engine->Step();
+  EXPECT_EQ(PlanAdmission(engine->Waiting(), AdmissionBudget{engine->free_slots()}).ids,
+            std::vector<int64_t>{});
+  while (engine->active() > 0 && engine->waiting() == 2) router.Step();
   // a finished: b (2 slots) and c (1) run together, 3 rows.
-  st = engine->Step();
+  st = router.Step();
   EXPECT_EQ(engine->pool().in_use(), 3);
   EXPECT_EQ(st.batch, 3);
   EXPECT_EQ(st.prefill_tokens, 2 * 5 + 3);  // [START, prompt] but the last input, per slot
   engine->Cancel(b_id);
-  engine->Step();
+  router.Step();
   EXPECT_EQ(engine->pool().in_use(), 1);  // b left with both its slots
-  while (engine->Busy()) engine->Step();
+  router.Drain();
   EXPECT_EQ(engine->pool().in_use(), 0);
   EXPECT_TRUE(out[0].status.ok());
   EXPECT_TRUE(absl::IsCancelled(out[1].status));
@@ -454,8 +544,7 @@ TEST(ConditionalEngine, GuidanceIsValidated) {
   const PixelModel m = ConditionalModel("krause", 3);
   auto engine = DecodeEngine::Create(&m, EngineOptions{2, 0}).value();
   auto single = DecodeEngine::Create(&m, EngineOptions{1, 0}).value();
-  Outcome o;
-  GenerationRequest r = Request(1, &o);
+  GenerationRequest r = Request(1);
   r.label = 1;
   for (double bad : {-0.5, 20.5, std::nan("")}) {
     r.guidance = bad;
@@ -477,8 +566,7 @@ TEST(ConditionalEngine, ClassesAreValidatedAgainstTheModel) {
   const PixelModel plain = PixelModel::Create(TinyConfig("krause", true), 3).value();
   auto ce = DecodeEngine::Create(&cond, EngineOptions{2, 0}).value();
   auto pe = DecodeEngine::Create(&plain, EngineOptions{2, 0}).value();
-  Outcome o;
-  GenerationRequest r = Request(1, &o);
+  GenerationRequest r = Request(1);
   r.label = 3;
   EXPECT_THAT(ce->Submit(r).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("class 3 is outside [0, 3)")));

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,17 +58,19 @@ std::vector<std::vector<uint8_t>> Generate(
     const std::function<void(const DecodeEngine&)>& check = {}) {
   auto engine = DecodeEngine::Create(&m, options).value();
   std::vector<std::vector<uint8_t>> images(count);
+  std::map<int64_t, int64_t> image_of;  // engine id -> i
   for (int64_t i = 0; i < count; ++i) {
     GenerationRequest r;
     r.sampling.seed = seed0 + i;
     if (prompts && i % 2 == 1) r.prompt = std::vector<uint8_t>(10, static_cast<uint8_t>(i));
-    r.on_done = [&images, i](absl::Status st, std::vector<uint8_t> px) {
-      EXPECT_TRUE(st.ok()) << st;
-      images[i] = std::move(px);
-    };
-    EXPECT_TRUE(engine->Submit(std::move(r)).ok());
+    auto id = engine->Submit(std::move(r));
+    EXPECT_TRUE(id.ok());
+    if (id.ok()) image_of[*id] = i;
   }
-  while (engine->Busy()) engine->Step();
+  for (auto& [id, f] : RunUntilIdle(engine.get())) {
+    EXPECT_TRUE(f.status.ok()) << f.status;
+    images[image_of.at(id)] = std::move(f.image);
+  }
   EXPECT_EQ(engine->pool().in_use(), 0);
   if (check) check(*engine);
   return images;

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "server/options.h"
+#include "server/served_classifier.h"
+#include "server/served_generator.h"
 #include "tests/test_util.h"
 
 namespace krause::server {
@@ -134,18 +136,17 @@ TEST(Manifest, ImagesPerRequestDependsOnTheKindTheCheckpointHas) {
   ModelSpec s;
   s.name = "m";
   s.max_batch_size = 8;
-  EXPECT_EQ(ImagesPerRequest(s, ModelKind::kClassifier).value(), 8);  // 0: a batch
-  EXPECT_EQ(ImagesPerRequest(s, ModelKind::kGenerator).value(),
-            defaults::kGeneratorImagesPerRequest);
+  EXPECT_EQ(ServedClassifier::ImagesPerRequest(s).value(), 8);  // 0: a batch
+  EXPECT_EQ(ServedGenerator::ImagesPerRequest(s), defaults::kGeneratorImagesPerRequest);
   s.max_images_per_request = 8;
-  EXPECT_EQ(ImagesPerRequest(s, ModelKind::kClassifier).value(), 8);
+  EXPECT_EQ(ServedClassifier::ImagesPerRequest(s).value(), 8);
   s.max_images_per_request = 9;
   EXPECT_THAT(
-      ImagesPerRequest(s, ModelKind::kClassifier).status(),
+      ServedClassifier::ImagesPerRequest(s).status(),
       StatusIs(absl::StatusCode::kInvalidArgument,
                HasSubstr("model m: max_images_per_request (9) is over max_batch_size (8)")));
   // A generator has no batches to split: max_batch_size does not bound it.
-  EXPECT_EQ(ImagesPerRequest(s, ModelKind::kGenerator).value(), 9);
+  EXPECT_EQ(ServedGenerator::ImagesPerRequest(s), 9);
 }
 
 }  // namespace

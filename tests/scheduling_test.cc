@@ -122,33 +122,43 @@ TEST(SideWorkCredit, EarnsAShareOfDecodeTimeUpToTheSlice) {
   EXPECT_DOUBLE_EQ(c.seconds(), 0.001);
   c.OnDecode(1.0);
   EXPECT_DOUBLE_EQ(c.seconds(), 0.006);  // capped
-  o.side_share = 1.0;  // no limit
+  o.side_share = 1.0;                    // no limit
   SideWorkCredit all(o);
   all.OnSideWork(1.0);
   all.OnDecode(0.0);
   EXPECT_DOUBLE_EQ(all.seconds(), 0.006);
 }
 
+// Waiting requests of one slot each with these prefill positions (ids 1, 2, ...).
+std::vector<WaitingRequest> Waiting(std::vector<int64_t> tokens) {
+  std::vector<WaitingRequest> w;
+  for (size_t i = 0; i < tokens.size(); ++i)
+    w.push_back({static_cast<int64_t>(i + 1), 1, tokens[i]});
+  return w;
+}
+
+int64_t Admitted(const WorkerPlan& p) { return static_cast<int64_t>(p.admission.ids.size()); }
+
 TEST(PlanWorkerIteration, WithNothingDecodingSideWorkTakesASlicePerIteration) {
   GeneratorSchedulingOptions o;
   o.side_slice_seconds = 0.010;
   WorkerState s;
   s.free_slots = 3;
-  s.waiting_prefill_tokens = {400, 400, 400, 400};
+  s.waiting = Waiting({400, 400, 400, 400});
   s.seconds_per_prefill_token = 1e-5;  // 4 ms each: two fit in the 10 ms slice
   s.credit_seconds = -1;               // no credit needed while idle
   s.score_images_left = 16;
   s.seconds_per_score_image = 0.002;
   WorkerPlan p = PlanWorkerIteration(s, o);
-  EXPECT_EQ(p.admit, 2);
+  EXPECT_EQ(Admitted(p), 2);
   EXPECT_EQ(p.score_images, 1);  // 2 ms left of the slice buys one image
   EXPECT_TRUE(p.step);
   // Cheap admissions: all that fit the free slots.
   s.seconds_per_prefill_token = 1e-7;
-  EXPECT_EQ(PlanWorkerIteration(s, o).admit, 3);
+  EXPECT_EQ(Admitted(PlanWorkerIteration(s, o)), 3);
   // No one waiting: a Score chunk of a slice (10 ms / 2 ms), so that a request arriving meanwhile
   // waits for 5 images, not 16.
-  s.waiting_prefill_tokens.clear();
+  s.waiting.clear();
   p = PlanWorkerIteration(s, o);
   EXPECT_EQ(p.score_images, 5);
   EXPECT_FALSE(p.step);
@@ -162,29 +172,29 @@ TEST(PlanWorkerIteration, WhileDecodingSideWorkSpendsOnlyTheCredit) {
   WorkerState s;
   s.decoding = 5;
   s.free_slots = 59;
-  s.waiting_prefill_tokens = {100, 200, 300, 400};
+  s.waiting = Waiting({100, 200, 300, 400});
   s.seconds_per_prefill_token = 1e-5;  // 1, 2, 3, 4 ms
   s.score_images_left = 16;
   s.seconds_per_score_image = 0.002;
   s.credit_seconds = 0.0045;
   WorkerPlan p = PlanWorkerIteration(s, o);
-  EXPECT_EQ(p.admit, 2);  // 1 + 2 ms fit in 4.5 ms, + 3 would not
+  EXPECT_EQ(Admitted(p), 2);     // 1 + 2 ms fit in 4.5 ms, + 3 would not
   EXPECT_EQ(p.score_images, 1);  // what is left (1.5 ms) buys no image: at least one
   EXPECT_TRUE(p.step);
   // No credit: decode only; the burst waits.
   s.credit_seconds = 0;
   p = PlanWorkerIteration(s, o);
-  EXPECT_EQ(p.admit, 0);
+  EXPECT_EQ(Admitted(p), 0);
   EXPECT_EQ(p.score_images, 0);
   EXPECT_TRUE(p.step);
   // A little credit: at least one admission, even if it costs more than the credit.
   s.credit_seconds = 1e-6;
-  s.waiting_prefill_tokens = {700};
+  s.waiting = Waiting({700});
   p = PlanWorkerIteration(s, o);
-  EXPECT_EQ(p.admit, 1);
+  EXPECT_EQ(Admitted(p), 1);
   EXPECT_EQ(p.score_images, 0);  // the admission spent it
   // Score chunks while decoding are sized to the credit, within the slice and the job.
-  s.waiting_prefill_tokens.clear();
+  s.waiting.clear();
   s.credit_seconds = 0.0081;
   EXPECT_EQ(PlanWorkerIteration(s, o).score_images, 4);  // 8.1 ms / 2 ms
   s.score_images_left = 3;
@@ -193,20 +203,57 @@ TEST(PlanWorkerIteration, WhileDecodingSideWorkSpendsOnlyTheCredit) {
   s.seconds_per_score_image = 0;
   EXPECT_EQ(PlanWorkerIteration(s, o).score_images, 1);
   // Requests without a prompt cost no prefill: all admitted on any credit.
-  s.waiting_prefill_tokens = {0, 0, 0};
+  s.waiting = Waiting({0, 0, 0});
   s.credit_seconds = 1e-9;
-  EXPECT_EQ(PlanWorkerIteration(s, o).admit, 3);
+  EXPECT_EQ(Admitted(PlanWorkerIteration(s, o)), 3);
   // ... but never more than the free slots.
   s.free_slots = 2;
-  EXPECT_EQ(PlanWorkerIteration(s, o).admit, 2);
+  EXPECT_EQ(Admitted(PlanWorkerIteration(s, o)), 2);
   // A prefill whose cost was never measured goes alone (it measures the cost), idle or not.
   s.free_slots = 8;
   s.seconds_per_prefill_token = 0;
-  s.waiting_prefill_tokens = {0, 300, 300, 0};
+  s.waiting = Waiting({0, 300, 300, 0});
   s.credit_seconds = 0.005;
-  EXPECT_EQ(PlanWorkerIteration(s, o).admit, 2);  // the promptless one, then one prefill
+  EXPECT_EQ(Admitted(PlanWorkerIteration(s, o)), 2);  // the promptless one, then one prefill
   s.decoding = 0;
-  EXPECT_EQ(PlanWorkerIteration(s, o).admit, 2);
+  EXPECT_EQ(Admitted(PlanWorkerIteration(s, o)), 2);
+}
+
+// The worker's bookkeeping: the credit earned by decode steps and spent by side work while
+// sequences decode, and the smoothed costs (0.7 old + 0.3 new) the next plan sizes units with.
+TEST(WorkerLedger, KeepsTheCreditAndTheMeasuredCosts) {
+  GeneratorSchedulingOptions o;  // a third: a decode step earns half its time; cap 5 ms
+  o.side_slice_seconds = 0.005;
+  WorkerLedger l(o);
+  WorkerState s;
+  l.Fill(&s);
+  EXPECT_DOUBLE_EQ(s.credit_seconds, 0.005);
+  EXPECT_EQ(s.seconds_per_prefill_token, 0);  // unknown
+  EXPECT_EQ(s.seconds_per_score_image, 0);
+  l.OnScore(0.004, 2, /*decoding=*/false);  // idle: measured, no credit spent
+  l.Fill(&s);
+  EXPECT_DOUBLE_EQ(s.seconds_per_score_image, 0.002);
+  EXPECT_DOUBLE_EQ(s.credit_seconds, 0.005);
+  l.OnScore(0.012, 2, true);
+  l.Fill(&s);
+  EXPECT_NEAR(s.seconds_per_score_image, 0.7 * 0.002 + 0.3 * 0.006, 1e-15);
+  EXPECT_NEAR(s.credit_seconds, -0.007, 1e-15);
+  // A step: its decode earns first (0.004 / 2), then its prefills spend.
+  l.OnStep(100, 0.002, 0.004, true);
+  l.Fill(&s);
+  EXPECT_NEAR(s.credit_seconds, -0.007 + 0.002 - 0.002, 1e-15);
+  EXPECT_DOUBLE_EQ(s.seconds_per_prefill_token, 2e-5);
+  l.OnStep(0, 0, 0.010, true);  // no prefill: the cost stays
+  l.Fill(&s);
+  EXPECT_NEAR(s.credit_seconds, -0.002, 1e-15);
+  EXPECT_DOUBLE_EQ(s.seconds_per_prefill_token, 2e-5);
+  l.OnStep(50, 0.002, 0, false);  // prefills while idle: measured, free
+  l.Fill(&s);
+  EXPECT_NEAR(s.credit_seconds, -0.002, 1e-15);
+  EXPECT_NEAR(s.seconds_per_prefill_token, 0.7 * 2e-5 + 0.3 * 4e-5, 1e-18);
+  l.OnStep(0, 0, 1.0, true);  // capped at the slice
+  l.Fill(&s);
+  EXPECT_DOUBLE_EQ(s.credit_seconds, 0.005);
 }
 
 TEST(PlanWorkerIteration, OverALongRunSideWorkTakesItsShare) {

@@ -18,6 +18,8 @@
 #include "model/data/png.h"
 #include "model/engine/decode_engine.h"
 #include "model/util/threads.h"
+#include "server/served_classifier.h"
+#include "server/served_generator.h"
 #include "server_fixture.h"
 #include "test_util.h"
 
@@ -52,11 +54,15 @@ class ServerTest : public ::testing::Test {
     if (server_) server_->Shutdown();
     std::filesystem::remove_all(models_.dir);
   }
-  server::ServedModel* Model(const std::string& name) {
-    auto m = server_->registry().Find(
-        name, name == "vit" ? server::ModelKind::kClassifier : server::ModelKind::kGenerator);
-    EXPECT_TRUE(m.ok());
-    return *m;
+  // A served model's worker, to wait for states another thread reaches.
+  template <typename Kind>
+  Kind& Served(const std::string& name) {
+    auto m = server_->registry().Find<Kind>(name);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return **m;
+  }
+  server::GeneratorWorker& Worker(const std::string& name) {
+    return Served<server::ServedGenerator>(name).worker();
   }
   // Polls `done` (up to 5 s): for states another thread reaches, never a fixed wait.
   template <typename F>
@@ -72,8 +78,7 @@ class ServerTest : public ::testing::Test {
   bool SlotsFree(const std::string& model) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (std::chrono::steady_clock::now() < until) {
-      if (Model(model)->generator->active() == 0 && Model(model)->generator->waiting() == 0)
-        return true;
+      if (Worker(model).active() == 0 && Worker(model).waiting() == 0) return true;
       std::this_thread::sleep_for(milliseconds(5));
     }
     return false;
@@ -425,7 +430,8 @@ TEST_F(ServerTest, FullClassifyQueueIsUnavailableAndDeadlineIsHonoured) {
   EXPECT_EQ(classify(4, 0.1).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   // 4 (expired, not yet dropped: the worker is held) + 8 = 12 images queue up ...
   waiting.emplace_back([&] { EXPECT_TRUE(classify(8, 0).ok()); });
-  EXPECT_TRUE(Eventually([&] { return Model("vit")->batcher->queued_images() == 12; }));
+  EXPECT_TRUE(Eventually(
+      [&] { return Served<server::ServedClassifier>("vit").batcher().queued_images() == 12; }));
   // ... and 6 more would pass the limit of 16: refused at once.
   const grpc::Status st = classify(6, 0);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
@@ -482,16 +488,14 @@ TEST_F(ServerTest, GenerateStreamsRowsImagesAndSummary) {
   ASSERT_TRUE(m.ok());
   auto engine = DecodeEngine::Create(m->pixel.get(), EngineOptions{});
   ASSERT_TRUE(engine.ok());
-  std::vector<uint8_t> direct;
   GenerationRequest g;
   g.sampling.seed = 12;
-  g.on_done = [&](absl::Status st, std::vector<uint8_t> px) {
-    EXPECT_TRUE(st.ok());
-    direct = std::move(px);
-  };
   at::NoGradGuard no_grad;
   ASSERT_TRUE((*engine)->Submit(std::move(g)).ok());
-  while ((*engine)->Busy()) (*engine)->Step();
+  auto finished = RunUntilIdle(engine->get());
+  ASSERT_EQ(finished.size(), 1u);
+  EXPECT_TRUE(finished.begin()->second.status.ok());
+  const std::vector<uint8_t> direct = finished.begin()->second.image;
   EXPECT_EQ(std::string(direct.begin(), direct.end()), pngs.at(1));
 }
 
@@ -595,7 +599,7 @@ TEST_F(ServerTest, ClientCancelStopsGenerationAndFreesTheSlot) {
   auto reader = stub_->Generate(&ctx, req);
   v1::GenerateResponse m;
   ASSERT_TRUE(reader->Read(&m));
-  EXPECT_EQ(Model("karm-big")->generator->active(), 1);
+  EXPECT_EQ(Worker("karm-big").active(), 1);
   ctx.TryCancel();
   while (reader->Read(&m)) {
   }

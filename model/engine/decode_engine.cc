@@ -58,20 +58,7 @@ DecodeEngine::DecodeEngine(const PixelModel* model, PixelKvCache cache, int64_t 
 }
 
 absl::StatusOr<int64_t> DecodeEngine::Submit(GenerationRequest request) {
-  RETURN_IF_ERROR(ValidateSampling(request.sampling));
-  const int64_t n = model_->config().seq_len();
-  if (static_cast<int64_t>(request.prompt.size()) > n - 1) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt has ", request.prompt.size(),
-                                                   " subpixels; at most ", n - 1, " (N - 1)"));
-  }
-  if (!request.on_done) return absl::InvalidArgumentError("on_done callback is required");
-  RETURN_IF_ERROR(model_->config().ClassRow(request.label).status());
-  RETURN_IF_ERROR(ValidateGuidance(request.guidance, request.label));
-  if (request.slots() > pool_.capacity()) {
-    return absl::InvalidArgumentError(absl::StrCat("guidance needs ", request.slots(),
-                                                   " cache slots per image; this engine has ",
-                                                   pool_.capacity()));
-  }
+  RETURN_IF_ERROR(Validate(request));
   auto s = std::make_unique<Sequence>();
   s->request = std::move(request);
   std::lock_guard<std::mutex> lock(mu_);
@@ -79,6 +66,23 @@ absl::StatusOr<int64_t> DecodeEngine::Submit(GenerationRequest request) {
   const int64_t id = s->id;
   pending_.push_back(std::move(s));
   return id;
+}
+
+absl::Status DecodeEngine::Validate(const GenerationRequest& request) const {
+  RETURN_IF_ERROR(ValidateSampling(request.sampling));
+  const int64_t n = model_->config().seq_len();
+  if (static_cast<int64_t>(request.prompt.size()) > n - 1) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt has ", request.prompt.size(),
+                                                   " subpixels; at most ", n - 1, " (N - 1)"));
+  }
+  RETURN_IF_ERROR(model_->config().ClassRow(request.label).status());
+  RETURN_IF_ERROR(ValidateGuidance(request.guidance, request.label));
+  if (request.slots() > pool_.capacity()) {
+    return absl::InvalidArgumentError(absl::StrCat("guidance needs ", request.slots(),
+                                                   " cache slots per image; this engine has ",
+                                                   pool_.capacity()));
+  }
+  return absl::OkStatus();
 }
 
 void DecodeEngine::Cancel(int64_t id) {
@@ -93,8 +97,8 @@ int64_t DecodeEngine::waiting() const {
 
 bool DecodeEngine::Busy() const { return !active_.empty() || waiting() > 0; }
 
-absl::Status DecodeEngine::Admit(Sequence* s) {
-  if (s->request.on_admitted) s->request.on_admitted();
+absl::Status DecodeEngine::Admit(Sequence* s, StepOutput* out) {
+  out->admitted.push_back(s->id);
   const PixelModelConfig& c = model_->config();
   if (cache_.conditional()) {
     try {
@@ -113,10 +117,11 @@ absl::Status DecodeEngine::Admit(Sequence* s) {
   } else if (s->pixels.empty()) {
     const uint8_t x0 = static_cast<uint8_t>(CounterUniform(s->request.sampling.seed, 0) * 256);
     s->pixels.push_back(x0);
-    if (s->request.on_pixel) s->request.on_pixel(0, x0);
+    out->pixels.push_back({s->id, 0, x0});
   }
   for (uint8_t px : s->pixels) u.push_back(px);
-  // Prefill everything but the last known input; the decode step feeds that one.
+  // Prefill everything but the last known input; the decode step feeds that one. (That is
+  // PrefillPositions(prompt size), what Waiting() tells the planner: decode_engine_test checks.)
   const int64_t prefix = static_cast<int64_t>(u.size()) - 1;
   try {
     if (prefix > 0) {
@@ -132,22 +137,28 @@ absl::Status DecodeEngine::Admit(Sequence* s) {
   return absl::OkStatus();
 }
 
-void DecodeEngine::Finish(Sequence* s, absl::Status status, StepStats* stats) {
+void DecodeEngine::Finish(Sequence* s, absl::Status status, StepOutput* out) {
   for (int64_t* slot : {&s->slot, &s->guide_slot}) {
     if (*slot >= 0) {
       pool_.Release(*slot);
       *slot = -1;
     }
   }
+  StepStats& stats = out->stats;
   if (status.ok()) {
-    ++stats->finished;
+    ++stats.finished;
   } else if (absl::IsCancelled(status)) {
-    ++stats->cancelled;
+    ++stats.cancelled;
   } else {
-    ++stats->failed;
+    ++stats.failed;
   }
-  const bool ok = status.ok();
-  s->request.on_done(std::move(status), ok ? std::move(s->pixels) : std::vector<uint8_t>());
+  StepOutput::Finished& f = out->finished.emplace_back();
+  f.id = s->id;
+  // A request that never got a slot has no pixels (its prompt is not copied in before Admit).
+  f.sampled = std::max<int64_t>(
+      0, static_cast<int64_t>(s->pixels.size()) - static_cast<int64_t>(s->request.prompt.size()));
+  if (status.ok()) f.image = std::move(s->pixels);
+  f.status = std::move(status);
 }
 
 const float* DecodeEngine::RunDecodeStep(int64_t* rows) {
@@ -186,25 +197,34 @@ const float* DecodeEngine::RunDecodeStep(int64_t* rows) {
   return logits;
 }
 
-std::vector<int64_t> DecodeEngine::WaitingPrefillTokens(int64_t free_slots) const {
-  const bool start = model_->config().start_token;
-  std::vector<int64_t> out;
+std::vector<WaitingRequest> DecodeEngine::Waiting() const {
   std::lock_guard<std::mutex> lock(mu_);
+  return WaitingLocked();
+}
+
+std::vector<WaitingRequest> DecodeEngine::WaitingLocked() const {
+  const bool start = model_->config().start_token;
+  std::vector<WaitingRequest> out;
+  out.reserve(pending_.size());
   for (const auto& s : pending_) {
-    const int64_t need = s->request.slots();
-    if (need > free_slots) break;  // Step() admits in order: the rest wait behind it
-    free_slots -= need;
-    // Admit() prefills every known input but the last: [START,] prompt; once per slot.
-    const int64_t p = static_cast<int64_t>(s->request.prompt.size());
-    out.push_back(need * std::max<int64_t>(0, start ? p : p - 1));
+    const int64_t slots = s->request.slots();
+    // Admit() prefills on each of the request's slots.
+    out.push_back(
+        {s->id, slots,
+         slots * PrefillPositions(static_cast<int64_t>(s->request.prompt.size()), start)});
   }
   return out;
 }
 
-StepStats DecodeEngine::Step(int64_t max_admit) {
+StepOutput DecodeEngine::Step() { return Run(nullptr); }
+
+StepOutput DecodeEngine::Step(const AdmissionPlan& plan) { return Run(&plan); }
+
+StepOutput DecodeEngine::Run(const AdmissionPlan* given) {
   const std::shared_ptr<void> stream = device_.Enter();
   const c10::InferenceMode inference;
-  StepStats stats;
+  StepOutput out;
+  StepStats& stats = out.stats;
   const int64_t n = model_->config().seq_len();
   std::set<int64_t> cancelled;
   std::vector<std::unique_ptr<Sequence>> admitted, dropped;
@@ -222,11 +242,11 @@ StepStats DecodeEngine::Step(int64_t max_admit) {
     }
   }
   for (auto& s : dropped)
-    Finish(s.get(), absl::CancelledError("cancelled before it started"), &stats);
+    Finish(s.get(), absl::CancelledError("cancelled before it started"), &out);
   // Cancelled while active: leave now, freeing their slots for this step's admissions.
   for (auto it = active_.begin(); it != active_.end();) {
     if (cancelled.count((*it)->id)) {
-      Finish(it->get(), absl::CancelledError("cancelled"), &stats);
+      Finish(it->get(), absl::CancelledError("cancelled"), &out);
       it = active_.erase(it);
     } else {
       ++it;
@@ -234,10 +254,24 @@ StepStats DecodeEngine::Step(int64_t max_admit) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    while (!pending_.empty() && static_cast<int64_t>(admitted.size()) < max_admit) {
+    AdmissionPlan own;
+    if (given == nullptr) {  // whatever fits, the slots just freed included
+      AdmissionBudget budget;
+      budget.free_slots = free_slots();
+      own = PlanAdmission(WaitingLocked(), budget);
+    }
+    const AdmissionPlan& plan = given != nullptr ? *given : own;
+    // The plan names a prefix of the queue as it was (ids grow in submission order): those
+    // cancelled since are gone, and a newer request is never taken before an older one.
+    size_t next = 0;
+    while (!pending_.empty() && next < plan.ids.size()) {
       Sequence& s = *pending_.front();
-      // Oldest first: a guided request waits for two free slots, and the rest behind it.
-      if (s.request.slots() > free_slots()) break;
+      if (plan.ids[next] < s.id) {  // left the queue since the plan was made
+        ++next;
+        continue;
+      }
+      if (plan.ids[next] != s.id || s.request.slots() > free_slots()) break;
+      ++next;
       s.slot = *pool_.Reserve();  // free_slots() said there is one
       pool_.Commit(s.slot);
       if (s.request.guided()) {
@@ -251,9 +285,9 @@ StepStats DecodeEngine::Step(int64_t max_admit) {
   const auto prefill_start = std::chrono::steady_clock::now();
   for (auto& s : admitted) {
     ++stats.admitted;
-    absl::Status st = Admit(s.get());
+    absl::Status st = Admit(s.get(), &out);
     if (!st.ok()) {
-      Finish(s.get(), st, &stats);
+      Finish(s.get(), st, &out);
     } else {
       stats.prefill_tokens += s->request.slots() * s->position;  // the prefixes Admit ran
       active_.push_back(std::move(s));
@@ -261,7 +295,7 @@ StepStats DecodeEngine::Step(int64_t max_admit) {
   }
   const auto decode_start = std::chrono::steady_clock::now();
   stats.prefill_seconds = std::chrono::duration<double>(decode_start - prefill_start).count();
-  if (active_.empty()) return stats;
+  if (active_.empty()) return out;
 
   const int64_t batch = static_cast<int64_t>(active_.size());
   stats.sequences = batch;
@@ -287,9 +321,9 @@ StepStats DecodeEngine::Step(int64_t max_admit) {
     });
   } catch (const std::exception& e) {
     const absl::Status st = absl::InternalError(absl::StrCat("decode step failed: ", e.what()));
-    for (auto& s : active_) Finish(s.get(), st, &stats);
+    for (auto& s : active_) Finish(s.get(), st, &out);
     active_.clear();
-    return stats;
+    return out;
   }
   std::vector<std::unique_ptr<Sequence>> still;
   still.reserve(active_.size());
@@ -298,9 +332,9 @@ StepStats DecodeEngine::Step(int64_t max_admit) {
     const int64_t index = static_cast<int64_t>(s->pixels.size());
     const uint8_t px = samples_[i];
     s->pixels.push_back(px);
-    if (s->request.on_pixel) s->request.on_pixel(index, px);
+    out.pixels.push_back({s->id, index, px});
     if (static_cast<int64_t>(s->pixels.size()) == n) {
-      Finish(s, absl::OkStatus(), &stats);
+      Finish(s, absl::OkStatus(), &out);
       continue;
     }
     s->position += 1;
@@ -310,7 +344,15 @@ StepStats DecodeEngine::Step(int64_t max_admit) {
   active_ = std::move(still);
   stats.decode_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_start).count();
-  return stats;
+  return out;
+}
+
+std::map<int64_t, StepOutput::Finished> RunUntilIdle(DecodeEngine* engine) {
+  std::map<int64_t, StepOutput::Finished> done;
+  while (engine->Busy()) {
+    for (StepOutput::Finished& f : engine->Step().finished) done[f.id] = std::move(f);
+  }
+  return done;
 }
 
 absl::Status ValidateGuidance(double guidance, int64_t label) {

@@ -1,11 +1,16 @@
 // The generation engine: continuous batching of autoregressive pixel generation over KV caches.
 //
 // Requests (an optional prompt of the first P subpixels, sampling parameters with a seed) are
-// submitted from any thread; the engine thread calls Step() repeatedly. Each Step admits waiting
-// requests while cache slots are free (running the prefill over their prompt), then adds one
-// subpixel to every active sequence with ONE batched decode step over sequences at different
-// positions, delivers the new pixels, and lets finished and cancelled sequences leave, freeing
-// their slots. A full pool makes requests wait; it is not an error.
+// submitted from any thread; the engine thread calls Step() repeatedly. Each Step lets cancelled
+// requests leave, admits the waiting requests an AdmissionPlan names (admission.h: the one
+// admission rule; Step() without a plan makes one that admits whatever fits) and runs their
+// prefill, then adds one subpixel to every active sequence with ONE batched decode step over
+// sequences at different positions, and lets finished sequences leave, freeing their slots. A
+// full pool makes requests wait; it is not an error.
+//
+// Results go one way: Step returns a StepOutput (who was admitted, every new subpixel, who
+// finished and how), and the caller routes it to whoever asked, by request id. Requests carry no
+// callbacks; the engine calls nobody.
 //
 // Reproducibility: pixel i of a request is drawn from (seed, i) only (sampling.h), and every
 // kernel of the decode step works per sequence, so a request gives the same image alone or
@@ -20,17 +25,16 @@
 // compositions), and tokens go up and logits come down through pinned host buffers.
 //
 // Ownership and threading: the engine borrows the model (which must outlive it) and owns its
-// cache. Submit() and Cancel() are thread-safe; Step() and the accessors belong to one engine
-// thread. Callbacks run on the engine thread, inside Step(); on_done runs exactly once per
-// accepted request, after its last on_pixel.
+// cache. Submit(), Cancel(), Waiting() and waiting() are thread-safe; Step() and the other
+// accessors belong to one engine thread. Every accepted request appears exactly once in a
+// StepOutput's `finished`, after its last subpixel.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <deque>
-#include <functional>
-#include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -38,6 +42,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/engine/admission.h"
 #include "model/engine/cpu_decoder.h"
 #include "model/engine/decode_graphs.h"
 #include "model/engine/device_context.h"
@@ -66,13 +71,6 @@ struct GenerationRequest {
   // guided, else 1.
   static int64_t SlotsFor(double guidance) { return guidance != 1.0 ? 2 : 1; }
   int64_t slots() const { return SlotsFor(guidance); }
-  // Pixel index, value: called for every generated subpixel, in order.
-  std::function<void(int64_t, uint8_t)> on_pixel;
-  // Optional: called once when the request gets a cache slot (before its prefill).
-  std::function<void()> on_admitted;
-  // Final status (OK, Cancelled, Internal) and the whole image's N subpixels (prompt included)
-  // on OK.
-  std::function<void(absl::Status, std::vector<uint8_t>)> on_done;
 };
 
 struct EngineOptions {
@@ -87,15 +85,34 @@ struct EngineOptions {
 };
 
 struct StepStats {
-  int64_t admitted = 0;   // sequences prefilled this step
-  int64_t prefill_tokens = 0;   // positions those prefills ran
-  double prefill_seconds = 0;   // wall time of the admissions (prefills)
-  double decode_seconds = 0;    // wall time of the decode step and the draws
-  int64_t batch = 0;            // rows of the decode step: sequences, plus one per guided sequence
-  int64_t sequences = 0;        // sequences in the decode step (each got one subpixel)
-  int64_t finished = 0;   // left with OK
-  int64_t cancelled = 0;  // left cancelled
-  int64_t failed = 0;     // left with an error
+  int64_t admitted = 0;        // sequences prefilled this step
+  int64_t prefill_tokens = 0;  // positions those prefills ran
+  double prefill_seconds = 0;  // wall time of the admissions (prefills)
+  double decode_seconds = 0;   // wall time of the decode step and the draws
+  int64_t batch = 0;           // rows of the decode step: sequences, plus one per guided sequence
+  int64_t sequences = 0;       // sequences in the decode step (each got one subpixel)
+  int64_t finished = 0;        // left with OK
+  int64_t cancelled = 0;       // left cancelled
+  int64_t failed = 0;          // left with an error
+};
+
+// What one Step did, for the caller to route by request id.
+struct StepOutput {
+  struct Pixel {
+    int64_t id = 0;
+    int64_t index = 0;  // the subpixel's position in the image (raster order)
+    uint8_t value = 0;
+  };
+  struct Finished {
+    int64_t id = 0;
+    absl::Status status;         // OK, Cancelled, or Internal (a prefill or decode step failed)
+    std::vector<uint8_t> image;  // on OK: the whole image's N subpixels, prompt included
+    int64_t sampled = 0;         // subpixels sampled for it (the image's length less the prompt)
+  };
+  std::vector<int64_t> admitted;  // requests that got their cache slots, in admission order
+  std::vector<Pixel> pixels;      // every subpixel sampled, each request's in index order
+  std::vector<Finished> finished;
+  StepStats stats;
 };
 
 class DecodeEngine {
@@ -105,16 +122,21 @@ class DecodeEngine {
 
   // Validates (InvalidArgument naming the field and limit) and queues. Returns the request id.
   absl::StatusOr<int64_t> Submit(GenerationRequest request);
+  // Submit's checks alone (any thread): a request that passes is accepted by Submit.
+  absl::Status Validate(const GenerationRequest& request) const;
   // The request leaves at the next step with Cancelled (no effect once it has finished).
   void Cancel(int64_t id);
 
-  // One scheduling step (engine thread): admits up to `max_admit` waiting requests (oldest
-  // first, while slots are free), then decodes every active sequence. Returns what happened.
-  StepStats Step(int64_t max_admit = std::numeric_limits<int64_t>::max());
-  // The prefill positions of the waiting requests that `free_slots` slots admit, oldest first
-  // (what admitting them would cost, a guided request's two prefills counted; for the worker's
-  // plan).
-  std::vector<int64_t> WaitingPrefillTokens(int64_t free_slots) const;
+  // One scheduling step (engine thread): cancelled requests leave; the plan's requests still
+  // waiting are admitted, oldest first (the plan must come from PlanAdmission over Waiting() and
+  // free_slots(): a request it names that no longer fits, or that stands behind one it does not
+  // name, is not admitted); then every active sequence decodes one subpixel.
+  StepOutput Step(const AdmissionPlan& plan);
+  // The same, admitting every waiting request that fits once the cancelled ones have left
+  // (PlanAdmission without a time budget, made inside the step).
+  StepOutput Step();
+  // The waiting requests, oldest first, as PlanAdmission takes them.
+  std::vector<WaitingRequest> Waiting() const;
   int64_t free_slots() const { return pool_.capacity() - pool_.in_use(); }
   // True while anything is queued or active.
   bool Busy() const;
@@ -135,8 +157,8 @@ class DecodeEngine {
     GenerationRequest request;
     int64_t slot = -1;
     int64_t guide_slot = -1;  // guided: the slot decoding the same pixels with the null class
-    int64_t position = 0;  // model position of the next decode step
-    int64_t input = 0;     // model-input token at that position
+    int64_t position = 0;     // model position of the next decode step
+    int64_t input = 0;        // model-input token at that position
     std::vector<uint8_t> pixels;
   };
 
@@ -147,8 +169,10 @@ class DecodeEngine {
   const float* RunDecodeStep(int64_t* rows);
   // Draws per parallel task: below twice this a step samples on the engine thread.
   static constexpr int64_t kSamplesPerTask = 16;
-  absl::Status Admit(Sequence* s);  // prefill into a committed slot
-  void Finish(Sequence* s, absl::Status status, StepStats* stats);
+  StepOutput Run(const AdmissionPlan* plan);          // null: plan inside the step
+  std::vector<WaitingRequest> WaitingLocked() const;  // under mu_
+  absl::Status Admit(Sequence* s, StepOutput* out);   // prefill into a committed slot
+  void Finish(Sequence* s, absl::Status status, StepOutput* out);
 
   const PixelModel* model_;
   at::ScalarType cache_dtype_ = at::kFloat;
@@ -182,5 +206,9 @@ absl::Status ValidateGuidance(double guidance, int64_t label);
 absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const PixelModel& model,
                                                     const at::Tensor& images,
                                                     const std::vector<int64_t>& labels = {});
+
+// Steps `engine` until nothing is queued or active; every request's Finished, by id (tools,
+// benchmarks and tests that want whole images).
+std::map<int64_t, StepOutput::Finished> RunUntilIdle(DecodeEngine* engine);
 
 }  // namespace krause

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "model/data/png.h"
@@ -24,34 +25,34 @@ absl::StatusOr<at::Tensor> SampleImages(const PixelModel& model, const std::vect
   auto engine = DecodeEngine::Create(&model, eo);
   if (!engine.ok()) return engine.status();
   at::Tensor x = at::zeros({count, n}, at::kByte);
-  absl::Status failure;
-  int64_t done = 0;
+  std::map<int64_t, int64_t> image_of;  // engine id -> image index
   for (int64_t i = 0; i < count; ++i) {
     GenerationRequest r;
     r.sampling = sampling;
     r.sampling.seed = seed + static_cast<uint64_t>(i);
     r.label = labels[i];
     if (r.label >= 0) r.guidance = guidance;
-    r.on_done = [&x, &failure, &done, i, n](absl::Status st, std::vector<uint8_t> px) {
-      ++done;
-      if (!st.ok()) {
-        if (failure.ok()) failure = st;
-        return;
-      }
-      if (static_cast<int64_t>(px.size()) != n) {
-        failure = absl::InternalError("the engine returned an image of the wrong size");
-        return;
-      }
-      std::copy(px.begin(), px.end(), x[i].data_ptr<uint8_t>());
-    };
     auto id = (*engine)->Submit(std::move(r));
     if (!id.ok())
       return absl::Status(id.status().code(),
                           absl::StrCat("image ", i, ": ", id.status().message()));
+    image_of[*id] = i;
   }
+  absl::Status failure;
+  int64_t done = 0;
   while ((*engine)->Busy()) {
-    const StepStats st = (*engine)->Step();
-    if (progress && st.finished + st.failed + st.cancelled > 0) progress(done);
+    const StepOutput out = (*engine)->Step();
+    for (const StepOutput::Finished& f : out.finished) {
+      ++done;
+      if (!f.status.ok()) {
+        if (failure.ok()) failure = f.status;
+      } else if (static_cast<int64_t>(f.image.size()) != n) {
+        failure = absl::InternalError("the engine returned an image of the wrong size");
+      } else {
+        std::copy(f.image.begin(), f.image.end(), x[image_of.at(f.id)].data_ptr<uint8_t>());
+      }
+    }
+    if (progress && !out.finished.empty()) progress(done);
   }
   if (!failure.ok()) return failure;
   return x.view({count, c.height, c.width_px, c.channels}).permute({0, 3, 1, 2}).contiguous();

@@ -4,6 +4,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 #define KRAUSE_CONCAT_INNER_(a, b) a##b
 #define KRAUSE_CONCAT_(a, b) KRAUSE_CONCAT_INNER_(a, b)
@@ -22,3 +24,12 @@
   auto tmp = (rexpr);                           \
   if (!tmp.ok()) return tmp.status();           \
   lhs = std::move(tmp).value()
+
+namespace krause {
+
+// `status` with its message prefixed by `context` ("model m: ..."), its code kept.
+inline absl::Status WithContext(absl::string_view context, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+}
+
+}  // namespace krause

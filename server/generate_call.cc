@@ -1,0 +1,191 @@
+#include "server/generate_call.h"
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "model/data/png.h"
+#include "server/requests.h"
+#include "server/service.h"
+#include "server/status.h"
+
+namespace krause::server {
+
+GenerateCall::GenerateCall(KrauseService* svc)
+    : svc_(svc), book_(svc->gate(), svc->observer(), svc->request_log(), "Generate") {}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* GenerateCall::Start(
+    KrauseService* svc, grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) {
+  std::shared_ptr<GenerateCall> call(new GenerateCall(svc));
+  call->self_ = call;
+  absl::Status st = call->book_.Enter(ctx);
+  if (st.ok()) st = Guarded("Generate", [&] { return call->Begin(ctx, *request); });
+  if (!st.ok()) call->FinishCall(st);
+  return call.get();
+}
+
+absl::Status GenerateCall::Begin(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
+  auto found = svc_->gate()->registry()->Find<ServedGenerator>(req.model());
+  if (!found.ok()) return found.status();
+  model_ = *found;
+  book_.set_model(model_->name());
+  auto parsed = ParseGenerate(req, *model_, svc_->fault_hook());
+  if (!parsed.ok()) return parsed.status();
+  const GenerateParams& p = parsed->params;
+  GenerateStream::Options so;
+  so.shape = model_->info().shape;
+  so.images = p.images;
+  so.prompt = p.prompt;
+  so.seed = p.sampling.seed;
+  so.passes = GenerationRequest::SlotsFor(p.guidance);
+  so.cost = model_->flops();
+  so.start = book_.start();
+  so.deadline = SteadyDeadline(ctx);
+  so.interval = parsed->stream.interval;
+  so.stream_rows = parsed->stream.rows;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stream_.emplace(std::move(so));
+  }
+  book_.set_images(p.images);
+  return model_->worker().Submit(ImageRequests(p), shared_from_this());
+}
+
+void GenerateCall::OnUpdate(const CallUpdate& u) {
+  std::vector<double> waits;  // each newly admitted image's wait for its slot
+  bool stop, post;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    GenerateStream& s = *stream_;
+    for (int64_t image : u.admitted) waits.push_back(s.Admitted(image, u.admitted_at));
+    for (const CallUpdate::Pixel& p : u.pixels) s.Pixel(p.image, p.index, p.value, u.now);
+    for (const CallUpdate::Done& d : u.done) s.Done(d.image, d.status);
+    worker_stopping_ = worker_stopping_ || u.stopping;
+    stop = s.DeadlinePassed(u.now);
+    // Building and sending happen on the reply pool: here only whether a flush is worth posting
+    // (one at a time; a write in flight flushes again when done).
+    post = s.ShouldPostFlush(u.now);
+  }
+  if (CallObserver* obs = svc_->observer())
+    for (double w : waits) obs->OnQueued("Generate", model_->name(), w);
+  if (stop) StopImages();
+  if (post) svc_->replies()->Post([self = shared_from_this()] { self->Flush(); });
+}
+
+void GenerateCall::OnWriteDone(bool ok) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stream_->WriteDone(ok);
+  }
+  Flush();
+}
+
+void GenerateCall::OnCancel() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stream_) return;  // finished before anything was submitted
+    stream_->ClientCancelled();
+  }
+  StopImages();
+}
+
+void GenerateCall::StopImages() { model_->worker().Cancel(this); }
+
+void GenerateCall::FinishCall(const absl::Status& st) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stream_) book_.NoteQueued(stream_->max_queued_seconds());
+  }
+  book_.Finish(this, st);
+}
+
+void GenerateCall::Flush() {
+  const absl::Status st = Guarded("Generate", [&] {
+    FlushOnce();
+    return absl::OkStatus();
+  });
+  if (st.ok()) return;
+  // The flush threw before its write started (StartWrite is its last step): the images still
+  // running stop, and the call ends with the error.
+  bool finish;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    finish = stream_->Fail(st);
+  }
+  if (!finish) return;
+  StopImages();
+  FinishCall(st);
+}
+
+void GenerateCall::FlushOnce() {
+  svc_->Fault("flush");
+  GenerateStream::Action a;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    a = stream_->Flush(Clock::now(), worker_stopping_);
+  }
+  if (a.kind == GenerateStream::Action::kFinish) {
+    FinishCall(a.status);
+    return;
+  }
+  if (a.kind != GenerateStream::Action::kWrite) return;
+  GenerateStream::Chunk& c = a.chunk;
+  if (CallObserver* obs = svc_->observer()) {
+    obs->OnStreamChunk(model_->name(), c.first, c.seconds_since_previous);
+    if (c.has_summary) {
+      obs->OnFlops("Generate", model_->name(), c.summary.flops_executed,
+                   c.summary.flops_dense_equivalent);
+      obs->OnImages("Generate", model_->name(), c.summary.images);
+    }
+  }
+  // message_ is this flush's alone until StartWrite: the stream writes one chunk at a time.
+  BuildMessage(c);
+  StartWrite(&message_);
+}
+
+void GenerateCall::BuildMessage(GenerateStream::Chunk& c) {
+  message_.Clear();
+  v1::GenerateProgress* p = message_.mutable_progress();
+  p->set_pixels_done(static_cast<uint64_t>(c.pixels_done));
+  p->set_pixels_total(static_cast<uint64_t>(c.pixels_total));
+  p->set_images_done(static_cast<uint32_t>(c.images_done));
+  p->set_images_total(static_cast<uint32_t>(c.images_total));
+  p->set_waiting(static_cast<uint32_t>(c.waiting));
+  for (GenerateStream::Rows& r : c.rows) {
+    v1::ImageRows* m = message_.add_rows();
+    m->set_image(static_cast<uint32_t>(r.image));
+    m->set_first_row(static_cast<uint32_t>(r.first_row));
+    m->set_num_rows(static_cast<uint32_t>(r.num_rows));
+    m->set_pixels(r.pixels.data(), r.pixels.size());
+  }
+  const ImageShape& shape = model_->info().shape;
+  for (GenerateStream::FinishedImage& im : c.images) {
+    const at::Tensor hwc =
+        at::from_blob(im.pixels.data(), {shape.height, shape.width, shape.channels}, at::kByte);
+    auto png = EncodePng(hwc);
+    if (!png.ok()) {  // the call ends with this error after the message
+      std::lock_guard<std::mutex> lock(mu_);
+      stream_->EncodeFailed(im.image, absl::InternalError(absl::StrCat("PNG encoding failed: ",
+                                                                       png.status().message())));
+      continue;
+    }
+    v1::GeneratedImage* g = message_.add_images();
+    g->set_image(static_cast<uint32_t>(im.image));
+    g->set_seed(im.seed);
+    g->set_png(std::move(*png));
+  }
+  if (c.has_summary) {
+    v1::GenerateSummary* s = message_.mutable_summary();
+    s->set_model(model_->name());
+    s->set_images(static_cast<uint32_t>(c.summary.images));
+    s->set_pixels_generated(static_cast<uint64_t>(c.summary.pixels_generated));
+    s->set_seconds(c.summary.seconds);
+    s->set_seconds_to_first_pixel(c.summary.seconds_to_first_pixel);
+    s->set_seed(c.summary.seed);
+    s->set_flops_executed(c.summary.flops_executed);
+    s->set_flops_dense_equivalent(c.summary.flops_dense_equivalent);
+  }
+}
+
+}  // namespace krause::server

@@ -1,0 +1,138 @@
+#include "server/requests.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "server/images.h"
+
+namespace krause::server {
+
+std::vector<GenerationRequest> ImageRequests(const GenerateParams& p) {
+  std::vector<GenerationRequest> out(static_cast<size_t>(p.images));
+  for (int64_t i = 0; i < p.images; ++i) {
+    GenerationRequest& r = out[i];
+    r.prompt = p.prompt;
+    r.sampling = p.sampling;
+    r.sampling.seed = p.sampling.seed + static_cast<uint64_t>(i);
+    r.label = p.label;
+    r.guidance = p.guidance;
+  }
+  return out;
+}
+
+absl::StatusOr<ParsedGenerate> ParseGenerate(const v1::GenerateRequest& req,
+                                             const ServedGenerator& m, const FaultHook& fault) {
+  ParsedGenerate out;
+  GenerateParams& p = out.params;
+  const ModelInfo& info = m.info();
+  p.images = req.num_images() == 0 ? 1 : req.num_images();
+  if (p.images > info.max_images_per_request)
+    return absl::InvalidArgumentError(absl::StrCat("num_images is ", p.images, "; model ", m.name(),
+                                                   " allows at most ", info.max_images_per_request,
+                                                   " per request"));
+  SamplingParams& sp = p.sampling;
+  if (req.has_temperature()) sp.temperature = req.temperature();
+  if (req.has_top_p()) sp.top_p = req.top_p();
+  sp.top_k = req.top_k();
+  if (absl::Status st = ValidateSampling(sp); !st.ok()) return st;
+  const int64_t interval = req.update_interval_ms() == 0 ? 100 : req.update_interval_ms();
+  if (interval < 10 || interval > 10000)
+    return absl::InvalidArgumentError(
+        absl::StrCat("update_interval_ms must be 0 (100) or in [10, 10000], got ", interval));
+  out.stream.interval = std::chrono::milliseconds(interval);
+  out.stream.rows = !req.has_stream_rows() || req.stream_rows();
+  if (req.has_prompt()) {
+    if (fault) fault("decode");
+    auto t =
+        DecodeImage(req.prompt(), "prompt", ImageBounds{info.shape, m.name(), /*prompt=*/true});
+    if (!t.ok()) return t.status();
+    const int64_t rows = req.prompt_rows();
+    if (rows < 1 || rows >= info.shape.height)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt_rows must be in [1, ", info.shape.height - 1, "] with a prompt, got ", rows));
+    if (rows > t->size(0))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt_rows is ", rows, " but the prompt image has only ", t->size(0), " rows"));
+    const at::Tensor kept = t->narrow(0, 0, rows).contiguous();
+    p.prompt.assign(kept.data_ptr<uint8_t>(), kept.data_ptr<uint8_t>() + kept.numel());
+  } else if (req.prompt_rows() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt_rows is ", req.prompt_rows(), " but there is no prompt"));
+  }
+  const PixelModelConfig& c = m.config();
+  if (req.condition_case() != v1::GenerateRequest::CONDITION_NOT_SET) {
+    const bool by_name = req.condition_case() == v1::GenerateRequest::kLabel;
+    auto cls = by_name ? c.ClassOfLabel(req.label()) : c.ClassRow(req.class_index());
+    if (!cls.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(by_name ? "label" : "class_index", ": model ",
+                                                     m.name(), ": ", cls.status().message()));
+    }
+    p.label = *cls;
+  }
+  p.guidance = req.has_guidance() ? req.guidance() : 1.0;
+  if (const absl::Status st = ValidateGuidance(p.guidance, p.label); !st.ok()) {
+    if (p.label >= 0) return st;  // the range
+    return absl::InvalidArgumentError(absl::StrCat(
+        st.message(), "; model ", m.name(),
+        c.conditional() ? " was given none (label or class_index)" : " is unconditional"));
+  }
+  sp.seed = req.has_seed() ? req.seed() : std::random_device{}() * 0x100000001ull;
+  return out;
+}
+
+absl::StatusOr<at::Tensor> DecodeImages(const google::protobuf::RepeatedPtrField<v1::Image>& images,
+                                        const ServedModel& m, const FaultHook& fault) {
+  const ModelInfo& info = m.info();
+  if (images.empty()) return absl::InvalidArgumentError("images is empty (send 1 or more images)");
+  if (images.size() > info.max_images_per_request)
+    return absl::InvalidArgumentError(absl::StrCat("images has ", images.size(), " images; model ",
+                                                   m.name(), " takes at most ",
+                                                   info.max_images_per_request, " per request"));
+  std::vector<at::Tensor> out;
+  out.reserve(images.size());
+  for (int i = 0; i < images.size(); ++i) {
+    const std::string field = absl::StrCat("images[", i, "]");
+    if (fault) fault("decode");
+    auto t = DecodeImage(images[i], field, ImageBounds{info.shape, m.name()});
+    if (!t.ok()) return t.status();
+    out.push_back(t->permute({2, 0, 1}));
+  }
+  return at::stack(out, 0).contiguous();
+}
+
+absl::StatusOr<std::vector<int64_t>> ScoreClasses(const v1::ScoreRequest& req,
+                                                  const ServedGenerator& m, int64_t n) {
+  const int64_t by_name = req.labels_size(), by_index = req.class_indices_size();
+  if (by_name == 0 && by_index == 0) return std::vector<int64_t>();
+  if (by_name > 0 && by_index > 0)
+    return absl::InvalidArgumentError("labels and class_indices: give at most one of the two");
+  const char* field = by_name > 0 ? "labels" : "class_indices";
+  if (std::max(by_name, by_index) != n) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " has ", std::max(by_name, by_index),
+                                                   " entries for ", n, " images (one per image)"));
+  }
+  const PixelModelConfig& c = m.config();
+  std::vector<int64_t> out(n, -1);
+  for (int64_t i = 0; i < n; ++i) {
+    absl::StatusOr<int64_t> cls = -1;
+    if (by_name > 0 && !req.labels(i).empty()) {
+      cls = c.ClassOfLabel(req.labels(i));
+    } else if (by_index > 0 && req.class_indices(i) != -1) {
+      cls = req.class_indices(i) < -1 ? absl::InvalidArgumentError(absl::StrCat(
+                                            "class ", req.class_indices(i), " is below -1 (none)"))
+                                      : c.ClassRow(req.class_indices(i));
+    }
+    if (!cls.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", i, "]: model ", m.name(), ": ", cls.status().message()));
+    }
+    out[i] = *cls;
+  }
+  return out;
+}
+
+}  // namespace krause::server

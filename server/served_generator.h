@@ -1,0 +1,42 @@
+// A served generator (a KARM or its softmax ARM): the ServedModel of kind GENERATOR, with its
+// worker (generator_worker.h: the decode engine's thread, Score jobs) and its config (image
+// shape, classes, start token).
+// Thread-safety: as ServedModel; the worker is thread-safe.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "model/pixel_model.h"
+#include "server/served_model.h"
+
+namespace krause::server {
+
+class ServedGenerator final : public ServedModel {
+ public:
+  static constexpr ModelKind kKind = ModelKind::kGenerator;
+
+  // `model` holds a PixelModel. Creates the decode engine (its KV cache) and starts the worker.
+  static absl::StatusOr<std::unique_ptr<ServedModel>> Create(const ModelSpec& spec,
+                                                             const LoadedModel& model,
+                                                             const WorkerHooks& hooks);
+
+  // Images one request may hold: max_images_per_request, or
+  // defaults::kGeneratorImagesPerRequest when 0.
+  static int64_t ImagesPerRequest(const ModelSpec& spec);
+
+  const PixelModelConfig& config() const { return pixel_->config(); }
+  GeneratorWorker& worker() const { return *worker_; }
+
+  ModelGauges Gauges() const override;
+  void Stop() override { worker_->Stop(); }
+
+ private:
+  ServedGenerator(const ModelSpec& spec, const LoadedModel& model,
+                  std::unique_ptr<GeneratorWorker> worker);
+
+  std::shared_ptr<const PixelModel> pixel_;
+  std::unique_ptr<GeneratorWorker> worker_;
+};
+
+}  // namespace krause::server
