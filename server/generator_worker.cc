@@ -43,6 +43,7 @@ GeneratorWorker::~GeneratorWorker() { Stop(); }
 
 absl::Status GeneratorWorker::Submit(std::vector<GenerationRequest> images,
                                      std::shared_ptr<GenerationReceiver> receiver) {
+  if (images.empty()) return absl::InvalidArgumentError("a call needs at least one image");
   // Every image is checked before any is queued: all or none.
   for (const GenerationRequest& r : images) {
     if (absl::Status st = engine_->Validate(r); !st.ok()) return st;

@@ -1,0 +1,209 @@
+// GeneratorWorker (server/generator_worker.h) routing each engine step's output to the calls: a
+// call's receiver gets its own images only, in its own image indices, each subpixel once and in
+// order, each image admitted once and done once, and the same images the engine makes for the
+// same requests alone; Cancel(call) stops that call's images and no other's; Submit is all or
+// none; Stop() tells every live call. The worker runs on its own thread: the tests wait on the
+// receivers' condition variables (a 20 s bound turns a hang into a failure), never on a sleep.
+#include "server/generator_worker.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "tests/test_util.h"
+
+namespace krause::server {
+namespace {
+
+using ::krause::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::shared_ptr<const PixelModel> TinyModel(int64_t height) {
+  PixelModelConfig c;
+  c.attention = AttentionKind::kKrause;
+  c.height = height;
+  c.width_px = 4;
+  c.channels = 1;
+  c.d_model = 16;
+  c.depth = 1;
+  c.heads = 2;
+  c.window = 6;
+  c.top_k = 3;
+  c.start_token = true;
+  return std::make_shared<const PixelModel>(PixelModel::Create(c, 3).value());
+}
+
+GenerationRequest Request(uint64_t seed, std::vector<uint8_t> prompt = {}) {
+  GenerationRequest r;
+  r.sampling.seed = seed;
+  r.prompt = std::move(prompt);
+  return r;
+}
+
+// Records what the worker hands one call.
+class Recorder : public GenerationReceiver {
+ public:
+  Recorder(int64_t images, std::vector<size_t> prompt_lengths)
+      : pixels_(images), admitted_(images, 0), first_index_(std::move(prompt_lengths)) {}
+
+  void OnUpdate(const CallUpdate& u) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++updates_;
+    EXPECT_LE(u.admitted_at, u.now);
+    for (int64_t image : u.admitted) ++admitted_.at(image);
+    for (const CallUpdate::Pixel& p : u.pixels) {
+      std::vector<uint8_t>& px = pixels_.at(p.image);
+      EXPECT_EQ(p.index, static_cast<int64_t>(first_index_.at(p.image) + px.size()))
+          << "image " << p.image;
+      px.push_back(p.value);
+    }
+    for (const CallUpdate::Done& d : u.done) {
+      EXPECT_FALSE(done_.count(d.image)) << "image " << d.image << " done twice";
+      done_[d.image] = d.status;
+    }
+    stopping_ = stopping_ || u.stopping;
+    cv_.notify_all();
+  }
+
+  // Waits until every image is done (false after 20 s).
+  bool WaitDone() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(20),
+                        [&] { return done_.size() == pixels_.size(); });
+  }
+  // Waits until `image` has at least one subpixel.
+  bool WaitStarted(int64_t image) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(20), [&] { return !pixels_[image].empty(); });
+  }
+  std::vector<std::vector<uint8_t>> pixels() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pixels_;
+  }
+  std::map<int64_t, absl::Status> done() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  std::vector<int> admitted() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return admitted_;
+  }
+  bool stopping() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stopping_;
+  }
+  int64_t updates() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return updates_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::vector<uint8_t>> pixels_;  // sampled subpixels per image
+  std::vector<int> admitted_;
+  std::vector<size_t> first_index_;
+  std::map<int64_t, absl::Status> done_;
+  bool stopping_ = false;
+  int64_t updates_ = 0;
+};
+
+// What the engine alone makes of the same request: its sampled subpixels.
+std::vector<uint8_t> Alone(const PixelModel& m, GenerationRequest r) {
+  auto engine = DecodeEngine::Create(&m, EngineOptions{1, 0}).value();
+  const size_t prompt = r.prompt.size();
+  EXPECT_TRUE(engine->Submit(std::move(r)).ok());
+  const std::vector<uint8_t> image = RunUntilIdle(engine.get()).begin()->second.image;
+  return std::vector<uint8_t>(image.begin() + prompt, image.end());
+}
+
+GeneratorOptions Slots(int64_t slots) {
+  GeneratorOptions o;
+  o.engine.max_sequences = slots;
+  return o;
+}
+
+TEST(GeneratorWorker, EachCallGetsItsOwnImagesInItsOwnIndices) {
+  const auto m = TinyModel(5);  // 20 subpixels
+  auto worker = GeneratorWorker::Create(m, Slots(3)).value();
+  const std::vector<uint8_t> prompt = {9, 8, 7, 6, 5};
+  auto a = std::make_shared<Recorder>(3, std::vector<size_t>{0, 0, 5});
+  auto b = std::make_shared<Recorder>(2, std::vector<size_t>{0, 0});
+  ASSERT_TRUE(worker->Submit({Request(10), Request(11), Request(12, prompt)}, a).ok());
+  ASSERT_TRUE(worker->Submit({Request(20), Request(21)}, b).ok());
+  ASSERT_TRUE(a->WaitDone());
+  ASSERT_TRUE(b->WaitDone());
+  const auto pa = a->pixels(), pb = b->pixels();
+  EXPECT_EQ(pa[0], Alone(*m, Request(10)));
+  EXPECT_EQ(pa[1], Alone(*m, Request(11)));
+  EXPECT_EQ(pa[2], Alone(*m, Request(12, prompt)));
+  EXPECT_EQ(pb[0], Alone(*m, Request(20)));
+  EXPECT_EQ(pb[1], Alone(*m, Request(21)));
+  EXPECT_EQ(a->admitted(), (std::vector<int>{1, 1, 1}));
+  EXPECT_EQ(b->admitted(), (std::vector<int>{1, 1}));
+  for (const auto& [image, st] : a->done()) EXPECT_TRUE(st.ok()) << image << ": " << st;
+  for (const auto& [image, st] : b->done()) EXPECT_TRUE(st.ok()) << image << ": " << st;
+  EXPECT_FALSE(a->stopping());
+  EXPECT_EQ(worker->active(), 0);
+}
+
+TEST(GeneratorWorker, CancelStopsOneCallOnly) {
+  const auto m = TinyModel(64);  // 256 subpixels: a call outlasts the test's next lines
+  auto worker = GeneratorWorker::Create(m, Slots(2)).value();
+  auto a = std::make_shared<Recorder>(1, std::vector<size_t>{0});
+  auto b = std::make_shared<Recorder>(2, std::vector<size_t>{0, 0});
+  ASSERT_TRUE(worker->Submit({Request(1)}, a).ok());
+  ASSERT_TRUE(worker->Submit({Request(2), Request(3)}, b).ok());  // one waits for a slot
+  ASSERT_TRUE(b->WaitStarted(0));
+  worker->Cancel(b.get());
+  ASSERT_TRUE(b->WaitDone());
+  ASSERT_TRUE(a->WaitDone());
+  for (const auto& [image, st] : b->done()) EXPECT_TRUE(absl::IsCancelled(st)) << image;
+  EXPECT_TRUE(a->done().at(0).ok());
+  EXPECT_EQ(a->pixels()[0], Alone(*m, Request(1)));
+  EXPECT_LT(b->pixels()[0].size(), 256u);
+  worker->Cancel(b.get());  // done already: no effect
+}
+
+TEST(GeneratorWorker, SubmitIsAllOrNone) {
+  const auto m = TinyModel(5);
+  auto worker = GeneratorWorker::Create(m, Slots(2)).value();
+  auto r = std::make_shared<Recorder>(2, std::vector<size_t>{0, 0});
+  GenerationRequest bad = Request(2);
+  bad.sampling.top_p = 0;
+  EXPECT_THAT(worker->Submit({Request(1), bad}, r),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("top_p")));
+  EXPECT_THAT(worker->Submit({}, r),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at least one image")));
+  EXPECT_THAT(worker->Submit({Request(1)}, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("receiver of its own")));
+  EXPECT_EQ(worker->waiting(), 0);
+  // Nothing was queued: the receiver is free for a call that passes.
+  ASSERT_TRUE(worker->Submit({Request(1), Request(2)}, r).ok());
+  EXPECT_THAT(worker->Submit({Request(3)}, r),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("receiver of its own")));
+  ASSERT_TRUE(r->WaitDone());
+  EXPECT_EQ(r->admitted(), (std::vector<int>{1, 1}));
+}
+
+TEST(GeneratorWorker, StopTellsEveryLiveCall) {
+  const auto m = TinyModel(64);
+  auto worker = GeneratorWorker::Create(m, Slots(1)).value();
+  auto r = std::make_shared<Recorder>(2, std::vector<size_t>{0, 0});
+  ASSERT_TRUE(worker->Submit({Request(1), Request(2)}, r).ok());
+  ASSERT_TRUE(r->WaitStarted(0));
+  worker->Stop();  // returns once every image is done
+  EXPECT_TRUE(r->stopping());
+  ASSERT_EQ(r->done().size(), 2u);
+  for (const auto& [image, st] : r->done()) EXPECT_TRUE(absl::IsCancelled(st)) << image;
+  EXPECT_THAT(worker->Submit({Request(3)}, std::make_shared<Recorder>(1, std::vector<size_t>{0})),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
+}
+
+}  // namespace
+}  // namespace krause::server
