@@ -60,9 +60,11 @@ absl::Status GeneratorWorker::Submit(std::vector<GenerationRequest> images,
           absl::StrCat("generator queue is full (", std::max<int64_t>(waiting, 0),
                        " images waiting, ", active_.load(), " of ", slots_,
                        " slots busy, waiting limit ", options_.max_waiting, "); retry later"));
-    if (receiver == nullptr || calls_.count(receiver.get()))
+    if (receiver == nullptr || call_of_.count(receiver.get()))
       return absl::InvalidArgumentError("a call needs a receiver of its own");
-    Call& call = calls_[receiver.get()];
+    const int64_t seq = next_call_++;
+    Call& call = calls_[seq];
+    call_of_[receiver.get()] = seq;
     call.receiver = std::move(receiver);
     for (int64_t i = 0; i < n; ++i) {
       auto id = engine_->Submit(std::move(images[i]));
@@ -71,7 +73,8 @@ absl::Status GeneratorWorker::Submit(std::vector<GenerationRequest> images,
           engine_->Cancel(prev);  // its output, for an id no call holds, is ignored
           images_.erase(prev);
         }
-        calls_.erase(call.receiver.get());
+        call_of_.erase(call.receiver.get());
+        calls_.erase(seq);
         return id.status();
       }
       call.ids.push_back(*id);
@@ -87,9 +90,9 @@ absl::Status GeneratorWorker::Submit(std::vector<GenerationRequest> images,
 void GeneratorWorker::Cancel(const GenerationReceiver* receiver) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const auto it = calls_.find(receiver);
-    if (it == calls_.end()) return;
-    for (int64_t id : it->second.ids) engine_->Cancel(id);
+    const auto it = call_of_.find(receiver);
+    if (it == call_of_.end()) return;
+    for (int64_t id : calls_.at(it->second).ids) engine_->Cancel(id);
     wake_ = true;
   }
   cv_.notify_one();
@@ -196,7 +199,7 @@ void GeneratorWorker::Deliver(const StepOutput& out, Clock::time_point step_star
       }
     }
     live.reserve(calls_.size());
-    for (auto& [receiver, call] : calls_) live.push_back(&call);
+    for (auto& [seq, call] : calls_) live.push_back(&call);
   }
   // Outside the lock: a receiver may call Cancel. Calls are erased only below, on this thread.
   for (Call* call : live) {
@@ -220,6 +223,7 @@ void GeneratorWorker::Deliver(const StepOutput& out, Clock::time_point step_star
         ++it;
         continue;
       }
+      call_of_.erase(it->second.receiver.get());
       finished.push_back(std::move(it->second.receiver));
       it = calls_.erase(it);
     }
@@ -240,7 +244,7 @@ void GeneratorWorker::Loop() {
       for (ScoreJob& j : scores_) scores.push_back(RunningScore{std::move(j), 0, {}});
       scores_.clear();
       if (stopping)
-        for (const auto& [receiver, call] : calls_)
+        for (const auto& [seq, call] : calls_)
           for (int64_t id : call.ids) engine_->Cancel(id);
     }
     DropScores(&scores, stopping);

@@ -154,10 +154,14 @@ class GeneratorWorker {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  // The live calls and, per engine id, its call and image index. Written by Submit and the
-  // worker thread under mu_; a Call's `update` is the worker thread's alone.
-  std::map<const GenerationReceiver*, Call> calls_;
+  // The live calls in the order they came (updates go out in that order: a running stream's
+  // flush is not queued behind a burst of newer calls'), each call by its receiver, and per
+  // engine id its call and image index. Written by Submit and the worker thread under mu_; a
+  // Call's `update` is the worker thread's alone.
+  std::map<int64_t, Call> calls_;
+  std::unordered_map<const GenerationReceiver*, int64_t> call_of_;
   std::unordered_map<int64_t, std::pair<Call*, int64_t>> images_;
+  int64_t next_call_ = 0;
   std::deque<ScoreJob> scores_;
   bool stopping_ = false;
   bool wake_ = false;

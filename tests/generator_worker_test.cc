@@ -152,6 +152,50 @@ TEST(GeneratorWorker, EachCallGetsItsOwnImagesInItsOwnIndices) {
   EXPECT_EQ(worker->active(), 0);
 }
 
+// With one reply thread, the order of the updates is the order of the flushes: a running
+// stream's must not queue behind a burst of newer calls'. Two calls are submitted so that their
+// receivers' addresses run against their arrival (an order by address fails this test).
+TEST(GeneratorWorker, UpdatesGoOutOldestCallFirst) {
+  struct Entry {
+    const GenerationReceiver* who;
+    Clock::time_point iteration;  // CallUpdate::now: the same for every call of one iteration
+  };
+  std::mutex mu;
+  std::vector<Entry> log;
+  class Logged : public Recorder {
+   public:
+    Logged(std::mutex* mu, std::vector<Entry>* log) : Recorder(1, {0}), mu_(mu), log_(log) {}
+    void OnUpdate(const CallUpdate& u) override {
+      {
+        std::lock_guard<std::mutex> lock(*mu_);
+        log_->push_back({this, u.now});
+      }
+      Recorder::OnUpdate(u);
+    }
+
+   private:
+    std::mutex* mu_;
+    std::vector<Entry>* log_;
+  };
+  const auto m = TinyModel(5);
+  auto worker = GeneratorWorker::Create(m, Slots(2)).value();
+  auto p = std::make_shared<Logged>(&mu, &log), q = std::make_shared<Logged>(&mu, &log);
+  const auto older = p.get() > q.get() ? p : q, newer = p.get() > q.get() ? q : p;
+  ASSERT_TRUE(worker->Submit({Request(1)}, older).ok());
+  ASSERT_TRUE(worker->Submit({Request(2)}, newer).ok());
+  ASSERT_TRUE(older->WaitDone());
+  ASSERT_TRUE(newer->WaitDone());
+  std::lock_guard<std::mutex> lock(mu);
+  int both = 0;  // iterations that updated both calls
+  for (size_t i = 0; i + 1 < log.size(); ++i) {
+    if (log[i].iteration != log[i + 1].iteration) continue;
+    ++both;
+    EXPECT_EQ(log[i].who, older.get()) << "update " << i;
+    EXPECT_EQ(log[i + 1].who, newer.get()) << "update " << i + 1;
+  }
+  EXPECT_GE(both, 15);  // 20 subpixels each, two slots: they run side by side
+}
+
 TEST(GeneratorWorker, CancelStopsOneCallOnly) {
   const auto m = TinyModel(64);  // 256 subpixels: a call outlasts the test's next lines
   auto worker = GeneratorWorker::Create(m, Slots(2)).value();
