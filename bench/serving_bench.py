@@ -4,6 +4,7 @@ in one run with the PyTorch peer (bench/peer/torch_peer.py: the same weights in 
 from Python, the same thread settings) and with the models' own speed (krause-model-bench).
 
   bench/serving_bench.py [--bin build/bin] [--quick] [--json bench/results/serving-hotpath.json]
+  bench/serving_bench.py --against OTHER_BIN [--rounds 3] [--quick] [--json ...]
 
 What it measures (each a ratio of two figures taken in this run, on this machine):
   generate   karm-fmnist through the server (krause-loadgen) at 1 and 64 streams against the
@@ -20,6 +21,13 @@ What it measures (each a ratio of two figures taken in this run, on this machine
   score      a 1-image Generate alone and while six clients send Score(16 images) back to back.
 Prints a table with the targets, writes every raw record and ratio to --json. The load generator
 runs on the same cores as the server: its CPU time is reported beside each load.
+
+--against OTHER_BIN compares two builds of the server instead (a change against the commit
+before it, say): the served loads above (Classify at 1 and 32, Generate at 1 and 64 streams,
+the burst and the Score contention) run on this build's krause-server and on OTHER_BIN's, build
+by build within each of --rounds rounds (the order alternating, so that a slow phase of the
+machine hits both), always driven by this build's krause-loadgen. It reports each figure's
+median per build and their ratio, this build / OTHER_BIN's, and no peer.
 """
 import argparse
 import json
@@ -69,7 +77,7 @@ class Bench:
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
 
-    def start_server(self):
+    def start_server(self, server_bin):
         models = os.path.join(ROOT, "models")
         manifest = {"models": [
             {"name": "krause-vit-fmnist", "checkpoint": f"{models}/krause_vit_fmnist.safetensors",
@@ -80,9 +88,11 @@ class Bench:
         with open(path, "w") as f:
             json.dump(manifest, f)
         port_file = os.path.join(self.tmp, "port")
+        if os.path.exists(port_file):  # a previous server's (--against starts several)
+            os.remove(port_file)
         self.metrics = f"127.0.0.1:{self.free_port()}"
         self.server = subprocess.Popen(
-            [f"{self.bin}/krause-server", "--manifest", path, "--listen", "127.0.0.1:0",
+            [f"{server_bin}/krause-server", "--manifest", path, "--listen", "127.0.0.1:0",
              "--port_file", port_file, "--metrics_listen", self.metrics, "--quiet"])
         for _ in range(600):
             if os.path.exists(port_file) and open(port_file).read().strip():
@@ -142,7 +152,6 @@ class Bench:
         a = self.args
         m = os.path.join(ROOT, "models")
         steps = 15 if not a.quick else 11
-        dur = "4" if a.quick else "8"
         r = self.records
 
         # The forwards, ours and the peer's, alternating round by round (a slow phase of the
@@ -186,38 +195,7 @@ class Bench:
                                           "--seconds", "2")
 
         self.progress("starting krause-server on the bundled models", steps)
-        self.start_server()
-        try:
-            self.progress("the RPC floor (GetModel), then Classify at concurrency 1", steps)
-            self.loadgen("getmodel_c1", "--workload", "getmodel", "--concurrency", "1",
-                         "--duration", "3", "--warmup", "1")
-            self.loadgen("classify_c1", "--workload", "classify", "--concurrency", "1",
-                         "--duration", dur, "--warmup", "1")
-            self.progress("Classify at concurrency 32", steps)
-            self.loadgen("classify_c32", "--workload", "classify", "--concurrency", "32",
-                         "--duration", dur, "--warmup", "1")
-            self.progress("Generate karm-fmnist, 1 stream and 64 streams", steps)
-            self.loadgen("generate_s1", "--workload", "generate", "--concurrency", "1",
-                         "--requests", "20", "--warmup", "0")
-            self.loadgen("generate_s64", "--workload", "generate", "--concurrency", "64",
-                         "--requests", "192", "--warmup", "0")
-            self.progress("4 running streams alone, then with a burst of 64 completions", steps)
-            running = ["--workload", "generate", "--concurrency", "4", "--duration", "5",
-                       "--warmup", "0"]
-            self.loadgen("streams_alone", *running)
-            self.loadgen_beside("streams_burst", running, "burst",
-                                ["--workload", "complete", "--prompt_rows", "14",
-                                 "--concurrency", "64", "--requests", "64", "--warmup", "0"], 1.5)
-            self.progress("a 1-image Generate alone, then beside six Score clients", steps)
-            one = ["--workload", "generate", "--concurrency", "1", "--requests", "10",
-                   "--warmup", "0"]
-            self.loadgen("generate_idle", *one)
-            self.loadgen_beside("generate_scored", one, "score_clients",
-                                ["--workload", "score", "--images_per_request", "16",
-                                 "--concurrency", "6", "--duration", "120", "--warmup", "0"], 2.0,
-                                other_first=True)
-        finally:
-            self.stop_server()
+        self.served_loads(self.bin, "", lambda what: self.progress(what, steps))
 
         self.progress("peer sampler, karm-fmnist, static batch 1", steps)
         r["peer_sample_b1"] = self.peer("sample", "--checkpoint", f"{m}/karm_fmnist.safetensors",
@@ -244,6 +222,115 @@ class Bench:
         print(f"raw records: {raw} (bench/serving_bench.py --report {raw} reprints the report)",
               file=sys.stderr)
         return self.report()
+
+    def served_loads(self, server_bin, prefix, progress):
+        """The loads through a real server (`server_bin`'s krause-server), recorded as
+        prefix + name."""
+        dur = "4" if self.args.quick else "8"
+        self.start_server(server_bin)
+        try:
+            progress("the RPC floor (GetModel), then Classify at concurrency 1")
+            self.loadgen(prefix + "getmodel_c1", "--workload", "getmodel", "--concurrency", "1",
+                         "--duration", "3", "--warmup", "1")
+            self.loadgen(prefix + "classify_c1", "--workload", "classify", "--concurrency", "1",
+                         "--duration", dur, "--warmup", "1")
+            progress("Classify at concurrency 32")
+            self.loadgen(prefix + "classify_c32", "--workload", "classify", "--concurrency", "32",
+                         "--duration", dur, "--warmup", "1")
+            progress("Generate karm-fmnist, 1 stream and 64 streams")
+            self.loadgen(prefix + "generate_s1", "--workload", "generate", "--concurrency", "1",
+                         "--requests", "20", "--warmup", "0")
+            self.loadgen(prefix + "generate_s64", "--workload", "generate", "--concurrency", "64",
+                         "--requests", "192", "--warmup", "0")
+            progress("4 running streams alone, then with a burst of 64 completions")
+            running = ["--workload", "generate", "--concurrency", "4", "--duration", "5",
+                       "--warmup", "0"]
+            self.loadgen(prefix + "streams_alone", *running)
+            self.loadgen_beside(prefix + "streams_burst", running, prefix + "burst",
+                                ["--workload", "complete", "--prompt_rows", "14",
+                                 "--concurrency", "64", "--requests", "64", "--warmup", "0"], 1.5)
+            progress("a 1-image Generate alone, then beside six Score clients")
+            one = ["--workload", "generate", "--concurrency", "1", "--requests", "10",
+                   "--warmup", "0"]
+            self.loadgen(prefix + "generate_idle", *one)
+            self.loadgen_beside(prefix + "generate_scored", one, prefix + "score_clients",
+                                ["--workload", "score", "--images_per_request", "16",
+                                 "--concurrency", "6", "--duration", "120", "--warmup", "0"], 2.0,
+                                other_first=True)
+        finally:
+            self.stop_server()
+
+    # The figures --against compares: name, what it is, and whether higher is better.
+    COMPARED = [
+        ("classify_c1_p50_ms", "Classify p50 at concurrency 1 (ms)", False),
+        ("classify_c32_images_per_s", "Classify at concurrency 32 (images/s)", True),
+        ("generate_s1_images_per_s", "Generate, 1 stream (images/s)", True),
+        ("generate_s64_images_per_s", "Generate, 64 streams (images/s)", True),
+        ("burst_gap_ratio", "p99 chunk gap with / without a burst of 64 completions", False),
+        ("scored_generate_ratio", "1-image Generate beside 6 Score clients / idle", False),
+        ("getmodel_c1_p50_ms", "the RPC floor, GetModel p50 (ms)", False),
+    ]
+
+    def figures(self, prefix):
+        lg = lambda name: self.records[prefix + name]
+        p = lambda name, rpc, q: lg(name)["latency_seconds"][rpc][q]
+        return {
+            "classify_c1_p50_ms": 1e3 * p("classify_c1", "Classify", "p50"),
+            "classify_c32_images_per_s": lg("classify_c32")["images_per_second"],
+            "generate_s1_images_per_s": lg("generate_s1")["images_per_second"],
+            "generate_s64_images_per_s": lg("generate_s64")["images_per_second"],
+            "burst_gap_ratio": lg("streams_burst")["generate_chunk_gap_seconds"]["p99"] /
+                               lg("streams_alone")["generate_chunk_gap_seconds"]["p99"],
+            "scored_generate_ratio": p("generate_scored", "Generate", "p50") /
+                                     p("generate_idle", "Generate", "p50"),
+            "getmodel_c1_p50_ms": 1e3 * p("getmodel_c1", "GetModel", "p50"),
+        }
+
+    def compare(self):
+        a = self.args
+        builds = [("this", self.bin), ("other", os.path.abspath(a.against))]
+        steps = a.rounds * len(builds) * 5 + 1
+        for rnd in range(a.rounds):
+            order = builds if rnd % 2 == 0 else builds[::-1]
+            for label, server_bin in order:
+                prefix = f"{label}_r{rnd}_"
+                self.served_loads(server_bin, prefix, lambda what: self.progress(
+                    f"round {rnd + 1} of {a.rounds}, {label} build ({server_bin}): {what}", steps))
+        self.progress("report", steps)
+        raw = os.path.join(self.tmp, "records.json")
+        self.records["compare"] = {"rounds": a.rounds, "this": self.bin,
+                                   "other": os.path.abspath(a.against)}
+        with open(raw, "w") as f:
+            json.dump(self.records, f)
+        print(f"raw records: {raw} (bench/serving_bench.py --report {raw} reprints the report)",
+              file=sys.stderr)
+        return self.compare_report()
+
+    def compare_report(self):
+        c = self.records["compare"]
+        per = {label: [self.figures(f"{label}_r{rnd}_") for rnd in range(c["rounds"])]
+               for label in ("this", "other")}
+
+        def median(v):
+            v = sorted(v)
+            n = len(v)
+            return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+        lines = [f"this build: {c['this']}", f"other build: {c['other']}",
+                 f"{c['rounds']} rounds, medians; ratio = this / other", "",
+                 "| figure | this | other | ratio | better |", "|---|---|---|---|---|"]
+        ratios = []
+        for key, what, higher in self.COMPARED:
+            t = median([f[key] for f in per["this"]])
+            o = median([f[key] for f in per["other"]])
+            ratios.append({"figure": key, "this": t, "other": o, "ratio": t / o,
+                           "higher_is_better": higher,
+                           "this_rounds": [f[key] for f in per["this"]],
+                           "other_rounds": [f[key] for f in per["other"]]})
+            lines.append(f"| {what} | {t:.4g} | {o:.4g} | {t / o:.3f} | "
+                         f"{'higher' if higher else 'lower'} |")
+        text = "\n".join(lines)
+        return text, {"compare": ratios, "records": self.records,
+                      "date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count()}
 
     # ----------------------------------------------------------------------------- report
 
@@ -347,12 +434,17 @@ def main():
     ap.add_argument("--json", default="", help="write the records and targets here")
     ap.add_argument("--text", default="", help="write the table here too")
     ap.add_argument("--report", default="", help="only reprint the report of a run's raw records")
+    ap.add_argument("--against", default="",
+                    help="compare this build's server with the one in this bin folder")
+    ap.add_argument("--rounds", type=int, default=3, help="with --against: rounds per build")
     args = ap.parse_args()
     bench = Bench(args)
     if args.report:
         with open(args.report) as f:
             bench.records = json.load(f)
-        text, data = bench.report()
+        text, data = bench.compare_report() if "compare" in bench.records else bench.report()
+    elif args.against:
+        text, data = bench.compare()
     else:
         text, data = bench.run()
     print(text)
