@@ -28,11 +28,11 @@ COPY models /opt/krause/models
 RUN ldconfig && useradd --system --uid 10001 krause
 WORKDIR /opt/krause
 USER 10001
-EXPOSE 50051 9464
+EXPOSE 50051 8000 9464
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s \
   CMD ["/opt/krause/bin/krause-client", "--server=localhost:50051", "--timeout=4", "health"]
 ENTRYPOINT ["/opt/krause/bin/krause-server", "--models_dir=/opt/krause/models"]
-CMD ["--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464"]
+CMD ["--listen=0.0.0.0:50051", "--http_listen=0.0.0.0:8000", "--metrics_listen=0.0.0.0:9464"]
 
 # ---- GPU -------------------------------------------------------------------------------------
 # Builds the CUDA kernels with nvcc from NVIDIA's CUDA 12.6 packages for Debian 12, against
@@ -73,11 +73,11 @@ RUN ldconfig && useradd --system --uid 10001 krause
 ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 WORKDIR /opt/krause
 USER 10001
-EXPOSE 50051 9464
+EXPOSE 50051 8000 9464
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s \
   CMD ["/opt/krause/bin/krause-client", "--server=localhost:50051", "--timeout=4", "health"]
 ENTRYPOINT ["/opt/krause/bin/krause-server", "--models_dir=/opt/krause/models"]
-CMD ["--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464"]
+CMD ["--listen=0.0.0.0:50051", "--http_listen=0.0.0.0:8000", "--metrics_listen=0.0.0.0:9464"]
 
 # The default target (a plain `docker build .`) is the CPU image.
 FROM cpu

@@ -5,6 +5,7 @@ from Python, the same thread settings) and with the models' own speed (krause-mo
 
   bench/serving_bench.py [--bin build/bin] [--quick] [--json bench/results/serving-hotpath.json]
   bench/serving_bench.py --against OTHER_BIN [--rounds 3] [--quick] [--json ...]
+  bench/serving_bench.py --protocols [--rounds 3] [--quick] [--json ...]
 
 What it measures (each a ratio of two figures taken in this run, on this machine):
   generate   karm-fmnist through the server (krause-loadgen) at 1 and 64 streams against the
@@ -28,6 +29,12 @@ the burst and the Score contention) run on this build's krause-server and on OTH
 by build within each of --rounds rounds (the order alternating, so that a slow phase of the
 machine hits both), always driven by this build's krause-loadgen. It reports each figure's
 median per build and their ratio, this build / OTHER_BIN's, and no peer.
+
+--protocols compares the two protocols on one server of this build: Classify (krause-vit-fmnist,
+one image per call) at concurrency 1 (p50) and 32 (images/s) through krause.v1 and through the
+Open Inference Protocol's ModelInfer over gRPC (krause-loadgen --protocol oip), protocol by
+protocol within each of --rounds rounds (the order alternating), with the targets: OIP throughput
+at 32 at least 90% of native's, OIP p50 at 1 at most 1.2x native's.
 """
 import argparse
 import json
@@ -41,6 +48,12 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCH_PYTHON = "/usr/bin/python3"  # Debian's python3-torch
+
+
+def median(v):
+    v = sorted(v)
+    n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
 
 class Bench:
@@ -72,6 +85,13 @@ class Bench:
                              stderr=subprocess.DEVNULL).stdout
         return json.loads(out.strip().splitlines()[-1])
 
+    @staticmethod
+    def http_off(server_bin):
+        """["--http_listen="] where the build has the flag (an older build may not)."""
+        out = subprocess.run([f"{server_bin}/krause-server", "--helpfull"], capture_output=True,
+                             text=True).stdout
+        return ["--http_listen="] if "-http_listen" in out else []
+
     def free_port(self):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -91,9 +111,12 @@ class Bench:
         if os.path.exists(port_file):  # a previous server's (--against starts several)
             os.remove(port_file)
         self.metrics = f"127.0.0.1:{self.free_port()}"
+        # The REST port (8000 by default) off, where the build has one (--against may start an
+        # older build).
         self.server = subprocess.Popen(
             [f"{server_bin}/krause-server", "--manifest", path, "--listen", "127.0.0.1:0",
-             "--port_file", port_file, "--metrics_listen", self.metrics, "--quiet"])
+             "--port_file", port_file, "--metrics_listen", self.metrics, "--quiet"]
+            + self.http_off(server_bin))
         for _ in range(600):
             if os.path.exists(port_file) and open(port_file).read().strip():
                 break
@@ -311,10 +334,6 @@ class Bench:
         per = {label: [self.figures(f"{label}_r{rnd}_") for rnd in range(c["rounds"])]
                for label in ("this", "other")}
 
-        def median(v):
-            v = sorted(v)
-            n = len(v)
-            return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
         lines = [f"this build: {c['this']}", f"other build: {c['other']}",
                  f"{c['rounds']} rounds, medians; ratio = this / other", "",
                  "| figure | this | other | ratio | better |", "|---|---|---|---|---|"]
@@ -331,6 +350,61 @@ class Bench:
         text = "\n".join(lines)
         return text, {"compare": ratios, "records": self.records,
                       "date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count()}
+
+    def protocols(self):
+        a = self.args
+        dur = "4" if a.quick else "8"
+        steps = a.rounds * 2 + 1
+        self.start_server(self.bin)
+        try:
+            for rnd in range(a.rounds):
+                for proto in (["krause", "oip"] if rnd % 2 == 0 else ["oip", "krause"]):
+                    self.progress(f"round {rnd + 1} of {a.rounds}: {proto}, Classify at "
+                                  "concurrency 1 and 32", steps)
+                    for c in ("1", "32"):
+                        self.loadgen(f"{proto}_r{rnd}_classify_c{c}", "--protocol", proto,
+                                     "--workload", "classify", "--concurrency", c, "--duration",
+                                     dur, "--warmup", "1")
+        finally:
+            self.stop_server()
+        self.progress("report", steps)
+        self.records["protocols"] = {"rounds": a.rounds, "bin": self.bin}
+        raw = os.path.join(self.tmp, "records.json")
+        with open(raw, "w") as f:
+            json.dump(self.records, f)
+        print(f"raw records: {raw} (bench/serving_bench.py --report {raw} reprints the report)",
+              file=sys.stderr)
+        return self.protocols_report()
+
+    def protocols_report(self):
+        rounds = self.records["protocols"]["rounds"]
+        rpc = {"krause": "Classify", "oip": "ModelInfer"}
+
+
+        def figures(proto):
+            r = [(self.records[f"{proto}_r{i}_classify_c1"], self.records[f"{proto}_r{i}_classify_c32"])
+                 for i in range(rounds)]
+            return ([1e3 * c1["latency_seconds"][rpc[proto]]["p50"] for c1, _ in r],
+                    [c32["images_per_second"] for _, c32 in r])
+        (n_p50, n_tput), (o_p50, o_tput) = figures("krause"), figures("oip")
+        p50_ratio = median(o_p50) / median(n_p50)
+        tput_ratio = median(o_tput) / median(n_tput)
+        lines = [f"{rounds} rounds, medians; ratio = OIP (gRPC ModelInfer) / krause.v1 Classify", "",
+                 "| figure | krause.v1 | OIP | ratio | target |", "|---|---|---|---|---|",
+                 f"| Classify p50 at concurrency 1 (ms) | {median(n_p50):.3f} | {median(o_p50):.3f} | "
+                 f"{p50_ratio:.3f} | <= 1.2: {'met' if p50_ratio <= 1.2 else 'MISSED'} |",
+                 f"| Classify at concurrency 32 (images/s) | {median(n_tput):.0f} | "
+                 f"{median(o_tput):.0f} | {tput_ratio:.3f} | >= 0.9: "
+                 f"{'met' if tput_ratio >= 0.9 else 'MISSED'} |",
+                 "", f"per round, krause.v1 p50 ms {[round(x, 3) for x in n_p50]}, OIP "
+                 f"{[round(x, 3) for x in o_p50]}; images/s {[round(x) for x in n_tput]}, OIP "
+                 f"{[round(x) for x in o_tput]}"]
+        return "\n".join(lines), {
+            "protocols": {"p50_ms": {"krause": n_p50, "oip": o_p50}, "p50_ratio": p50_ratio,
+                          "images_per_s": {"krause": n_tput, "oip": o_tput},
+                          "throughput_ratio": tput_ratio},
+            "records": self.records, "date": time.strftime("%Y-%m-%d %H:%M"),
+            "cores": os.cpu_count()}
 
     # ----------------------------------------------------------------------------- report
 
@@ -436,13 +510,23 @@ def main():
     ap.add_argument("--report", default="", help="only reprint the report of a run's raw records")
     ap.add_argument("--against", default="",
                     help="compare this build's server with the one in this bin folder")
-    ap.add_argument("--rounds", type=int, default=3, help="with --against: rounds per build")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="with --against: rounds per build; with --protocols: per protocol")
+    ap.add_argument("--protocols", action="store_true",
+                    help="compare krause.v1 Classify with the Open Inference Protocol's ModelInfer")
     args = ap.parse_args()
     bench = Bench(args)
     if args.report:
         with open(args.report) as f:
             bench.records = json.load(f)
-        text, data = bench.compare_report() if "compare" in bench.records else bench.report()
+        if "compare" in bench.records:
+            text, data = bench.compare_report()
+        elif "protocols" in bench.records:
+            text, data = bench.protocols_report()
+        else:
+            text, data = bench.report()
+    elif args.protocols:
+        text, data = bench.protocols()
     elif args.against:
         text, data = bench.compare()
     else:

@@ -5,6 +5,11 @@
 //   krause-loadgen --mode open --rate 200 --arrivals poisson --workload mix --mix_classify 0.9
 //   krause-loadgen --workload complete --prompt_rows 14 --concurrency 64 --requests 64
 //   krause-loadgen --workload score --images_per_request 16 --concurrency 6 --duration 10
+//   krause-loadgen --protocol oip --workload classify --concurrency 32 --duration 10
+//
+// --protocol oip sends the same workloads (classify, score, generate) as the Open Inference
+// Protocol's ModelInfer on inference.GRPCInferenceService (raw tensors; generate as one unary
+// call per request, so without the stream's chunk figures) instead of krause.v1.
 //
 // Closed loop: --concurrency calls always in flight (each finished call starts the next).
 // Open loop: calls start at --rate per second (constant spacing or Poisson), however many are
@@ -38,6 +43,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/connection.h"
 #include "client/http_get.h"
+#include "inference/grpc_predict_v2.grpc.pb.h"
 #include "krause/v1/krause.grpc.pb.h"
 #include "model/data/idx.h"
 #include "server/raw_image.h"
@@ -51,6 +57,8 @@ ABSL_FLAG(bool, retry, false,
           "servers answered)");
 ABSL_FLAG(std::string, token, "", "bearer token");
 ABSL_FLAG(std::string, tls_ca, "", "PEM roots to verify the server with (enables TLS)");
+ABSL_FLAG(std::string, protocol, "krause",
+          "krause (krause.v1) or oip (the Open Inference Protocol's ModelInfer over gRPC)");
 ABSL_FLAG(std::string, mode, "closed", "closed (fixed concurrency) or open (fixed arrival rate)");
 ABSL_FLAG(int32_t, concurrency, 32, "closed loop: calls in flight");
 ABSL_FLAG(double, rate, 50, "open loop: calls started per second");
@@ -116,8 +124,12 @@ json Percentiles(std::vector<double> v) {
 class LoadGen {
  public:
   LoadGen(std::vector<std::unique_ptr<v1::KrauseService::Stub>> stubs,
+          std::vector<std::unique_ptr<inference::GRPCInferenceService::Stub>> oip_stubs,
           krause::client::ConnectionOptions conn, std::vector<v1::Image> images)
-      : stubs_(std::move(stubs)), conn_(std::move(conn)), images_(std::move(images)) {}
+      : stubs_(std::move(stubs)),
+        oip_stubs_(std::move(oip_stubs)),
+        conn_(std::move(conn)),
+        images_(std::move(images)) {}
 
   // Starts one call; `done` runs when it ends (on a gRPC thread).
   void Issue(bool measured, std::function<void()> done) {
@@ -132,6 +144,11 @@ class LoadGen {
           std::uniform_real_distribution<double>(0, 1)(rng_) < absl::GetFlag(FLAGS_mix_classify);
     }
     const int k = std::max(1, absl::GetFlag(FLAGS_images_per_request));
+    if (!oip_stubs_.empty()) {
+      const char* what = w == "score" ? "score" : classify ? "classify" : "generate";
+      IssueOip(*oip_stubs_[n % oip_stubs_.size()], n, what, k, measured, std::move(done));
+      return;
+    }
     if (w == "getmodel") {  // the RPC floor: a call that runs no model
       v1::GetModelRequest req;
       req.set_name(model_name_);
@@ -158,6 +175,36 @@ class LoadGen {
       const v1::Image* prompt = w == "complete" ? &images_[n % images_.size()] : nullptr;
       new GenerateCall(this, stub, n, measured, prompt, std::move(done));
     }
+  }
+
+  // The workload's call as the Open Inference Protocol's ModelInfer: images as one raw UINT8
+  // [k, H, W, C] input, generation as parameters (num_images, a seed per call).
+  void IssueOip(inference::GRPCInferenceService::Stub& stub, uint64_t n, const std::string& what,
+                int k, bool measured, std::function<void()> done) {
+    inference::ModelInferRequest req;
+    int64_t images = k;
+    if (what == "generate") {
+      const std::string m = absl::GetFlag(FLAGS_generate_model);
+      req.set_model_name(m.empty() ? "karm-fmnist" : m);
+      images = std::max(1, absl::GetFlag(FLAGS_generate_images));
+      (*req.mutable_parameters())["num_images"].set_int64_param(images);
+      (*req.mutable_parameters())["seed"].set_uint64_param(n);
+    } else {
+      const std::string m = what == "score" ? absl::GetFlag(FLAGS_generate_model) : model_name_;
+      req.set_model_name(m.empty() ? "karm-fmnist" : m);
+      const v1::RawImage& first = images_[(n * k) % images_.size()].raw();
+      auto* in = req.add_inputs();
+      in->set_name("image");
+      in->set_datatype("UINT8");
+      for (int64_t d : {int64_t{k}, int64_t{first.height()}, int64_t{first.width()},
+                        int64_t{first.channels()}})
+        in->add_shape(d);
+      std::string* raw = req.add_raw_input_contents();
+      for (int i = 0; i < k; ++i) *raw += images_[(n * k + i) % images_.size()].raw().pixels();
+    }
+    Unary<inference::ModelInferResponse>(
+        "ModelInfer", std::move(req), images, measured, std::move(done),
+        [&stub](auto&&... a) { stub.async()->ModelInfer(a...); });
   }
 
   // One asynchronous unary call of `req`, started by `start(ctx, req, resp, callback)` (the
@@ -270,6 +317,7 @@ class LoadGen {
   };
 
   std::vector<std::unique_ptr<v1::KrauseService::Stub>> stubs_;
+  std::vector<std::unique_ptr<inference::GRPCInferenceService::Stub>> oip_stubs_;  // --protocol oip
   krause::client::ConnectionOptions conn_;
   std::vector<v1::Image> images_;
   std::string model_name_ = absl::GetFlag(FLAGS_classify_model).empty()
@@ -372,7 +420,17 @@ int main(int argc, char** argv) {
                  "classify|generate|complete|score|getmodel|mix\n");
     return 2;
   }
+  const std::string protocol = absl::GetFlag(FLAGS_protocol);
+  if ((protocol != "krause" && protocol != "oip") ||
+      (protocol == "oip" && workload != "classify" && workload != "score" &&
+       workload != "generate" && workload != "mix")) {
+    std::fprintf(stderr,
+                 "krause-loadgen: --protocol krause|oip (oip: --workload classify, score, generate "
+                 "or mix)\n");
+    return 2;
+  }
   std::vector<std::unique_ptr<v1::KrauseService::Stub>> stubs;
+  std::vector<std::unique_ptr<inference::GRPCInferenceService::Stub>> oip_stubs;
   for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_channels)); ++i) {
     // Distinct channel arguments keep gRPC from sharing one connection between the channels.
     krause::client::ConnectionOptions c = conn;
@@ -382,6 +440,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     stubs.push_back(v1::KrauseService::NewStub(*ch));
+    if (protocol == "oip") oip_stubs.push_back(inference::GRPCInferenceService::NewStub(*ch));
   }
   const std::string metrics = absl::GetFlag(FLAGS_metrics);
   std::string before;
@@ -394,7 +453,7 @@ int main(int argc, char** argv) {
     before = *m;
   }
 
-  LoadGen gen(std::move(stubs), conn, LoadImages());
+  LoadGen gen(std::move(stubs), std::move(oip_stubs), conn, LoadImages());
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   const double warmup = absl::GetFlag(FLAGS_warmup), duration = absl::GetFlag(FLAGS_duration);

@@ -87,17 +87,18 @@ size=$(podman image inspect --format '{{.Size}}' "$IMAGE")
 step "built $IMAGE: $(awk -v b="$size" 'BEGIN { printf "%.0f MB (%d bytes)", b / 1e6, b }')"
 
 # 3. Run it. Free loopback ports for gRPC and /metrics.
-read -r grpc_port metrics_port < <(python3 -c '
+read -r grpc_port metrics_port http_port < <(python3 -c '
 import socket
-s = [socket.socket() for _ in range(2)]
+s = [socket.socket() for _ in range(3)]
 for x in s: x.bind(("127.0.0.1", 0))
 print(*[x.getsockname()[1] for x in s])')
 # (podman logs that it cannot start the HEALTHCHECK timer without systemd: kept in run.log.)
 pod run -d --name "$NAME" -p "127.0.0.1:$grpc_port:50051" -p "127.0.0.1:$metrics_port:9464" \
+  -p "127.0.0.1:$http_port:8000" \
   "$IMAGE" > "$work/run.log" 2>&1 || { cat "$work/run.log"; fail "podman run"; }
 uid=$(pod exec "$NAME" id -u) || fail "podman exec id -u"
 [ "$uid" = 10001 ] || fail "the server runs as uid $uid, not 10001"
-step "started as uid $uid, gRPC on 127.0.0.1:$grpc_port, metrics on 127.0.0.1:$metrics_port"
+step "started as uid $uid, gRPC on 127.0.0.1:$grpc_port, metrics on 127.0.0.1:$metrics_port, REST on 127.0.0.1:$http_port"
 
 # 4. Health: the probe from the host until SERVING (the server loads the models first), then the
 # image's own HEALTHCHECK command.
@@ -119,6 +120,18 @@ scrape() {
 sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \
     "http://127.0.0.1:$metrics_port/metrics"
 }
+# The Open Inference Protocol's REST API (the KServe v2 predictor's probes and one inference).
+python3 - "$http_port" > "$work/rest.txt" 2>&1 << 'EOF' || fail "REST (v2): $(cat "$work/rest.txt")"
+import json, sys, urllib.request
+base = f"http://127.0.0.1:{sys.argv[1]}"
+for path in ["/v2/health/live", "/v2/health/ready", "/v2/models/krause-vit-fmnist/ready"]:
+    assert urllib.request.urlopen(base + path, timeout=5).status == 200, path
+body = {"inputs": [{"name": "image", "datatype": "UINT8", "shape": [1, 28, 28, 1], "data": [0] * 784}]}
+req = urllib.request.Request(base + "/v2/models/krause-vit-fmnist/infer", data=json.dumps(body).encode())
+out = json.load(urllib.request.urlopen(req, timeout=30))
+print("REST infer:", [o["name"] for o in out["outputs"]], out["outputs"][1]["data"])
+EOF
+step "$(cat "$work/rest.txt")"
 c list > "$work/list.txt" || fail "list"
 for m in krause-vit-fmnist karm-fmnist; do
   grep -q "$m" "$work/list.txt" || fail "list does not show $m: $(cat "$work/list.txt")"

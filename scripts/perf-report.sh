@@ -25,10 +25,12 @@ manifest() {  # $1 = max_batch_size, $2 = max_queue_delay_ms
   "max_sequences": 64, "max_waiting": 1024}]}
 JSON
 }
+# The REST port (8000 by default) off where the build has one: two servers run at once.
+http_off=$("$BIN/krause-server" --helpfull 2>&1 | grep -q -- '-http_listen' && echo --http_listen= || true)
 start() {  # $1 = name, $2 = max batch, $3 = delay
   manifest "$2" "$3" > "$tmp/$1.json"
   "$BIN/krause-server" --manifest "$tmp/$1.json" --listen 127.0.0.1:0 --port_file "$tmp/$1.port" \
-    --metrics_listen "127.0.0.1:$4" --quiet & echo $! > "$tmp/$1.pid"
+    --metrics_listen "127.0.0.1:$4" $http_off --quiet & echo $! > "$tmp/$1.pid"
   for _ in $(seq 600); do [ -s "$tmp/$1.port" ] && break; sleep 0.1; done
 }
 start batched 64 0 19461

@@ -38,12 +38,18 @@ inline std::chrono::steady_clock::time_point SteadyDeadline(
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
 }
 
+// The protocols a call can come in (metrics and request log label values).
+inline constexpr char kProtocolKrause[] = "krause.v1";
+inline constexpr char kProtocolOipGrpc[] = "oip-grpc";
+inline constexpr char kProtocolOipRest[] = "oip-rest";
+
 // Observer of calls (metrics); optional. `model` is "" until the call resolved a served model.
 struct CallObserver {
   virtual ~CallObserver() = default;
-  // Every call, once, when it finishes.
-  virtual void OnCallDone(const std::string& rpc, const std::string& model, grpc::StatusCode code,
-                          double seconds) = 0;
+  // Every call, once, when it finishes. `protocol`: kProtocolKrause, kProtocolOipGrpc or
+  // kProtocolOipRest.
+  virtual void OnCallDone(const std::string& rpc, const std::string& protocol,
+                          const std::string& model, grpc::StatusCode code, double seconds) = 0;
   // Time a call's work waited in its model's queue before it ran (Classify: once per call;
   // Generate: once per image, until it got a cache slot).
   virtual void OnQueued(const std::string& rpc, const std::string& model, double seconds) {}
@@ -62,8 +68,25 @@ class CallBook {
   using Clock = std::chrono::steady_clock;
 
   // observer and log may be null; all must outlive the call.
-  CallBook(Gate* gate, CallObserver* observer, RequestLog* log, const char* rpc)
-      : gate_(gate), observer_(observer), log_(log), rpc_(rpc), start_(Clock::now()) {}
+  CallBook(Gate* gate, CallObserver* observer, RequestLog* log, const char* rpc,
+           const char* protocol = kProtocolKrause)
+      : gate_(gate),
+        observer_(observer),
+        log_(log),
+        rpc_(rpc),
+        protocol_(protocol),
+        start_(Clock::now()) {}
+
+  // A call that did not come over gRPC (REST): the same, from plain values.
+  absl::Status Enter(std::optional<std::string_view> authorization, std::string request_id,
+                     std::string traceparent, std::string peer) {
+    request_id_ = std::move(request_id);
+    traceparent_ = std::move(traceparent);
+    if (log_ != nullptr) peer_ = std::move(peer);
+    const absl::Status st = gate_->Enter(authorization);
+    entered_ = st.ok();
+    return st;
+  }
 
   absl::Status Enter(grpc::CallbackServerContext* ctx) {
     // The caller's request ids go back in the initial metadata (nothing is sent yet) and into
@@ -97,16 +120,19 @@ class CallBook {
   }
 
   // reactor->Finish may end the call and free the reactor (and this object with it): what is
-  // needed afterwards is copied first.
+  // needed afterwards is copied first. Any object with Finish(grpc::Status) will do (REST's
+  // replies map the code to an HTTP status).
   template <typename Reactor>
   void Finish(Reactor* reactor, const absl::Status& st) {
     if (finished_.exchange(true)) return;  // a barrier's error after a normal finish
     const grpc::Status g = ToGrpcStatus(st);
     const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
-    if (observer_ != nullptr) observer_->OnCallDone(rpc_, model_, g.error_code(), seconds);
+    if (observer_ != nullptr)
+      observer_->OnCallDone(rpc_, protocol_, model_, g.error_code(), seconds);
     if (log_ != nullptr) {
       CallRecord r;
       r.rpc = rpc_;
+      r.protocol = protocol_;
       r.model = model_;
       r.code = GrpcCodeName(g.error_code());
       r.peer = peer_;
@@ -131,6 +157,7 @@ class CallBook {
   CallObserver* const observer_;
   RequestLog* const log_;
   const char* const rpc_;
+  const char* const protocol_;
   const Clock::time_point start_;
   std::string model_;
   std::string peer_, request_id_, traceparent_;
@@ -139,6 +166,28 @@ class CallBook {
   std::mutex mu_;  // guards the two below (set from model threads)
   int64_t images_ = 0;
   double queue_seconds_ = 0;
+};
+
+// A unary call on gRPC's default reactor, with its book.
+class UnaryCall {
+ public:
+  UnaryCall(Gate* gate, CallObserver* observer, RequestLog* log, grpc::CallbackServerContext* ctx,
+            const char* rpc, const char* protocol = kProtocolKrause)
+      : book_(gate, observer, log, rpc, protocol), reactor_(ctx->DefaultReactor()) {}
+
+  // Enters the gate; on refusal finishes the call and returns false.
+  bool Enter(grpc::CallbackServerContext* ctx) {
+    const absl::Status st = book_.Enter(ctx);
+    if (!st.ok()) Finish(st);
+    return st.ok();
+  }
+  CallBook* book() { return &book_; }
+  grpc::ServerUnaryReactor* reactor() const { return reactor_; }
+  void Finish(const absl::Status& st) { book_.Finish(reactor_, st); }
+
+ private:
+  CallBook book_;
+  grpc::ServerUnaryReactor* reactor_;
 };
 
 }  // namespace krause::server

@@ -21,7 +21,8 @@ absl::Status Gate::Enter(std::optional<std::string_view> authorization) {
       ok = tokens_.count(authorization->substr(kBearer.size())) > 0;
     if (!ok)
       return absl::UnauthenticatedError(
-          "missing or invalid token: send the metadata \"authorization: Bearer <token>\"");
+          "missing or invalid token: send \"authorization: Bearer <token>\" (gRPC metadata or an "
+          "HTTP header)");
   }
   if (draining_.load()) return absl::UnavailableError("the server is shutting down");
   if (registry_.load() == nullptr) return absl::UnavailableError("the models are still loading");

@@ -12,8 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-
-class CivetServer;
+#include "server/civet_host.h"
 
 namespace krause::server {
 
@@ -35,7 +34,7 @@ class HttpEndpoint {
  public:
   static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Start(HttpEndpointOptions options);
   ~HttpEndpoint();
-  int port() const { return port_; }
+  int port() const { return host_->port(); }
 
  private:
   class Handler;
@@ -43,10 +42,7 @@ class HttpEndpoint {
 
   HttpEndpointOptions options_;
   std::unique_ptr<Handler> handler_;
-  std::unique_ptr<CivetServer> server_;
-  int port_ = 0;
-  std::string wake_host_;  // where a local connection reaches the listener (close)
-  int wake_family_ = 0;
+  std::unique_ptr<CivetHost> host_;
 };
 
 }  // namespace krause::server

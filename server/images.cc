@@ -33,25 +33,29 @@ absl::Status CheckBounds(int64_t h, int64_t w, int64_t c, const std::string& fie
 
 }  // namespace
 
+absl::StatusOr<at::Tensor> DecodePngImage(std::string_view png, const std::string& field,
+                                          const ImageBounds& bounds) {
+  if (png.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
+  // The bounds' errors name the field without ".png".
+  const std::string image =
+      absl::EndsWith(field, ".png") ? field.substr(0, field.size() - 4) : field;
+  auto t = DecodePng(png, 0, [&](const PngInfo& info) {
+    return CheckBounds(info.height, info.width, info.channels, image, bounds);
+  });
+  if (!t.ok()) {
+    if (absl::IsInvalidArgument(t.status()) && absl::StartsWith(t.status().message(), image + ":"))
+      return t.status();  // the bounds: already names the field
+    return absl::Status(t.status().code(),
+                        absl::StrCat(field, " is not a readable PNG: ", t.status().message()));
+  }
+  return *t;
+}
+
 absl::StatusOr<at::Tensor> DecodeImage(const v1::Image& image, const std::string& field,
                                        const ImageBounds& bounds) {
   switch (image.data_case()) {
-    case v1::Image::kPng: {
-      if (image.png().empty())
-        return absl::InvalidArgumentError(absl::StrCat(field, ".png is empty"));
-      auto t = DecodePng(image.png(), 0, [&](const PngInfo& info) {
-        return CheckBounds(info.height, info.width, info.channels, field, bounds);
-      });
-      if (!t.ok()) {
-        if (absl::IsInvalidArgument(t.status()) &&
-            absl::StartsWith(t.status().message(), field + ":"))
-          return t.status();  // the bounds: already names the field
-        return absl::Status(
-            t.status().code(),
-            absl::StrCat(field, ".png is not a readable PNG: ", t.status().message()));
-      }
-      return *t;
-    }
+    case v1::Image::kPng:
+      return DecodePngImage(image.png(), field + ".png", bounds);
     case v1::Image::kRaw: {
       const v1::RawImage& r = image.raw();
       if (r.channels() != 1 && r.channels() != 3)

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "krause/v1/krause.pb.h"
@@ -26,6 +27,12 @@ struct ImageBounds {
 // takes ("images[3]: image is 32x32x3 (HxWxC) but model m takes 28x28x1").
 absl::StatusOr<at::Tensor> DecodeImage(const v1::Image& image, const std::string& field,
                                        const ImageBounds& bounds);
+
+// The PNG part of DecodeImage, for PNG bytes from elsewhere (an Open Inference Protocol BYTES
+// element). `field` names the PNG in errors ("input image[2]"); a field ending in ".png" is
+// named without it in shape errors, as DecodeImage does.
+absl::StatusOr<at::Tensor> DecodePngImage(std::string_view png, const std::string& field,
+                                          const ImageBounds& bounds);
 
 // The inverse of DecodeImage for raw pixels: hwc [H, W, C] uint8 (any layout, CPU) as an Image.
 v1::Image EncodeRawImage(const at::Tensor& hwc);

@@ -59,6 +59,15 @@ ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen,
           "address:port for Prometheus text metrics at /metrics (empty: off); every interface "
           "by default, so that Prometheus can scrape the pod: use 127.0.0.1:9464 or "
           "--metrics_tokens to keep it private");
+ABSL_FLAG(std::string, http_listen, kDefaults.http_listen,
+          "address:port for the Open Inference Protocol's REST API (KServe v2: /v2/...; empty: "
+          "off); the protocol's gRPC service is always on --listen");
+ABSL_FLAG(int, http_threads, kDefaults.http_threads,
+          "REST connections served at once (each open connection holds one while it is read or "
+          "answered; idle ones are closed after --http_timeout_ms)");
+ABSL_FLAG(int, http_timeout_ms, kDefaults.http_timeout_ms,
+          "REST: milliseconds to read a request (headers and body; else 408) and to write a "
+          "reply");
 ABSL_FLAG(std::string, metrics_tokens, "",
           "file of bearer tokens, one per line: scrapes need 'Authorization: Bearer <token>' "
           "(separate from --auth_tokens)");
@@ -80,8 +89,11 @@ void OnSignal(int sig) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "serves Krause attention models over gRPC (krause.v1.KrauseService, health, reflection).\n"
-      "  krause-server                       # the bundled models in ./models on port 50051\n"
+      "serves Krause attention models over gRPC (krause.v1.KrauseService, health, reflection)\n"
+      "and the Open Inference Protocol (KServe v2: inference.GRPCInferenceService on the gRPC\n"
+      "port, REST on --http_listen).\n"
+      "  krause-server                       # the bundled models in ./models: gRPC on 50051,\n"
+      "                                      # REST on 8000, /metrics on 9464\n"
       "  krause-server --manifest m.json --listen 0.0.0.0:8500 --drain_seconds 30\n"
       "SIGTERM/SIGINT drain the server (health NOT_SERVING, in-flight calls get --drain_seconds)\n"
       "and it exits with code 0.");
@@ -120,6 +132,9 @@ int main(int argc, char** argv) {
   o.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.metrics_tokens_file = absl::GetFlag(FLAGS_metrics_tokens);
+  o.http_listen = absl::GetFlag(FLAGS_http_listen);
+  o.http_threads = absl::GetFlag(FLAGS_http_threads);
+  o.http_timeout_ms = absl::GetFlag(FLAGS_http_timeout_ms);
   o.quiet = absl::GetFlag(FLAGS_quiet);
   if (o.reply_threads < 1 || o.reply_threads > 64) {
     std::fprintf(stderr, "krause-server: --reply_threads must be in [1, 64], got %d\n",

@@ -119,12 +119,13 @@ Metrics::Metrics()
       gauges_(std::make_shared<Gauges>()),
       requests_(BuildCounter()
                     .Name("krause_requests_total")
-                    .Help("Finished calls by rpc, model and gRPC status code.")
+                    .Help("Finished calls by rpc, protocol, model and gRPC status code.")
                     .Register(*prom_)),
-      latency_(BuildHistogram()
-                   .Name("krause_request_duration_seconds")
-                   .Help("Call latency from arrival to the final status, by rpc and model.")
-                   .Register(*prom_)),
+      latency_(
+          BuildHistogram()
+              .Name("krause_request_duration_seconds")
+              .Help("Call latency from arrival to the final status, by rpc, protocol and model.")
+              .Register(*prom_)),
       queue_(BuildHistogram()
                  .Name("krause_queue_duration_seconds")
                  .Help("Time waiting in the model's queue: Classify per call (until its batch "
@@ -217,10 +218,13 @@ WorkerHooks Metrics::Hooks() {
   return h;
 }
 
-void Metrics::OnCallDone(const std::string& rpc, const std::string& model, grpc::StatusCode code,
-                         double seconds) {
-  requests_.Add({{"rpc", rpc}, {"model", model}, {"code", GrpcCodeName(code)}}).Increment();
-  latency_.Add({{"rpc", rpc}, {"model", model}}, SecondsBuckets()).Observe(seconds);
+void Metrics::OnCallDone(const std::string& rpc, const std::string& protocol,
+                         const std::string& model, grpc::StatusCode code, double seconds) {
+  requests_
+      .Add({{"rpc", rpc}, {"protocol", protocol}, {"model", model}, {"code", GrpcCodeName(code)}})
+      .Increment();
+  latency_.Add({{"rpc", rpc}, {"protocol", protocol}, {"model", model}}, SecondsBuckets())
+      .Observe(seconds);
 }
 
 void Metrics::OnQueued(const std::string& rpc, const std::string& model, double seconds) {

@@ -79,6 +79,10 @@ struct ServerOptions {
   // Prometheus can scrape a pod.
   std::string metrics_listen = "0.0.0.0:9464";
   std::string metrics_tokens_file;  // tokens a scrape must send as a bearer token; empty: none
+  // host:port for the Open Inference Protocol's REST API (oip_http.h); empty: off.
+  std::string http_listen = "0.0.0.0:8000";
+  int http_threads = 256;      // REST connections served at once
+  int http_timeout_ms = 5000;  // REST: to read a request (headers and body) and write a reply
   // One JSON line per finished call (server/request_log.h) to this file, "-" for stderr;
   // empty: none.
   std::string request_log;

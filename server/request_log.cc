@@ -13,6 +13,7 @@ std::string FormatCallRecord(const CallRecord& r, absl::Time now) {
   nlohmann::ordered_json j;
   j["time"] = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", now, absl::UTCTimeZone());
   j["rpc"] = r.rpc;
+  j["protocol"] = r.protocol;
   j["model"] = r.model;
   j["code"] = r.code;
   j["images"] = r.images;

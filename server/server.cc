@@ -124,9 +124,11 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
     s->request_log_ = std::move(*log);
     s->service_->SetRequestLog(s->request_log_.get());
   }
+  s->oip_service_ = std::make_unique<OipService>(s->service_.get());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, *creds, &s->port_);
   builder.RegisterService(s->service_.get());
+  builder.RegisterService(s->oip_service_.get());
   // A second server on the same port must fail, not silently share it (gRPC's default on Linux).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
@@ -149,10 +151,33 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0)
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  if (!(options.http_threads >= 1 && options.http_threads <= 4096) ||
+      !(options.http_timeout_ms >= 1 && options.http_timeout_ms <= 3600000)) {
+    s->server_->Shutdown(std::chrono::system_clock::now());
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--http_threads must be in [1, 4096] and --http_timeout_ms in [1, 3600000], got ",
+        options.http_threads, " and ", options.http_timeout_ms));
+  }
   grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
   health->SetServingStatus(false);
   health->SetServingStatus(v1::KrauseService::service_full_name(), false);
+  health->SetServingStatus(inference::GRPCInferenceService::service_full_name(), false);
+  if (!options.http_listen.empty()) {
+    OipHttpOptions ho;
+    ho.address = options.http_listen;
+    ho.threads = options.http_threads;
+    ho.request_timeout_ms = options.http_timeout_ms;
+    ho.max_body_bytes = options.max_message_bytes;
+    auto http = OipHttp::Start(ho, s->service_.get());
+    if (!http.ok()) {
+      s->server_->Shutdown(std::chrono::system_clock::now());
+      return absl::Status(http.status().code(),
+                          absl::StrCat("--http_listen: ", http.status().message()));
+    }
+    s->http_ = std::move(*http);
+  }
   s->Log(absl::StrCat("listening on port ", s->port_, options.tls_cert.empty() ? "" : " (TLS)",
+                      s->http_ ? absl::StrCat(", REST (v2) on port ", s->http_->port()) : "",
                       s->metrics_port_ ? absl::StrCat(", /metrics on port ", s->metrics_port_) : "",
                       "; loading ", specs->size(), " model(s)"));
 
@@ -172,6 +197,7 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   s->metrics_->SetRegistry(s->registry_.get());
   s->gate_.SetRegistry(s->registry_.get());
   health->SetServingStatus(v1::KrauseService::service_full_name(), true);
+  health->SetServingStatus(inference::GRPCInferenceService::service_full_name(), true);
   health->SetServingStatus(true);
   s->Log("serving");
   return s;
@@ -198,6 +224,7 @@ void KrauseServer::Shutdown() {
   // Workers cancel what is left; the calls finish with UNAVAILABLE.
   if (registry_) registry_->Stop();
   gate_.WaitIdle(std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  http_.reset();  // its workers have answered (the gate is idle): joins them
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   Log("stopped");
 }

@@ -1,4 +1,6 @@
-// KrauseServer: the gRPC server with KrauseService, health and reflection. Start() listens at
+// KrauseServer: the gRPC server with KrauseService, the Open Inference Protocol's
+// GRPCInferenceService (oip_service.h), health and reflection, and the protocol's REST API on its
+// own port (oip_http.h). Start() listens at
 // once with health NOT_SERVING, loads the models, then turns SERVING. Shutdown() drains:
 // NOT_SERVING, new calls refused with UNAVAILABLE, in-flight calls get `drain_seconds` to
 // finish, then the rest are cancelled (UNAVAILABLE "shutting down") and the server stops.
@@ -13,6 +15,8 @@
 
 #include "absl/status/statusor.h"
 #include "server/metrics.h"
+#include "server/oip_http.h"
+#include "server/oip_service.h"
 #include "server/options.h"
 #include "server/registry.h"
 #include "server/service.h"
@@ -28,7 +32,8 @@ class KrauseServer {
   ~KrauseServer();
 
   int port() const { return port_; }
-  int metrics_port() const { return metrics_port_; }  // 0 when --metrics_listen is off
+  int metrics_port() const { return metrics_port_; }           // 0 when --metrics_listen is off
+  int http_port() const { return http_ ? http_->port() : 0; }  // 0 when --http_listen is off
   const Metrics& metrics() const { return *metrics_; }
   const Registry& registry() const { return *registry_; }
   const Gate& gate() const { return gate_; }
@@ -44,6 +49,8 @@ class KrauseServer {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<RequestLog> request_log_;  // outlives the service that writes to it
   std::unique_ptr<KrauseService> service_;
+  std::unique_ptr<OipService> oip_service_;
+  std::unique_ptr<OipHttp> http_;  // stopped in Shutdown, before the registry goes
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Registry> registry_;
   int port_ = 0;

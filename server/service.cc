@@ -16,28 +16,14 @@
 namespace krause::server {
 namespace {
 
-// A unary call on the default reactor.
-class UnaryCall {
+// A krause.v1 unary call.
+class NativeCall : public UnaryCall {
  public:
-  UnaryCall(KrauseService* svc, grpc::CallbackServerContext* ctx, const char* rpc)
-      : book_(svc->gate(), svc->observer(), svc->request_log(), rpc),
-        reactor_(ctx->DefaultReactor()) {}
-
-  // Enters the gate; on refusal finishes the call and returns false.
-  bool Enter(grpc::CallbackServerContext* ctx) {
-    const absl::Status st = book_.Enter(ctx);
-    if (!st.ok()) Finish(st);
-    return st.ok();
-  }
-  void set_model(const std::string& m) { book_.set_model(m); }
-  void set_images(int64_t n) { book_.set_images(n); }
-  void NoteQueued(double seconds) { book_.NoteQueued(seconds); }
-  grpc::ServerUnaryReactor* reactor() const { return reactor_; }
-  void Finish(const absl::Status& st) { book_.Finish(reactor_, st); }
-
- private:
-  CallBook book_;
-  grpc::ServerUnaryReactor* reactor_;
+  NativeCall(KrauseService* svc, grpc::CallbackServerContext* ctx, const char* rpc)
+      : UnaryCall(svc->gate(), svc->observer(), svc->request_log(), ctx, rpc) {}
+  void set_model(const std::string& m) { book()->set_model(m); }
+  void set_images(int64_t n) { book()->set_images(n); }
+  void NoteQueued(double seconds) { book()->NoteQueued(seconds); }
 };
 
 template <typename Kind>
@@ -50,7 +36,7 @@ struct ResolvedCall {
 // the images.
 template <typename Kind>
 absl::StatusOr<ResolvedCall<Kind>> ResolveImageCall(
-    UnaryCall* call, const KrauseService& svc, const std::string& model,
+    NativeCall* call, const KrauseService& svc, const std::string& model,
     const google::protobuf::RepeatedPtrField<v1::Image>& images) {
   auto found = svc.gate()->registry()->Find<Kind>(model);
   if (!found.ok()) return found.status();
@@ -114,7 +100,7 @@ void FillScoreResponse(const std::vector<double>& bits_per_dim, int64_t scored_p
 grpc::ServerUnaryReactor* KrauseService::ListModels(grpc::CallbackServerContext* ctx,
                                                     const v1::ListModelsRequest*,
                                                     v1::ListModelsResponse* response) {
-  UnaryCall call(this, ctx, "ListModels");
+  NativeCall call(this, ctx, "ListModels");
   if (!call.Enter(ctx)) return call.reactor();
   call.Finish(Guarded("ListModels", [&] {
     for (const auto& m : gate_->registry()->models()) *response->add_models() = ToProto(m->info());
@@ -126,7 +112,7 @@ grpc::ServerUnaryReactor* KrauseService::ListModels(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* KrauseService::GetModel(grpc::CallbackServerContext* ctx,
                                                   const v1::GetModelRequest* request,
                                                   v1::ModelInfo* response) {
-  UnaryCall call(this, ctx, "GetModel");
+  NativeCall call(this, ctx, "GetModel");
   if (!call.Enter(ctx)) return call.reactor();
   call.Finish(Guarded("GetModel", [&]() -> absl::Status {
     if (request->name().empty()) return absl::InvalidArgumentError("name is required");
@@ -142,7 +128,7 @@ grpc::ServerUnaryReactor* KrauseService::GetModel(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* KrauseService::Classify(grpc::CallbackServerContext* ctx,
                                                   const v1::ClassifyRequest* request,
                                                   v1::ClassifyResponse* response) {
-  auto call = std::make_shared<UnaryCall>(this, ctx, "Classify");
+  auto call = std::make_shared<NativeCall>(this, ctx, "Classify");
   grpc::ServerUnaryReactor* reactor = call->reactor();
   if (!call->Enter(ctx)) return reactor;
   const absl::Status st = Guarded("Classify", [&]() -> absl::Status {
@@ -198,7 +184,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KrauseService::Generate(
 grpc::ServerUnaryReactor* KrauseService::Score(grpc::CallbackServerContext* ctx,
                                                const v1::ScoreRequest* request,
                                                v1::ScoreResponse* response) {
-  auto call = std::make_shared<UnaryCall>(this, ctx, "Score");
+  auto call = std::make_shared<NativeCall>(this, ctx, "Score");
   grpc::ServerUnaryReactor* reactor = call->reactor();
   if (!call->Enter(ctx)) return reactor;
   const absl::Status st = Guarded("Score", [&]() -> absl::Status {

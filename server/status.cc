@@ -13,6 +13,38 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(g, std::string(status.message()));
 }
 
+int HttpStatus(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK:
+      return 200;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return 400;
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return 401;
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return 403;
+    case grpc::StatusCode::NOT_FOUND:
+      return 404;
+    case grpc::StatusCode::ALREADY_EXISTS:
+    case grpc::StatusCode::ABORTED:
+      return 409;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return 429;
+    case grpc::StatusCode::CANCELLED:
+      return 499;
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return 501;
+    case grpc::StatusCode::UNAVAILABLE:
+      return 503;
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
 const char* GrpcCodeName(grpc::StatusCode code) {
   switch (code) {
     case grpc::StatusCode::OK:

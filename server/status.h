@@ -13,6 +13,13 @@
 namespace krause::server {
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
+// The HTTP status of a gRPC code (the Open Inference Protocol's REST API): 400 bad request
+// (INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE), 401 UNAUTHENTICATED, 403
+// PERMISSION_DENIED, 404 NOT_FOUND, 409 ALREADY_EXISTS / ABORTED, 429 RESOURCE_EXHAUSTED, 499
+// CANCELLED, 501 UNIMPLEMENTED, 503 UNAVAILABLE (not ready, draining, queue full), 504
+// DEADLINE_EXCEEDED, else 500.
+int HttpStatus(grpc::StatusCode code);
+
 // The gRPC code's canonical name ("OK", "INVALID_ARGUMENT", ...), for logs and metrics labels.
 const char* GrpcCodeName(grpc::StatusCode code);
 

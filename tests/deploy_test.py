@@ -8,6 +8,9 @@ Usage: deploy_test.py BIN_DIR PROJECT_DIR
   overlays render (kubectl kustomize) with the autoscaler each should have (the CPU HPA, the KEDA
   ScaledObject, the queue HPA) scaling the Deployment, and every metric a scaler uses is exported; the Deployment's probes are gRPC and its grace
   period covers the drain plus the preStop pause;
+- the KServe InferenceService (deploy/kserve) runs the image as a v2 predictor: its container,
+  first port, server flags and /v2/health probes agree, it renders with kubectl kustomize, and
+  its probe paths answer 200 on the real server below;
 - the Grafana dashboard parses and every panel has a query;
 - krause-server serves the bundled models, krause-client sends a classify, a generate and a score,
   and every metric name the dashboard and the alert rules use is in the server's /metrics;
@@ -105,6 +108,19 @@ for _, hpa in docs.get("HorizontalPodAutoscaler", []):
         if m["type"] == "Pods":
             scaler_metrics.add(m["pods"]["metric"]["name"])
 check("krause_queued_images" in scaler_metrics, "the scalers use the queue gauge")
+# --- the KServe InferenceService ---------------------------------------------------------------
+with open(os.path.join(DEPLOY, "kserve", "inferenceservice.yaml")) as f:
+    isvc = yaml.safe_load(f)
+check(isvc["apiVersion"] == "serving.kserve.io/v1beta1" and isvc["kind"] == "InferenceService",
+      "kserve: a v1beta1 InferenceService")
+(kc,) = isvc["spec"]["predictor"]["containers"]
+check(kc["name"] == "kserve-container", "kserve: the container is kserve-container")
+http_port = kc["ports"][0]["containerPort"]
+check(f"--http_listen=0.0.0.0:{http_port}" in kc["args"],
+      f"kserve: the first port ({http_port}) is the server's REST port")
+check(kc["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": http_port} and
+      kc["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": http_port},
+      "kserve: the probes are the protocol's /v2/health endpoints on that port")
 kubectl = shutil.which("kubectl")
 if kubectl is None:
     print("kubectl not installed: the overlays are not rendered")
@@ -138,6 +154,11 @@ else:
                 gpus = c0.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
                 check((gpus == 1) == overlay.startswith("gpu"), f"overlay {overlay}: GPU limit {gpus}")
         print(f"overlay {overlay}: {len(rendered)} objects ({', '.join(sorted(set(kinds)))})")
+    r = subprocess.run([kubectl, "kustomize", os.path.join(DEPLOY, "kserve")], capture_output=True,
+                       text=True)
+    rendered = [d for d in yaml.safe_load_all(r.stdout) if d] if r.returncode == 0 else []
+    check(r.returncode == 0 and [d["kind"] for d in rendered] == ["InferenceService"],
+          f"kserve renders to one InferenceService: {r.stderr.strip()[:300]}")
 
 # --- Dockerfile (static; scripts/container-check.sh builds and runs the CPU image) ------------
 stages = {}
@@ -183,9 +204,10 @@ check(len(used) >= 10, f"the dashboard and alerts use metrics ({len(used)})")
 # --- a real server ---------------------------------------------------------------------------
 tmp = tempfile.mkdtemp(prefix="krause-deploy-")
 grpc_port_file = os.path.join(tmp, "port")
-mport = free_port()
+mport, hport = free_port(), free_port()
 server = subprocess.Popen([os.path.join(BIN, "krause-server"), "--listen=127.0.0.1:0",
                            f"--metrics_listen=127.0.0.1:{mport}", f"--port_file={grpc_port_file}",
+                           f"--http_listen=127.0.0.1:{hport}",
                            "--models_dir=" + os.path.join(ROOT, "models"), "--threads=2", "--quiet"])
 try:
     deadline = time.time() + 120
@@ -203,6 +225,10 @@ try:
     subprocess.run(client + ["score", os.path.join(tmp, "sample-0.png")], check=True, stdout=subprocess.DEVNULL)
     subprocess.run(client + ["classify", "--model=nope", "--index=0", idx], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     scrape = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10).read().decode()
+    for probe in ["readinessProbe", "livenessProbe"]:
+        path = kc[probe]["httpGet"]["path"]
+        status = urllib.request.urlopen(f"http://127.0.0.1:{hport}{path}", timeout=10).status
+        check(status == 200, f"kserve: the {probe} {path} answers {status} on a real server")
 finally:
     server.send_signal(signal.SIGTERM)
     code = server.wait(timeout=60)

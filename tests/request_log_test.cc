@@ -14,6 +14,7 @@ namespace {
 TEST(RequestLog, ARecordIsOneJsonLineWithItsFieldsInOrder) {
   CallRecord r;
   r.rpc = "Classify";
+  r.protocol = "krause.v1";
   r.model = "krause-vit-fmnist";
   r.code = "OK";
   r.peer = "ipv4:127.0.0.1:5000";
@@ -21,10 +22,11 @@ TEST(RequestLog, ARecordIsOneJsonLineWithItsFieldsInOrder) {
   r.seconds = 0.5;
   r.queue_seconds = 0.125;
   const absl::Time t = absl::FromUnixMillis(1796160000123);  // 2026-12-01T21:20:00.123Z
-  EXPECT_EQ(FormatCallRecord(r, t),
-            R"({"time":"2026-12-01T21:20:00.123Z","rpc":"Classify","model":"krause-vit-fmnist",)"
-            R"("code":"OK","images":4,"seconds":0.5,"queue_seconds":0.125,"run_seconds":0.375,)"
-            R"("peer":"ipv4:127.0.0.1:5000"})");
+  EXPECT_EQ(
+      FormatCallRecord(r, t),
+      R"({"time":"2026-12-01T21:20:00.123Z","rpc":"Classify","protocol":"krause.v1","model":"krause-vit-fmnist",)"
+      R"("code":"OK","images":4,"seconds":0.5,"queue_seconds":0.125,"run_seconds":0.375,)"
+      R"("peer":"ipv4:127.0.0.1:5000"})");
   // The caller's ids appear when sent; quotes, newlines and invalid UTF-8 cannot break the line.
   r.request_id = "a\"b\nc";
   r.traceparent = std::string("00-\xff-01");

@@ -49,7 +49,7 @@ class ServerBinaryTest : public ::testing::Test {
       const std::string pf = "--port_file=" + port_file;
       execl(server.c_str(), "krause-server", manifest.c_str(), "--listen=127.0.0.1:0", pf.c_str(),
             "--threads=1", "--drain_seconds=2", "--metrics_listen=127.0.0.1:0",
-            static_cast<char*>(nullptr));
+            "--http_listen=", static_cast<char*>(nullptr));
       _exit(127);
     }
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);

@@ -119,6 +119,7 @@ inline server::ServerOptions LoopbackOptions(const std::string& manifest) {
   server::ServerOptions o;
   o.listen = "127.0.0.1:0";
   o.metrics_listen = "";  // off unless a test asks for it
+  o.http_listen = "";     // the same
   o.manifest = manifest;
   o.quiet = true;
   o.drain_seconds = 5;

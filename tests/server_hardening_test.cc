@@ -96,9 +96,11 @@ v1::Image Png(std::string bytes) {
 }
 
 double Count(const std::string& scrape, const std::string& rpc, const std::string& code) {
-  auto v = client::PrometheusSample(
-      scrape, "krause_requests_total",
-      {{"rpc", rpc}, {"model", rpc == "Classify" ? "vit" : "karm"}, {"code", code}});
+  auto v = client::PrometheusSample(scrape, "krause_requests_total",
+                                    {{"rpc", rpc},
+                                     {"protocol", "krause.v1"},
+                                     {"model", rpc == "Classify" ? "vit" : "karm"},
+                                     {"code", code}});
   return v.ok() ? *v : 0;
 }
 

@@ -104,28 +104,40 @@ TEST(ServerMetrics, ScrapeMatchesAKnownWorkload) {
   const AttentionCost karm = karm_model->FlopsPerImage();
 
   EXPECT_EQ(
-      sample("krause_requests_total", {{"rpc", "Classify"}, {"model", "vit"}, {"code", "OK"}}), 3);
-  EXPECT_EQ(sample("krause_requests_total",
-                   {{"rpc", "Classify"}, {"model", "vit"}, {"code", "INVALID_ARGUMENT"}}),
+      sample("krause_requests_total",
+             {{"rpc", "Classify"}, {"protocol", "krause.v1"}, {"model", "vit"}, {"code", "OK"}}),
+      3);
+  EXPECT_EQ(sample("krause_requests_total", {{"rpc", "Classify"},
+                                             {"protocol", "krause.v1"},
+                                             {"model", "vit"},
+                                             {"code", "INVALID_ARGUMENT"}}),
             1);
   EXPECT_EQ(
-      sample("krause_requests_total", {{"rpc", "Classify"}, {"model", ""}, {"code", "NOT_FOUND"}}),
+      sample(
+          "krause_requests_total",
+          {{"rpc", "Classify"}, {"protocol", "krause.v1"}, {"model", ""}, {"code", "NOT_FOUND"}}),
       1);
   EXPECT_EQ(
-      sample("krause_requests_total", {{"rpc", "Generate"}, {"model", "karm"}, {"code", "OK"}}), 2);
-  EXPECT_EQ(sample("krause_requests_total", {{"rpc", "Score"}, {"model", "arm"}, {"code", "OK"}}),
+      sample("krause_requests_total",
+             {{"rpc", "Generate"}, {"protocol", "krause.v1"}, {"model", "karm"}, {"code", "OK"}}),
+      2);
+  EXPECT_EQ(sample("krause_requests_total",
+                   {{"rpc", "Score"}, {"protocol", "krause.v1"}, {"model", "arm"}, {"code", "OK"}}),
             1);
   EXPECT_EQ(client::PrometheusSum(*text, "krause_requests_total"), 3 + 1 + 1 + 2 + 1 + 1);
-  EXPECT_EQ(
-      sample("krause_request_duration_seconds_count", {{"rpc", "Classify"}, {"model", "vit"}}), 4);
-  EXPECT_EQ(
-      sample("krause_request_duration_seconds_count", {{"rpc", "Generate"}, {"model", "karm"}}), 2);
+  EXPECT_EQ(sample("krause_request_duration_seconds_count",
+                   {{"rpc", "Classify"}, {"protocol", "krause.v1"}, {"model", "vit"}}),
+            4);
+  EXPECT_EQ(sample("krause_request_duration_seconds_count",
+                   {{"rpc", "Generate"}, {"protocol", "krause.v1"}, {"model", "karm"}}),
+            2);
   EXPECT_EQ(sample("krause_queue_duration_seconds_count", {{"rpc", "Classify"}, {"model", "vit"}}),
             3);
   // Buckets are cumulative and end at +Inf with the count.
-  EXPECT_EQ(sample("krause_request_duration_seconds_bucket",
-                   {{"rpc", "Classify"}, {"model", "vit"}, {"le", "+Inf"}}),
-            4);
+  EXPECT_EQ(
+      sample("krause_request_duration_seconds_bucket",
+             {{"rpc", "Classify"}, {"protocol", "krause.v1"}, {"model", "vit"}, {"le", "+Inf"}}),
+      4);
   EXPECT_EQ(sample("krause_classify_batch_images_count", {{"model", "vit"}}), 3);
   EXPECT_EQ(sample("krause_classify_batch_images_sum", {{"model", "vit"}}), 6);
   EXPECT_EQ(sample("krause_compute_duration_seconds_count",

@@ -309,7 +309,7 @@ def main():
     log = open(os.path.join(tmp, "server.log"), "w")
     server = subprocess.Popen([os.path.join(args.bin_dir, "krause-server"), "--manifest", manifest,
                                f"--listen=127.0.0.1:{port}", f"--metrics_listen=127.0.0.1:{mport}",
-                               "--drain_seconds=5"], stdout=log, stderr=subprocess.STDOUT)
+                               "--http_listen=", "--drain_seconds=5"], stdout=log, stderr=subprocess.STDOUT)
     failures = []
     address = f"127.0.0.1:{port}"
     msgs = messages(args.source_dir, tmp)

@@ -1,0 +1,109 @@
+#include "server/oip_service.h"
+
+#include "server/oip_infer.h"
+#include "server/oip_proto.h"
+#include "server/status.h"
+
+namespace krause::server {
+namespace {
+
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& st) {
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(ToGrpcStatus(st));
+  return r;
+}
+
+// The readiness probes' view: models loaded and not draining.
+bool Ready(const Gate& gate) { return gate.registry() != nullptr && !gate.draining(); }
+
+}  // namespace
+
+grpc::ServerUnaryReactor* OipService::ServerLive(grpc::CallbackServerContext* ctx,
+                                                 const inference::ServerLiveRequest*,
+                                                 inference::ServerLiveResponse* response) {
+  response->set_live(true);
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* OipService::ServerReady(grpc::CallbackServerContext* ctx,
+                                                  const inference::ServerReadyRequest*,
+                                                  inference::ServerReadyResponse* response) {
+  response->set_ready(Ready(*native_->gate()));
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* OipService::ModelReady(grpc::CallbackServerContext* ctx,
+                                                 const inference::ModelReadyRequest* request,
+                                                 inference::ModelReadyResponse* response) {
+  const Gate& gate = *native_->gate();
+  if (gate.registry() == nullptr) {  // still loading: no model is ready yet
+    response->set_ready(false);
+    return Done(ctx, absl::OkStatus());
+  }
+  auto m = oip::FindModel(*gate.registry(), request->name(), request->version());
+  if (!m.ok()) return Done(ctx, m.status());
+  response->set_ready(!gate.draining());
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* OipService::ServerMetadata(grpc::CallbackServerContext* ctx,
+                                                     const inference::ServerMetadataRequest*,
+                                                     inference::ServerMetadataResponse* response) {
+  UnaryCall call(native_->gate(), native_->observer(), native_->request_log(), ctx,
+                 "ServerMetadata", kProtocolOipGrpc);
+  if (!call.Enter(ctx)) return call.reactor();
+  response->set_name(oip::kServerName);
+  response->set_version(oip::ServerVersion());
+  for (const std::string& e : oip::Extensions()) response->add_extensions(e);
+  call.Finish(absl::OkStatus());
+  return call.reactor();
+}
+
+grpc::ServerUnaryReactor* OipService::ModelMetadata(grpc::CallbackServerContext* ctx,
+                                                    const inference::ModelMetadataRequest* request,
+                                                    inference::ModelMetadataResponse* response) {
+  UnaryCall call(native_->gate(), native_->observer(), native_->request_log(), ctx, "ModelMetadata",
+                 kProtocolOipGrpc);
+  if (!call.Enter(ctx)) return call.reactor();
+  call.Finish(Guarded("ModelMetadata", [&]() -> absl::Status {
+    auto m = oip::FindModel(*native_->gate()->registry(), request->name(), request->version());
+    if (!m.ok()) return m.status();
+    call.book()->set_model((*m)->name());
+    oip::ToProto(oip::MetadataOf(**m), response);
+    return absl::OkStatus();
+  }));
+  return call.reactor();
+}
+
+grpc::ServerUnaryReactor* OipService::ModelInfer(grpc::CallbackServerContext* ctx,
+                                                 const inference::ModelInferRequest* request,
+                                                 inference::ModelInferResponse* response) {
+  auto call =
+      std::make_shared<UnaryCall>(native_->gate(), native_->observer(), native_->request_log(), ctx,
+                                  "ModelInfer", kProtocolOipGrpc);
+  grpc::ServerUnaryReactor* reactor = call->reactor();
+  if (!call->Enter(ctx)) return reactor;
+  const absl::Status st = Guarded("ModelInfer", [&]() -> absl::Status {
+    auto parsed = oip::FromProto(*request);
+    if (!parsed.ok()) return parsed.status();
+    oip::InferContext c;
+    c.deadline = SteadyDeadline(ctx);
+    c.cancelled = [ctx] { return ctx->IsCancelled(); };
+    c.book = call->book();
+    c.observer = native_->observer();
+    c.replies = native_->replies();
+    c.fault = native_->fault_hook();
+    return oip::StartInfer(*native_->gate()->registry(), std::move(*parsed), c,
+                           [call, response](absl::StatusOr<oip::InferResponse> r) {
+                             call->Finish(Guarded("ModelInfer", [&]() -> absl::Status {
+                               if (!r.ok()) return r.status();
+                               oip::ToProto(*r, response);
+                               return absl::OkStatus();
+                             }));
+                           });
+  });
+  if (!st.ok()) call->Finish(st);
+  return reactor;
+}
+
+}  // namespace krause::server
