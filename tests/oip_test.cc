@@ -2,13 +2,14 @@
 // (ParseInferJson and the response), the gRPC messages (raw and typed contents), raw BYTES
 // tensors, numeric parameters, and the gRPC code -> HTTP status mapping. The server end to end
 // is tests/oip_e2e_test.py.
+#include "server/oip.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "server/oip.h"
 #include "server/oip_json.h"
 #include "server/oip_proto.h"
 #include "server/status.h"
@@ -19,10 +20,10 @@ namespace {
 std::string Message(const absl::Status& st) { return std::string(st.message()); }
 
 TEST(OipJson, NestedAndFlatDataGiveTheSameRawBytes) {
-  auto nested = ParseInferJson(
-      R"({"id":"a","inputs":[{"name":"image","datatype":"UINT8","shape":[1,2,2,1],)"
-      R"("data":[[[[1],[2]],[[3],[255]]]]}]})",
-      "m", "1");
+  auto nested =
+      ParseInferJson(R"({"id":"a","inputs":[{"name":"image","datatype":"UINT8","shape":[1,2,2,1],)"
+                     R"("data":[[[[1],[2]],[[3],[255]]]]}]})",
+                     "m", "1");
   auto flat = ParseInferJson(
       R"({"inputs":[{"name":"image","datatype":"UINT8","shape":[1,2,2,1],"data":[1,2,3,255]}]})",
       "m", "");
