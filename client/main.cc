@@ -68,15 +68,19 @@ ABSL_FLAG(int32_t, class_index, -1,
 ABSL_FLAG(std::string, labels_file, "",
           "score: an IDX label file (e.g. t10k-labels-idx1-ubyte.gz) giving each image's class, "
           "sliced with --index like the images");
-ABSL_FLAG(double, guidance, 1.0,
-          "generate/complete: classifier-free guidance scale with --label/--class_index (1: "
-          "off; above 1 the images follow the class more closely, at twice the compute)");
+ABSL_FLAG(double, guidance, -1,
+          "generate/complete: classifier-free guidance scale with --label/--class_index (-1: "
+          "the model's default, ModelInfo.default_guidance; 1: off; above 1 the images follow "
+          "the class more closely, at twice the compute)");
 ABSL_FLAG(int32_t, num, 1, "generate/complete: images to sample");
 ABSL_FLAG(int64_t, seed, -1,
           "generate/complete: seed of image 0 (image i uses seed + i; -1: random)");
-ABSL_FLAG(double, temperature, 1.0, "generate/complete: temperature (0: greedy)");
-ABSL_FLAG(double, top_p, 1.0, "generate/complete: nucleus mass in (0, 1]");
-ABSL_FLAG(int32_t, top_k, 0, "generate/complete: keep the k most likely values (0: off)");
+ABSL_FLAG(double, temperature, -1,
+          "generate/complete: temperature (0: greedy; -1: the model's default, else 1)");
+ABSL_FLAG(double, top_p, -1,
+          "generate/complete: nucleus mass in (0, 1] (-1: the model's default, else 1: off)");
+ABSL_FLAG(int32_t, top_k, 0,
+          "generate/complete: keep the k most likely values (0: the model's default, else off)");
 ABSL_FLAG(int32_t, rows, 0, "complete: prompt rows to keep");
 ABSL_FLAG(std::string, out, ".", "generate/complete: folder for the PNG files");
 ABSL_FLAG(std::string, prefix, "sample", "generate/complete: file names PREFIX-I.png");
@@ -231,6 +235,7 @@ int List(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_json
     json j = json::array();
     for (const auto& m : r.models()) {
       json t = {{"name", m.name()},
+                {"version", m.version()},
                 {"kind", v1::ModelInfo::Kind_Name(m.kind())},
                 {"attention", v1::ModelInfo::Attention_Name(m.attention())},
                 {"default", m.is_default()},
@@ -250,13 +255,13 @@ int List(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_json
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::printf("%-20s %-10s %-8s %-9s %10s %9s %9s %7s  %s\n", "NAME", "KIND", "ATTN", "SHAPE",
-              "PARAMS", "MFLOP/IMG", "DENSE-EQ", "SAVING", "DEFAULT");
+  std::printf("%-20s %-4s %-10s %-8s %-9s %10s %9s %9s %7s  %s\n", "NAME", "VER", "KIND", "ATTN",
+              "SHAPE", "PARAMS", "MFLOP/IMG", "DENSE-EQ", "SAVING", "DEFAULT");
   for (const auto& m : r.models()) {
     const double ex = m.flops_per_image_executed() / 1e6,
                  de = m.flops_per_image_dense_equivalent() / 1e6;
-    std::printf("%-20s %-10s %-8s %-9s %10llu %9.2f %9.2f %6.1f%%  %s\n", m.name().c_str(),
-                v1::ModelInfo::Kind_Name(m.kind()).c_str(),
+    std::printf("%-20s %-4s %-10s %-8s %-9s %10llu %9.2f %9.2f %6.1f%%  %s\n", m.name().c_str(),
+                m.version().c_str(), v1::ModelInfo::Kind_Name(m.kind()).c_str(),
                 v1::ModelInfo::Attention_Name(m.attention()).c_str(),
                 absl::StrCat(m.height(), "x", m.width(), "x", m.channels()).c_str(),
                 static_cast<unsigned long long>(m.parameters()), ex, de,
@@ -340,15 +345,18 @@ int Generate(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_
   req.set_num_images(static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_num))));
   if (absl::GetFlag(FLAGS_seed) >= 0)
     req.set_seed(static_cast<uint64_t>(absl::GetFlag(FLAGS_seed)));
-  req.set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
-  req.set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
+  // Negative: unset, so that the model's sampling defaults apply.
+  if (absl::GetFlag(FLAGS_temperature) >= 0)
+    req.set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+  if (absl::GetFlag(FLAGS_top_p) >= 0)
+    req.set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
   req.set_top_k(static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_top_k))));
   req.set_stream_rows(false);  // the client only needs the progress and the final PNGs
   auto cls = ChosenClass();
   if (!cls.ok()) return Fail(cls.status().ToString());
   if (!cls->label.empty()) req.set_label(cls->label);
   if (cls->index >= 0) req.set_class_index(static_cast<uint32_t>(cls->index));
-  if (absl::GetFlag(FLAGS_guidance) != 1.0)
+  if (absl::GetFlag(FLAGS_guidance) >= 0)
     req.set_guidance(static_cast<float>(absl::GetFlag(FLAGS_guidance)));
   if (!prompt_file.empty()) {
     auto bytes = krause::ReadFileToString(prompt_file);

@@ -48,8 +48,10 @@ struct CallObserver {
   virtual ~CallObserver() = default;
   // Every call, once, when it finishes. `protocol`: kProtocolKrause, kProtocolOipGrpc or
   // kProtocolOipRest.
+  // `version`: the model's version ("" with the model when the call resolved none).
   virtual void OnCallDone(const std::string& rpc, const std::string& protocol,
-                          const std::string& model, grpc::StatusCode code, double seconds) = 0;
+                          const std::string& model, const std::string& version,
+                          grpc::StatusCode code, double seconds) = 0;
   // Time a call's work waited in its model's queue before it ran (Classify: once per call;
   // Generate: once per image, until it got a cache slot).
   virtual void OnQueued(const std::string& rpc, const std::string& model, double seconds) {}
@@ -107,7 +109,11 @@ class CallBook {
     entered_ = st.ok();
     return st;
   }
-  void set_model(const std::string& m) { model_ = m; }
+  // The served model (and version) the call resolved.
+  void set_model(const std::string& m, int64_t version) {
+    model_ = m;
+    version_ = std::to_string(version);
+  }
   Clock::time_point start() const { return start_; }
   // For the request log: the call's images, and the time its work waited (the longest wait).
   void set_images(int64_t n) {
@@ -128,12 +134,13 @@ class CallBook {
     const grpc::Status g = ToGrpcStatus(st);
     const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
     if (observer_ != nullptr)
-      observer_->OnCallDone(rpc_, protocol_, model_, g.error_code(), seconds);
+      observer_->OnCallDone(rpc_, protocol_, model_, version_, g.error_code(), seconds);
     if (log_ != nullptr) {
       CallRecord r;
       r.rpc = rpc_;
       r.protocol = protocol_;
       r.model = model_;
+      r.version = version_;
       r.code = GrpcCodeName(g.error_code());
       r.peer = peer_;
       r.request_id = request_id_;
@@ -159,7 +166,7 @@ class CallBook {
   const char* const rpc_;
   const char* const protocol_;
   const Clock::time_point start_;
-  std::string model_;
+  std::string model_, version_;  // "" until the call resolved a model
   std::string peer_, request_id_, traceparent_;
   bool entered_ = false;
   std::atomic<bool> finished_{false};

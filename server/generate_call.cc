@@ -26,10 +26,10 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerateCall::Start(
 }
 
 absl::Status GenerateCall::Begin(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
-  auto found = svc_->gate()->registry()->Find<ServedGenerator>(req.model());
+  auto found = svc_->gate()->registry()->Find<ServedGenerator>(req.model(), req.version());
   if (!found.ok()) return found.status();
   model_ = *found;
-  book_.set_model(model_->name());
+  book_.set_model(model_->name(), model_->info().version);
   auto parsed = ParseGenerate(req, *model_, svc_->fault_hook());
   if (!parsed.ok()) return parsed.status();
   const GenerateParams& p = parsed->params;
@@ -178,6 +178,7 @@ void GenerateCall::BuildMessage(GenerateStream::Chunk& c) {
   if (c.has_summary) {
     v1::GenerateSummary* s = message_.mutable_summary();
     s->set_model(model_->name());
+    s->set_model_version(std::to_string(model_->info().version));
     s->set_images(static_cast<uint32_t>(c.summary.images));
     s->set_pixels_generated(static_cast<uint64_t>(c.summary.pixels_generated));
     s->set_seconds(c.summary.seconds);

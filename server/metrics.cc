@@ -44,9 +44,12 @@ prometheus::MetricFamily Family(const char* name, const char* help, prometheus::
   return f;
 }
 
-void AddGauge(prometheus::MetricFamily* f, const std::string& model, double v) {
+// A served model's gauge, labelled with its name and version (two versions of a model may be
+// served at once).
+void AddGauge(prometheus::MetricFamily* f, const ServedModel& served, double v) {
   prometheus::ClientMetric m;
-  m.label.push_back({"model", model});
+  m.label.push_back({"model", served.name()});
+  m.label.push_back({"version", std::to_string(served.info().version)});
   m.gauge.value = v;
   f->metric.push_back(std::move(m));
 }
@@ -94,15 +97,15 @@ class Metrics::Gauges : public prometheus::Collectable {
     if (registry_ != nullptr) {
       for (const auto& m : registry_->models()) {
         const ModelGauges g = m->Gauges();
-        AddGauge(&queued, m->name(), static_cast<double>(g.queued_images));
+        AddGauge(&queued, *m, static_cast<double>(g.queued_images));
         if (!g.cache) continue;
         const ModelGauges::Cache& c = *g.cache;
         const double per = static_cast<double>(c.bytes_per_slot);
-        AddGauge(&active, m->name(), static_cast<double>(c.active_sequences));
-        AddGauge(&slots, m->name(), static_cast<double>(c.slots));
-        AddGauge(&used, m->name(), static_cast<double>(c.slots_in_use));
-        AddGauge(&bytes, m->name(), per * static_cast<double>(c.slots));
-        AddGauge(&bytes_used, m->name(), per * static_cast<double>(c.slots_in_use));
+        AddGauge(&active, *m, static_cast<double>(c.active_sequences));
+        AddGauge(&slots, *m, static_cast<double>(c.slots));
+        AddGauge(&used, *m, static_cast<double>(c.slots_in_use));
+        AddGauge(&bytes, *m, per * static_cast<double>(c.slots));
+        AddGauge(&bytes_used, *m, per * static_cast<double>(c.slots_in_use));
       }
     }
     return {calls, queued, active, slots, used, bytes, bytes_used};
@@ -119,13 +122,13 @@ Metrics::Metrics()
       gauges_(std::make_shared<Gauges>()),
       requests_(BuildCounter()
                     .Name("krause_requests_total")
-                    .Help("Finished calls by rpc, protocol, model and gRPC status code.")
+                    .Help("Finished calls by rpc, protocol, model, version and gRPC status code.")
                     .Register(*prom_)),
-      latency_(
-          BuildHistogram()
-              .Name("krause_request_duration_seconds")
-              .Help("Call latency from arrival to the final status, by rpc, protocol and model.")
-              .Register(*prom_)),
+      latency_(BuildHistogram()
+                   .Name("krause_request_duration_seconds")
+                   .Help("Call latency from arrival to the final status, by rpc, protocol, model "
+                         "and version.")
+                   .Register(*prom_)),
       queue_(BuildHistogram()
                  .Name("krause_queue_duration_seconds")
                  .Help("Time waiting in the model's queue: Classify per call (until its batch "
@@ -219,11 +222,18 @@ WorkerHooks Metrics::Hooks() {
 }
 
 void Metrics::OnCallDone(const std::string& rpc, const std::string& protocol,
-                         const std::string& model, grpc::StatusCode code, double seconds) {
+                         const std::string& model, const std::string& version,
+                         grpc::StatusCode code, double seconds) {
   requests_
-      .Add({{"rpc", rpc}, {"protocol", protocol}, {"model", model}, {"code", GrpcCodeName(code)}})
+      .Add({{"rpc", rpc},
+            {"protocol", protocol},
+            {"model", model},
+            {"version", version},
+            {"code", GrpcCodeName(code)}})
       .Increment();
-  latency_.Add({{"rpc", rpc}, {"protocol", protocol}, {"model", model}}, SecondsBuckets())
+  latency_
+      .Add({{"rpc", rpc}, {"protocol", protocol}, {"model", model}, {"version", version}},
+           SecondsBuckets())
       .Observe(seconds);
 }
 

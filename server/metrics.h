@@ -1,8 +1,9 @@
 // Prometheus metrics of krause-server (prometheus-cpp's metric types and text format), served on
 // `/metrics` on their own port by civetweb (server/http_endpoint.h). Names follow
 // Prometheus conventions (base units, _total, _seconds, _bytes); labels are model (a served model's
-// name, or "" when the request named none that exists), rpc, code and (calls) protocol (krause.v1,
-// oip-grpc, oip-rest), so cardinality is bounded by the manifest. Gauges of queues, sequences and
+// name, or "" when the request named none that exists), version (the served version, "" with no
+// model), rpc, code and (calls) protocol (krause.v1, oip-grpc, oip-rest), so cardinality is
+// bounded by the models served. Gauges of queues, sequences and
 // caches are read from the registry at scrape time. Thread-safety: every method may be called from
 // any thread.
 #pragma once
@@ -42,7 +43,7 @@ class Metrics : public CallObserver {
   std::string Scrape() const;
 
   void OnCallDone(const std::string& rpc, const std::string& protocol, const std::string& model,
-                  grpc::StatusCode code, double seconds) override;
+                  const std::string& version, grpc::StatusCode code, double seconds) override;
   void OnQueued(const std::string& rpc, const std::string& model, double seconds) override;
   void OnFlops(const std::string& rpc, const std::string& model, double executed,
                double dense) override;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@ const char* ModelKindName(ModelKind kind);  // "classifier", "generator"
 
 struct ModelInfo {
   std::string name;
+  int64_t version = 1;  // the version of its weights (ModelSpec::version)
   ModelKind kind = ModelKind::kClassifier;
   AttentionKind attention = AttentionKind::kKrause;  // model/attention_kind.h
   bool is_default = false;                           // the default model of its kind
@@ -37,7 +39,10 @@ struct ModelInfo {
   int64_t max_images_per_request = 0;
   int64_t kv_cache_bytes_per_sequence = 0;  // generators
   std::string checkpoint;                   // the file it was loaded from
-  std::string summary;                      // the checkpoint's training summary (JSON), if any
+  // Generators: what a request that leaves a sampling field unset gets (ServedGenerator).
+  std::optional<double> default_temperature, default_top_p, default_guidance;
+  std::optional<int64_t> default_top_k;
+  std::string summary;  // the checkpoint's training summary (JSON), if any
 };
 
 }  // namespace krause::server

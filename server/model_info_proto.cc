@@ -13,6 +13,12 @@ v1::ModelInfo::Kind ToProto(ModelKind kind) {
 v1::ModelInfo ToProto(const ModelInfo& m) {
   v1::ModelInfo info;
   info.set_name(m.name);
+  info.set_version(std::to_string(m.version));
+  if (m.default_temperature)
+    info.set_default_temperature(static_cast<float>(*m.default_temperature));
+  if (m.default_top_p) info.set_default_top_p(static_cast<float>(*m.default_top_p));
+  if (m.default_top_k) info.set_default_top_k(static_cast<uint32_t>(*m.default_top_k));
+  if (m.default_guidance) info.set_default_guidance(static_cast<float>(*m.default_guidance));
   info.set_kind(ToProto(m.kind));
   info.set_attention(m.attention == AttentionKind::kKrause ? v1::ModelInfo::KRAUSE
                                                            : v1::ModelInfo::SOFTMAX);

@@ -105,8 +105,6 @@ struct ModelMetadata {
   std::vector<TensorSpec> inputs, outputs;
 };
 
-// Every served model has version "1" until the model repository adds versions.
-inline constexpr char kModelVersion[] = "1";
 // The extensions /v2 and ServerMetadata list (only those implemented).
 std::vector<std::string> Extensions();
 inline constexpr char kServerName[] = "krause-serve";

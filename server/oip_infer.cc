@@ -156,7 +156,7 @@ Tensor RawOutput(const std::string& name, DataType type, std::vector<int64_t> sh
 InferResponse ResponseFor(const InferRequest& r, const ServedModel& m) {
   InferResponse out;
   out.model = m.name();
-  out.version = kModelVersion;
+  out.version = std::to_string(m.info().version);
   out.id = r.id;
   return out;
 }
@@ -397,7 +397,11 @@ absl::Status Generate(const InferRequest& r, ServedGenerator* m,
                      " images; model ", m->name(), " generates 1 to ", info.max_images_per_request,
                      " per request"));
   p.images = images;
+  // Parameters left out get the model's defaults (ModelInfo), as in native Generate.
   SamplingParams& sp = p.sampling;
+  sp.temperature = info.default_temperature.value_or(sp.temperature);
+  sp.top_p = info.default_top_p.value_or(sp.top_p);
+  sp.top_k = info.default_top_k.value_or(sp.top_k);
   for (auto [name, field] : {std::pair{"temperature", &sp.temperature}, {"top_p", &sp.top_p}}) {
     if (const Parameter* v = param(name)) {
       auto x = NumberParameter(name, *v);
@@ -412,14 +416,21 @@ absl::Status Generate(const InferRequest& r, ServedGenerator* m,
   }
   if (absl::Status st = ValidateSampling(sp); !st.ok())
     return absl::InvalidArgumentError(absl::StrCat("parameter ", st.message()));
+  const bool guidance_given = param("guidance") != nullptr;
   if (const Parameter* v = param("guidance")) {
     auto g = NumberParameter("guidance", *v);
     if (!g.ok()) return g.status();
     p.guidance = *g;
   }
   if (classes.empty()) classes.assign(images, -1);
+  // Without the parameter, an image with a class gets the model's default guidance, one without
+  // none (as native Generate).
+  std::vector<double> guidance(images, p.guidance);
+  if (!guidance_given)
+    for (int64_t i = 0; i < images; ++i)
+      guidance[i] = classes[i] >= 0 ? info.default_guidance.value_or(1.0) : 1.0;
   for (int64_t i = 0; i < images; ++i) {
-    if (absl::Status st = ValidateGuidance(p.guidance, classes[i]); !st.ok())
+    if (absl::Status st = ValidateGuidance(guidance[i], classes[i]); !st.ok())
       return absl::InvalidArgumentError(absl::StrCat(
           "parameter guidance: ", st.message(),
           classes[i] >= 0 ? "" : absl::StrCat("; image ", i, " has no class (class_index)")));
@@ -432,7 +443,10 @@ absl::Status Generate(const InferRequest& r, ServedGenerator* m,
     sp.seed = std::random_device{}() * 0x100000001ull;
   }
   std::vector<GenerationRequest> requests = ImageRequests(p);
-  for (int64_t i = 0; i < images; ++i) requests[i].label = classes[i];
+  for (int64_t i = 0; i < images; ++i) {
+    requests[i].label = classes[i];
+    requests[i].guidance = guidance[i];
+  }
   ctx.book->set_images(images);
   auto collector = std::make_shared<Collector>(m, ctx, ResponseFor(r, *m), images, std::move(done));
   return m->worker().Submit(std::move(requests), std::move(collector));
@@ -440,10 +454,10 @@ absl::Status Generate(const InferRequest& r, ServedGenerator* m,
 
 }  // namespace
 
-ModelMetadata MetadataOf(const ServedModel& m) {
+ModelMetadata MetadataOf(const ServedModel& m, const std::vector<int64_t>& versions) {
   ModelMetadata md;
   md.name = m.name();
-  md.versions = {kModelVersion};
+  for (int64_t v : versions) md.versions.push_back(std::to_string(v));
   md.platform = absl::StrCat("krause_", ModelKindName(m.kind()));
   const ImageShape& s = m.info().shape;
   const std::vector<int64_t> images = {-1, s.height, s.width, s.channels};
@@ -461,20 +475,10 @@ ModelMetadata MetadataOf(const ServedModel& m) {
   return md;
 }
 
-absl::Status CheckVersion(const ServedModel& m, const std::string& version) {
-  if (version.empty() || version == kModelVersion) return absl::OkStatus();
-  return absl::NotFoundError(absl::StrCat("model ", m.name(), " has no version \"",
-                                          version.substr(0, 64), "\" (it serves version ",
-                                          kModelVersion, ")"));
-}
-
 absl::StatusOr<ServedModel*> FindModel(const Registry& registry, const std::string& name,
                                        const std::string& version) {
   if (name.empty()) return absl::InvalidArgumentError("model_name is required");
-  auto m = registry.FindAny(name);
-  if (!m.ok()) return m.status();
-  if (absl::Status st = CheckVersion(**m, version); !st.ok()) return st;
-  return *m;
+  return registry.FindAny(name, version);
 }
 
 absl::Status StartInfer(const Registry& registry, InferRequest request, const InferContext& ctx,
@@ -482,7 +486,7 @@ absl::Status StartInfer(const Registry& registry, InferRequest request, const In
   auto found = FindModel(registry, request.model, request.version);
   if (!found.ok()) return found.status();
   ServedModel* m = *found;
-  ctx.book->set_model(m->name());
+  ctx.book->set_model(m->name(), m->info().version);
   if (m->kind() == ModelKind::kClassifier)
     return Classify(request, static_cast<ServedClassifier*>(m), ctx, std::move(done));
   auto* g = static_cast<ServedGenerator*>(m);

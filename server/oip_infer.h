@@ -38,12 +38,11 @@ using InferDone = std::function<void(absl::StatusOr<InferResponse>)>;
 absl::Status StartInfer(const Registry& registry, InferRequest request, const InferContext& ctx,
                         InferDone done);
 
-// The model's tensors (the contract above).
-ModelMetadata MetadataOf(const ServedModel& model);
-// OK for "" and the served version; NOT_FOUND naming the model and its versions otherwise.
-absl::Status CheckVersion(const ServedModel& model, const std::string& version);
+// The model's tensors (the contract above), with the versions served of its name.
+ModelMetadata MetadataOf(const ServedModel& model, const std::vector<int64_t>& versions);
 
-// The served model `name` at `version`: NOT_FOUND (or InvalidArgument for an empty name).
+// The served model `name` at `version` (empty: the newest): NOT_FOUND naming the versions
+// served (or InvalidArgument for an empty name).
 absl::StatusOr<ServedModel*> FindModel(const Registry& registry, const std::string& name,
                                        const std::string& version);
 

@@ -89,14 +89,29 @@ const char* KvCacheDtypeName(KvCacheDtype dtype) {
   return "?";
 }
 
-absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
-                                                     const std::string& base_dir) {
-  const nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("models") || !j["models"].is_array())
-    return absl::InvalidArgumentError("manifest: expected a JSON object {\"models\": [...]}");
-  static const std::set<std::string> kKeys = {"name",
-                                              "checkpoint",
-                                              "cuda_graphs",
+absl::Status ReadSamplingDefaults(const nlohmann::json& m, const std::string& where,
+                                  SamplingDefaults* out) {
+  for (auto [key, field] : {std::pair{"temperature", &out->temperature},
+                            {"top_p", &out->top_p},
+                            {"guidance", &out->guidance}}) {
+    const auto it = m.find(key);
+    if (it == m.end()) continue;
+    if (!it->is_number())
+      return absl::InvalidArgumentError(absl::StrCat(where, ".", key, " must be a number, got ",
+                                                     it->type_name(), " ", it->dump()));
+    *field = it->get<double>();
+  }
+  if (const auto it = m.find("top_k"); it != m.end()) {
+    int64_t k = 0;
+    if (absl::Status st = ReadKey(m, "top_k", where, &k); !st.ok()) return st;
+    out->top_k = k;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadServingOptions(const nlohmann::json& m, const std::string& where,
+                                const std::set<std::string>& extra_keys, ModelSpec* spec) {
+  static const std::set<std::string> kKeys = {"cuda_graphs",
                                               "device",
                                               "default",
                                               "max_batch_size",
@@ -105,31 +120,71 @@ absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
                                               "max_sequences",
                                               "max_waiting",
                                               "max_images_per_request",
-                                              "kv_cache_dtype"};
+                                              "kv_cache_dtype",
+                                              "temperature",
+                                              "top_p",
+                                              "top_k",
+                                              "guidance"};
+  if (!m.is_object()) return absl::InvalidArgumentError(where + " is not an object");
+  for (const auto& [key, value] : m.items()) {
+    if (!kKeys.count(key) && !extra_keys.count(key)) {
+      std::set<std::string> known = kKeys;
+      known.insert(extra_keys.begin(), extra_keys.end());
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": unknown key \"", key, "\" (known: ", absl::StrJoin(known, ", "), ")"));
+    }
+  }
+  ModelSpec& s = *spec;
+  std::string cache_dtype = KvCacheDtypeName(s.kv_cache_dtype);
+  for (absl::Status st :
+       {ReadKey(m, "device", where, &s.device), ReadKey(m, "default", where, &s.is_default),
+        ReadKey(m, "max_batch_size", where, &s.max_batch_size),
+        ReadKey(m, "max_queue_delay_ms", where, &s.max_queue_delay_ms),
+        ReadKey(m, "max_queued_images", where, &s.max_queued_images),
+        ReadKey(m, "max_sequences", where, &s.max_sequences),
+        ReadKey(m, "max_waiting", where, &s.max_waiting),
+        ReadKey(m, "cuda_graphs", where, &s.cuda_graphs),
+        ReadKey(m, "kv_cache_dtype", where, &cache_dtype),
+        ReadKey(m, "max_images_per_request", where, &s.max_images_per_request),
+        ReadSamplingDefaults(m, where, &s.sampling)}) {
+    if (!st.ok()) return st;
+  }
+  const std::string w = where + ".";
+  absl::Status st = CheckRange(w + "max_batch_size", s.max_batch_size, 1, 4096);
+  if (st.ok()) st = CheckRange(w + "max_queue_delay_ms", s.max_queue_delay_ms, 0, 10000);
+  if (st.ok()) st = CheckRange(w + "max_queued_images", s.max_queued_images, 1, 1 << 20);
+  if (st.ok()) st = CheckRange(w + "max_sequences", s.max_sequences, 1, 4096);
+  if (st.ok()) st = CheckRange(w + "max_waiting", s.max_waiting, 0, 1 << 20);
+  if (st.ok()) st = CheckRange(w + "max_images_per_request", s.max_images_per_request, 0, 4096);
+  if (!st.ok()) return st;
+  const auto* dtype =
+      std::find_if(std::begin(kKvCacheDtypes), std::end(kKvCacheDtypes),
+                   [&](KvCacheDtype d) { return cache_dtype == KvCacheDtypeName(d); });
+  if (dtype == std::end(kKvCacheDtypes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        w, "kv_cache_dtype must be float32, bfloat16 or float16, got \"", cache_dtype, "\""));
+  }
+  s.kv_cache_dtype = *dtype;
+  return absl::OkStatus();
+}
+
+bool ValidModelName(const std::string& name) { return ValidName(name); }
+
+absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
+                                                     const std::string& base_dir) {
+  const nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("models") || !j["models"].is_array())
+    return absl::InvalidArgumentError("manifest: expected a JSON object {\"models\": [...]}");
   std::vector<ModelSpec> specs;
   std::set<std::string> names;
   for (size_t i = 0; i < j["models"].size(); ++i) {
     const nlohmann::json& m = j["models"][i];
     const std::string where = absl::StrCat("manifest: models[", i, "]");
-    if (!m.is_object()) return absl::InvalidArgumentError(where + " is not an object");
-    for (const auto& [key, value] : m.items()) {
-      if (!kKeys.count(key))
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": unknown key \"", key, "\" (known: ", absl::StrJoin(kKeys, ", "), ")"));
-    }
     ModelSpec s;
-    std::string cache_dtype = KvCacheDtypeName(s.kv_cache_dtype);
+    if (absl::Status st = ReadServingOptions(m, where, {"name", "checkpoint"}, &s); !st.ok())
+      return st;
     for (absl::Status st :
-         {ReadKey(m, "name", where, &s.name), ReadKey(m, "checkpoint", where, &s.checkpoint),
-          ReadKey(m, "device", where, &s.device), ReadKey(m, "default", where, &s.is_default),
-          ReadKey(m, "max_batch_size", where, &s.max_batch_size),
-          ReadKey(m, "max_queue_delay_ms", where, &s.max_queue_delay_ms),
-          ReadKey(m, "max_queued_images", where, &s.max_queued_images),
-          ReadKey(m, "max_sequences", where, &s.max_sequences),
-          ReadKey(m, "max_waiting", where, &s.max_waiting),
-          ReadKey(m, "cuda_graphs", where, &s.cuda_graphs),
-          ReadKey(m, "kv_cache_dtype", where, &cache_dtype),
-          ReadKey(m, "max_images_per_request", where, &s.max_images_per_request)}) {
+         {ReadKey(m, "name", where, &s.name), ReadKey(m, "checkpoint", where, &s.checkpoint)}) {
       if (!st.ok()) return st;
     }
     if (!ValidName(s.name))
@@ -141,22 +196,6 @@ absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,
       return absl::InvalidArgumentError(absl::StrCat(where, ".checkpoint is required"));
     if (fs::path(s.checkpoint).is_relative() && !base_dir.empty())
       s.checkpoint = (fs::path(base_dir) / s.checkpoint).lexically_normal().string();
-    const std::string w = where + ".";
-    absl::Status st = CheckRange(w + "max_batch_size", s.max_batch_size, 1, 4096);
-    if (st.ok()) st = CheckRange(w + "max_queue_delay_ms", s.max_queue_delay_ms, 0, 10000);
-    if (st.ok()) st = CheckRange(w + "max_queued_images", s.max_queued_images, 1, 1 << 20);
-    if (st.ok()) st = CheckRange(w + "max_sequences", s.max_sequences, 1, 4096);
-    if (st.ok()) st = CheckRange(w + "max_waiting", s.max_waiting, 0, 1 << 20);
-    if (st.ok()) st = CheckRange(w + "max_images_per_request", s.max_images_per_request, 0, 4096);
-    if (!st.ok()) return st;
-    const auto* dtype =
-        std::find_if(std::begin(kKvCacheDtypes), std::end(kKvCacheDtypes),
-                     [&](KvCacheDtype d) { return cache_dtype == KvCacheDtypeName(d); });
-    if (dtype == std::end(kKvCacheDtypes)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          w, "kv_cache_dtype must be float32, bfloat16 or float16, got \"", cache_dtype, "\""));
-    }
-    s.kv_cache_dtype = *dtype;
     specs.push_back(std::move(s));
   }
   if (specs.empty()) return absl::InvalidArgumentError("manifest: models is empty");

@@ -16,6 +16,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,9 +32,24 @@ namespace krause::server {
 enum class KvCacheDtype { kFloat32, kBFloat16, kFloat16 };
 const char* KvCacheDtypeName(KvCacheDtype dtype);  // "float32", "bfloat16", "float16"
 
+// A generator's sampling defaults: what a Generate request (either protocol) that leaves a field
+// unset gets. From the checkpoint's metadata ("sampling_defaults", a JSON object with these keys)
+// and the manifest entry or config.json (the same keys), the latter winning key by key.
+struct SamplingDefaults {
+  std::optional<double> temperature, top_p, guidance;  // guidance: for requests with a class
+  std::optional<int64_t> top_k;                        // a request's top_k of 0 means unset
+  bool empty() const { return !temperature && !top_p && !guidance && !top_k; }
+};
+// Reads the four keys of `obj` (absent keys leave *out as it is); a value that is not a number
+// (an integer for top_k) is InvalidArgument naming `where` and the key. Ranges are the model's
+// business (ServedGenerator checks them with the request's rules).
+absl::Status ReadSamplingDefaults(const nlohmann::json& obj, const std::string& where,
+                                  SamplingDefaults* out);
+
 struct ModelSpec {
   std::string name;        // [A-Za-z0-9._-]{1,64}, unique
   std::string checkpoint;  // safetensors file written by krause-train / tools/convert_pth.py
+  int64_t version = 1;     // a repository's version folder; 1 for a manifest or the flat layout
   std::string device = "cpu";
   bool is_default = false;  // the default of its kind (at most one per kind; else the first)
   // Classifiers: the dynamic batcher.
@@ -52,6 +70,9 @@ struct ModelSpec {
   // (a request is never split). Every value must have its JSON type (integers,
   // booleans, strings: no conversion); a wrong type is an error naming the entry and the key.
   int64_t max_images_per_request = 0;
+  // Generators: sampling defaults ("temperature", "top_p", "top_k", "guidance"), over the
+  // checkpoint's own.
+  SamplingDefaults sampling;
 };
 
 struct ServerOptions {
@@ -90,6 +111,15 @@ struct ServerOptions {
   // Tests only (no flag): see KrauseService's fault hook.
   std::function<void(const char* point)> fault_hook_for_test;
 };
+
+// The serving options a manifest entry (or a repository's config.json) may set, read from the
+// JSON object `entry` into *spec (keys absent keep its values) and checked: every value its JSON
+// type, every limit in range; a key that is neither a serving option nor in `extra_keys` is an
+// error. Errors name `where` and the key.
+absl::Status ReadServingOptions(const nlohmann::json& entry, const std::string& where,
+                                const std::set<std::string>& extra_keys, ModelSpec* spec);
+// [A-Za-z0-9._-]{1,64}
+bool ValidModelName(const std::string& name);
 
 // Parses a manifest; relative checkpoint paths are resolved against `base_dir`.
 absl::StatusOr<std::vector<ModelSpec>> ParseManifest(const std::string& json,

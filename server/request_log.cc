@@ -15,6 +15,7 @@ std::string FormatCallRecord(const CallRecord& r, absl::Time now) {
   j["rpc"] = r.rpc;
   j["protocol"] = r.protocol;
   j["model"] = r.model;
+  j["version"] = r.version;
   j["code"] = r.code;
   j["images"] = r.images;
   j["seconds"] = r.seconds;

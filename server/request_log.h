@@ -24,7 +24,7 @@
 namespace krause::server {
 
 struct CallRecord {
-  std::string rpc, protocol, model, code, peer, request_id, traceparent;
+  std::string rpc, protocol, model, version, code, peer, request_id, traceparent;
   int64_t images = 0;
   double seconds = 0, queue_seconds = 0;
 };

@@ -34,10 +34,12 @@ absl::StatusOr<ParsedGenerate> ParseGenerate(const v1::GenerateRequest& req,
     return absl::InvalidArgumentError(absl::StrCat("num_images is ", p.images, "; model ", m.name(),
                                                    " allows at most ", info.max_images_per_request,
                                                    " per request"));
+  // A field the request leaves unset gets the model's default (ModelInfo), else the engine's.
   SamplingParams& sp = p.sampling;
-  if (req.has_temperature()) sp.temperature = req.temperature();
-  if (req.has_top_p()) sp.top_p = req.top_p();
-  sp.top_k = req.top_k();
+  sp.temperature =
+      req.has_temperature() ? req.temperature() : info.default_temperature.value_or(1.0);
+  sp.top_p = req.has_top_p() ? req.top_p() : info.default_top_p.value_or(1.0);
+  sp.top_k = req.top_k() != 0 ? req.top_k() : info.default_top_k.value_or(0);
   if (absl::Status st = ValidateSampling(sp); !st.ok()) return st;
   const int64_t interval = req.update_interval_ms() == 0 ? 100 : req.update_interval_ms();
   if (interval < 10 || interval > 10000)
@@ -73,7 +75,10 @@ absl::StatusOr<ParsedGenerate> ParseGenerate(const v1::GenerateRequest& req,
     }
     p.label = *cls;
   }
-  p.guidance = req.has_guidance() ? req.guidance() : 1.0;
+  // The model's default guidance applies to requests with a class.
+  p.guidance = req.has_guidance() ? req.guidance()
+               : p.label >= 0     ? info.default_guidance.value_or(1.0)
+                                  : 1.0;
   if (const absl::Status st = ValidateGuidance(p.guidance, p.label); !st.ok()) {
     if (p.label >= 0) return st;  // the range
     return absl::InvalidArgumentError(absl::StrCat(

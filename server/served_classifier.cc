@@ -37,6 +37,12 @@ ServedClassifier::ServedClassifier(const ModelSpec& spec, const LoadedModel& mod
 absl::StatusOr<std::unique_ptr<ServedModel>> ServedClassifier::Create(const ModelSpec& spec,
                                                                       const LoadedModel& model,
                                                                       const WorkerHooks& hooks) {
+  if (!spec.sampling.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", spec.name,
+                     ": temperature, top_p, top_k and guidance are a generator's options (this "
+                     "is a classifier)"));
+  }
   if (spec.kv_cache_dtype != KvCacheDtype::kFloat32) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model ", spec.name, ": kv_cache_dtype is a generator's option (this is a classifier)"));

@@ -1,5 +1,7 @@
 #include "server/served_generator.h"
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "model/util/status_macros.h"
 #include "server/defaults.h"
@@ -47,9 +49,45 @@ ServedGenerator::ServedGenerator(const ModelSpec& spec, const LoadedModel& model
   info.kv_cache_bytes_per_sequence = worker_->bytes_per_sequence();
 }
 
+absl::StatusOr<SamplingDefaults> ServedGenerator::Defaults(const ModelSpec& spec,
+                                                           const LoadedModel& model) {
+  SamplingDefaults d;
+  if (const auto it = model.metadata.find("sampling_defaults"); it != model.metadata.end()) {
+    const nlohmann::json j = nlohmann::json::parse(it->second, nullptr, false);
+    const std::string where =
+        absl::StrCat("model ", spec.name, ": ", model.path, " metadata sampling_defaults");
+    if (j.is_discarded() || !j.is_object())
+      return absl::InvalidArgumentError(where + " is not a JSON object");
+    if (absl::Status st = ReadSamplingDefaults(j, where, &d); !st.ok()) return st;
+  }
+  const SamplingDefaults& s = spec.sampling;
+  if (s.temperature) d.temperature = s.temperature;
+  if (s.top_p) d.top_p = s.top_p;
+  if (s.top_k) d.top_k = s.top_k;
+  if (s.guidance) d.guidance = s.guidance;
+  // The request's own rules.
+  SamplingParams p;
+  p.temperature = d.temperature.value_or(p.temperature);
+  p.top_p = d.top_p.value_or(p.top_p);
+  p.top_k = d.top_k.value_or(p.top_k);
+  absl::Status st = ValidateSampling(p);
+  if (st.ok() && d.guidance) {
+    if (model.pixel->config().classes == 0 && *d.guidance != 1.0)
+      st = absl::InvalidArgumentError("guidance needs a conditional model");
+    else
+      st = ValidateGuidance(*d.guidance, /*label=*/0);
+  }
+  if (!st.ok())
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", spec.name, ": sampling default: ", st.message()));
+  return d;
+}
+
 absl::StatusOr<std::unique_ptr<ServedModel>> ServedGenerator::Create(const ModelSpec& spec,
                                                                      const LoadedModel& model,
                                                                      const WorkerHooks& hooks) {
+  auto sampling = Defaults(spec, model);
+  if (!sampling.ok()) return sampling.status();
   GeneratorOptions g;
   g.engine.max_sequences = spec.max_sequences;
   g.max_waiting = spec.max_waiting;
@@ -60,7 +98,13 @@ absl::StatusOr<std::unique_ptr<ServedModel>> ServedGenerator::Create(const Model
     on_step = [f = hooks.on_decode_step, name = spec.name](const DecodeEvent& e) { f(name, e); };
   auto worker = GeneratorWorker::Create(model.pixel, g, std::move(on_step));
   if (!worker.ok()) return WithContext("model " + spec.name, worker.status());
-  return std::unique_ptr<ServedModel>(new ServedGenerator(spec, model, std::move(*worker)));
+  std::unique_ptr<ServedGenerator> served(new ServedGenerator(spec, model, std::move(*worker)));
+  ModelInfo& info = served->mutable_info();
+  info.default_temperature = sampling->temperature;
+  info.default_top_p = sampling->top_p;
+  info.default_top_k = sampling->top_k;
+  info.default_guidance = sampling->guidance;
+  return std::unique_ptr<ServedModel>(std::move(served));
 }
 
 ModelGauges ServedGenerator::Gauges() const {

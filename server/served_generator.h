@@ -24,6 +24,10 @@ class ServedGenerator final : public ServedModel {
   // Images one request may hold: max_images_per_request, or
   // defaults::kGeneratorImagesPerRequest when 0.
   static int64_t ImagesPerRequest(const ModelSpec& spec);
+  // The sampling defaults the model serves with: the checkpoint's metadata
+  // ("sampling_defaults"), overridden key by key by the spec's; checked with a request's rules
+  // (InvalidArgument naming the model).
+  static absl::StatusOr<SamplingDefaults> Defaults(const ModelSpec& spec, const LoadedModel& model);
 
   const PixelModelConfig& config() const { return pixel_->config(); }
   GeneratorWorker& worker() const { return *worker_; }

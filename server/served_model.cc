@@ -5,6 +5,7 @@ namespace krause::server {
 ServedModel::ServedModel(ModelSpec spec, const LoadedModel& model, ModelKind kind)
     : spec_(std::move(spec)), flops_(model.FlopsPerImage()) {
   info_.name = spec_.name;
+  info_.version = spec_.version;
   info_.kind = kind;
   info_.device = spec_.device;
   info_.checkpoint = model.path;

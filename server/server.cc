@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "model/util/files.h"
+#include "server/repository.h"
 
 namespace krause::server {
 namespace {
@@ -72,11 +73,22 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
           absl::StrCat(flag, " must be in [0, 1000000] seconds, got ", value));
   }
   // The manifest and tokens are checked before anything listens.
-  absl::StatusOr<std::vector<ModelSpec>> specs =
-      options.manifest.empty()
-          ? BundledManifest(options.models_dir, options.device, options.cuda_graphs)
-          : ReadManifest(options.manifest);
+  // --models_dir is a versioned repository (REPO/<name>/<version>/model.safetensors) or the
+  // flat layout of the bundled models; a manifest names its checkpoints itself.
+  std::vector<std::string> repository_problems;
+  absl::StatusOr<std::vector<ModelSpec>> specs;
+  if (!options.manifest.empty()) {
+    specs = ReadManifest(options.manifest);
+  } else if (IsVersionedRepository(options.models_dir)) {
+    ModelSpec defaults;
+    defaults.device = options.device;
+    defaults.cuda_graphs = options.cuda_graphs;
+    specs = RepositoryManifest(options.models_dir, defaults, &repository_problems);
+  } else {
+    specs = BundledManifest(options.models_dir, options.device, options.cuda_graphs);
+  }
   if (!specs.ok()) return specs.status();
+  for (const std::string& p : repository_problems) s->Log("not served: " + p);
   if (!options.auth_tokens_file.empty()) {
     auto tokens = ReadTokens(options.auth_tokens_file);
     if (!tokens.ok()) return tokens.status();
@@ -181,7 +193,12 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
                       s->metrics_port_ ? absl::StrCat(", /metrics on port ", s->metrics_port_) : "",
                       "; loading ", specs->size(), " model(s)"));
 
-  auto registry = Registry::Load(*specs, chained);
+  std::vector<std::string> load_failures;
+  auto registry = Registry::Load(
+      *specs, chained,
+      IsVersionedRepository(options.models_dir) && options.manifest.empty() ? &load_failures
+                                                                            : nullptr);
+  for (const std::string& f : load_failures) s->Log("not served: " + f);
   if (!registry.ok()) {
     s->server_->Shutdown(std::chrono::system_clock::now());
     return registry.status();
@@ -189,7 +206,7 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   s->registry_ = std::move(*registry);
   for (const auto& m : s->registry_->models()) {
     const ModelInfo& i = m->info();
-    s->Log(absl::StrCat("model ", i.name, ": ", ModelKindName(i.kind), " ",
+    s->Log(absl::StrCat("model ", i.name, " version ", i.version, ": ", ModelKindName(i.kind), " ",
                         AttentionKindName(i.attention), " ", i.shape.height, "x", i.shape.width,
                         "x", i.shape.channels, ", ", i.parameters, " parameters",
                         i.is_default ? ", default" : "", " (", m->checkpoint(), ")"));

@@ -21,7 +21,7 @@ class NativeCall : public UnaryCall {
  public:
   NativeCall(KrauseService* svc, grpc::CallbackServerContext* ctx, const char* rpc)
       : UnaryCall(svc->gate(), svc->observer(), svc->request_log(), ctx, rpc) {}
-  void set_model(const std::string& m) { book()->set_model(m); }
+  void set_model(const ServedModel& m) { book()->set_model(m.name(), m.info().version); }
   void set_images(int64_t n) { book()->set_images(n); }
   void NoteQueued(double seconds) { book()->NoteQueued(seconds); }
 };
@@ -37,10 +37,10 @@ struct ResolvedCall {
 template <typename Kind>
 absl::StatusOr<ResolvedCall<Kind>> ResolveImageCall(
     NativeCall* call, const KrauseService& svc, const std::string& model,
-    const google::protobuf::RepeatedPtrField<v1::Image>& images) {
-  auto found = svc.gate()->registry()->Find<Kind>(model);
+    const std::string& version, const google::protobuf::RepeatedPtrField<v1::Image>& images) {
+  auto found = svc.gate()->registry()->Find<Kind>(model, version);
   if (!found.ok()) return found.status();
-  call->set_model((*found)->name());
+  call->set_model(**found);
   call->set_images(images.size());
   auto decoded = DecodeImages(images, **found, svc.fault_hook());
   if (!decoded.ok()) return decoded.status();
@@ -116,9 +116,9 @@ grpc::ServerUnaryReactor* KrauseService::GetModel(grpc::CallbackServerContext* c
   if (!call.Enter(ctx)) return call.reactor();
   call.Finish(Guarded("GetModel", [&]() -> absl::Status {
     if (request->name().empty()) return absl::InvalidArgumentError("name is required");
-    auto m = gate_->registry()->FindAny(request->name());
+    auto m = gate_->registry()->FindAny(request->name(), request->version());
     if (!m.ok()) return m.status();
-    call.set_model((*m)->name());
+    call.set_model(**m);
     *response = ToProto((*m)->info());
     return absl::OkStatus();
   }));
@@ -132,8 +132,8 @@ grpc::ServerUnaryReactor* KrauseService::Classify(grpc::CallbackServerContext* c
   grpc::ServerUnaryReactor* reactor = call->reactor();
   if (!call->Enter(ctx)) return reactor;
   const absl::Status st = Guarded("Classify", [&]() -> absl::Status {
-    auto resolved =
-        ResolveImageCall<ServedClassifier>(call.get(), *this, request->model(), request->images());
+    auto resolved = ResolveImageCall<ServedClassifier>(call.get(), *this, request->model(),
+                                                       request->version(), request->images());
     if (!resolved.ok()) return resolved.status();
     ServedClassifier* m = resolved->model;
     const int64_t classes = m->config().classes;
@@ -151,6 +151,7 @@ grpc::ServerUnaryReactor* KrauseService::Classify(grpc::CallbackServerContext* c
         Fault("reply");
         if (!probs.ok()) return probs.status();
         response->set_model(m->name());
+        response->set_model_version(std::to_string(m->info().version));
         FillClassifyResponse(*probs, top_k, full, m->config().labels, response);
         const auto [executed, dense] = ReportImages(*this, "Classify", *m, probs->size(0));
         response->set_flops_executed(executed);
@@ -188,8 +189,8 @@ grpc::ServerUnaryReactor* KrauseService::Score(grpc::CallbackServerContext* ctx,
   grpc::ServerUnaryReactor* reactor = call->reactor();
   if (!call->Enter(ctx)) return reactor;
   const absl::Status st = Guarded("Score", [&]() -> absl::Status {
-    auto resolved =
-        ResolveImageCall<ServedGenerator>(call.get(), *this, request->model(), request->images());
+    auto resolved = ResolveImageCall<ServedGenerator>(call.get(), *this, request->model(),
+                                                      request->version(), request->images());
     if (!resolved.ok()) return resolved.status();
     ServedGenerator* m = resolved->model;
     const at::Tensor& images = resolved->images;
@@ -208,6 +209,7 @@ grpc::ServerUnaryReactor* KrauseService::Score(grpc::CallbackServerContext* ctx,
         Fault("reply");
         if (!bpd.ok()) return bpd.status();
         response->set_model(m->name());
+        response->set_model_version(std::to_string(m->info().version));
         FillScoreResponse(*bpd, scored, response);
         const auto [executed, dense] =
             ReportImages(*this, "Score", *m, static_cast<int64_t>(bpd->size()));

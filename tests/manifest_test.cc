@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "model/loader.h"
 #include "server/options.h"
 #include "server/served_classifier.h"
 #include "server/served_generator.h"
@@ -72,6 +73,10 @@ TEST(Manifest, EveryErrorNamesWhatIsWrong) {
       {Entry(R"("max_images_per_request": 4097)"), "max_images_per_request must be in [0, 4096]"},
       {Entry(R"("kv_cache_dtype": "fp8")"),
        "models[0].kv_cache_dtype must be float32, bfloat16 or float16, got \"fp8\""},
+      // Sampling defaults: numbers (top_k an integer); their ranges are the model's check.
+      {Entry(R"("temperature": "hot")"), "models[0].temperature must be a number, got string"},
+      {Entry(R"("guidance": true)"), "models[0].guidance must be a number, got boolean"},
+      {Entry(R"("top_k": 2.5)"), "models[0].top_k must be an integer, got number 2.5"},
   };
   for (const BadManifest& c : cases) {
     EXPECT_THAT(ParseManifest(c.json, "/srv/models").status(),
@@ -147,6 +152,59 @@ TEST(Manifest, ImagesPerRequestDependsOnTheKindTheCheckpointHas) {
                HasSubstr("model m: max_images_per_request (9) is over max_batch_size (8)")));
   // A generator has no batches to split: max_batch_size does not bound it.
   EXPECT_EQ(ServedGenerator::ImagesPerRequest(s), 9);
+}
+
+// Sampling defaults: the checkpoint's metadata, overridden key by key by the spec, checked with
+// a request's rules when the model is served.
+TEST(Manifest, SamplingDefaultsComeFromTheCheckpointAndTheSpec) {
+  PixelModelConfig c;
+  c.height = 4;
+  c.width_px = 4;
+  c.channels = 1;
+  c.d_model = 8;
+  c.depth = 1;
+  c.heads = 1;
+  c.classes = 2;
+  c.labels = {"a", "b"};
+  auto pixel = PixelModel::Create(c, 1);
+  ASSERT_TRUE(pixel.ok()) << pixel.status();
+  LoadedModel m;
+  m.path = "g.safetensors";
+  m.pixel = std::make_shared<PixelModel>(std::move(*pixel));
+  m.metadata["sampling_defaults"] = R"({"guidance": 2, "top_p": 0.95})";
+  ModelSpec s;
+  s.name = "g";
+  auto d = ServedGenerator::Defaults(s, m);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->guidance, 2.0);
+  EXPECT_EQ(d->top_p, 0.95);
+  EXPECT_FALSE(d->temperature.has_value());
+  s.sampling.top_p = 0.5;
+  s.sampling.top_k = 4;
+  d = ServedGenerator::Defaults(s, m);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->top_p, 0.5);
+  EXPECT_EQ(d->top_k, 4);
+  EXPECT_EQ(d->guidance, 2.0);
+  s.sampling.top_p = 1.5;
+  EXPECT_THAT(ServedGenerator::Defaults(s, m).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model g: sampling default: top_p must be in (0, 1]")));
+  s.sampling.top_p.reset();
+  m.metadata["sampling_defaults"] = "[1]";
+  EXPECT_THAT(ServedGenerator::Defaults(s, m).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("metadata sampling_defaults is not a JSON object")));
+  m.metadata.erase("sampling_defaults");
+  c.classes = 0;
+  c.labels.clear();
+  auto uncond = PixelModel::Create(c, 1);
+  ASSERT_TRUE(uncond.ok());
+  m.pixel = std::make_shared<PixelModel>(std::move(*uncond));
+  s.sampling.guidance = 3;
+  EXPECT_THAT(ServedGenerator::Defaults(s, m).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("guidance needs a conditional model")));
 }
 
 }  // namespace

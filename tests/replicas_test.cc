@@ -20,9 +20,12 @@ v1::Image Raw(uint64_t seed) {
 }
 
 double ClassifyCalls(const server::KrauseServer& s, const std::string& code) {
-  auto v = client::PrometheusSample(
-      s.metrics().Scrape(), "krause_requests_total",
-      {{"rpc", "Classify"}, {"protocol", "krause.v1"}, {"model", "vit"}, {"code", code}});
+  auto v = client::PrometheusSample(s.metrics().Scrape(), "krause_requests_total",
+                                    {{"rpc", "Classify"},
+                                     {"protocol", "krause.v1"},
+                                     {"model", "vit"},
+                                     {"version", "1"},
+                                     {"code", code}});
   return v.ok() ? *v : 0.0;  // absent: no such call yet
 }
 

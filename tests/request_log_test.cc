@@ -16,6 +16,7 @@ TEST(RequestLog, ARecordIsOneJsonLineWithItsFieldsInOrder) {
   r.rpc = "Classify";
   r.protocol = "krause.v1";
   r.model = "krause-vit-fmnist";
+  r.version = "1";
   r.code = "OK";
   r.peer = "ipv4:127.0.0.1:5000";
   r.images = 4;
@@ -24,7 +25,7 @@ TEST(RequestLog, ARecordIsOneJsonLineWithItsFieldsInOrder) {
   const absl::Time t = absl::FromUnixMillis(1796160000123);  // 2026-12-01T21:20:00.123Z
   EXPECT_EQ(
       FormatCallRecord(r, t),
-      R"({"time":"2026-12-01T21:20:00.123Z","rpc":"Classify","protocol":"krause.v1","model":"krause-vit-fmnist",)"
+      R"({"time":"2026-12-01T21:20:00.123Z","rpc":"Classify","protocol":"krause.v1","model":"krause-vit-fmnist","version":"1",)"
       R"("code":"OK","images":4,"seconds":0.5,"queue_seconds":0.125,"run_seconds":0.375,)"
       R"("peer":"ipv4:127.0.0.1:5000"})");
   // The caller's ids appear when sent; quotes, newlines and invalid UTF-8 cannot break the line.

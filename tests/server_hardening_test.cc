@@ -100,6 +100,7 @@ double Count(const std::string& scrape, const std::string& rpc, const std::strin
                                     {{"rpc", rpc},
                                      {"protocol", "krause.v1"},
                                      {"model", rpc == "Classify" ? "vit" : "karm"},
+                                     {"version", "1"},
                                      {"code", code}});
   return v.ok() ? *v : 0;
 }

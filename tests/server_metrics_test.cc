@@ -103,41 +103,54 @@ TEST(ServerMetrics, ScrapeMatchesAKnownWorkload) {
   ASSERT_TRUE(karm_model.ok());
   const AttentionCost karm = karm_model->FlopsPerImage();
 
-  EXPECT_EQ(
-      sample("krause_requests_total",
-             {{"rpc", "Classify"}, {"protocol", "krause.v1"}, {"model", "vit"}, {"code", "OK"}}),
-      3);
   EXPECT_EQ(sample("krause_requests_total", {{"rpc", "Classify"},
                                              {"protocol", "krause.v1"},
                                              {"model", "vit"},
+                                             {"version", "1"},
+                                             {"code", "OK"}}),
+            3);
+  EXPECT_EQ(sample("krause_requests_total", {{"rpc", "Classify"},
+                                             {"protocol", "krause.v1"},
+                                             {"model", "vit"},
+                                             {"version", "1"},
                                              {"code", "INVALID_ARGUMENT"}}),
             1);
-  EXPECT_EQ(
-      sample(
-          "krause_requests_total",
-          {{"rpc", "Classify"}, {"protocol", "krause.v1"}, {"model", ""}, {"code", "NOT_FOUND"}}),
-      1);
-  EXPECT_EQ(
-      sample("krause_requests_total",
-             {{"rpc", "Generate"}, {"protocol", "krause.v1"}, {"model", "karm"}, {"code", "OK"}}),
-      2);
-  EXPECT_EQ(sample("krause_requests_total",
-                   {{"rpc", "Score"}, {"protocol", "krause.v1"}, {"model", "arm"}, {"code", "OK"}}),
+  EXPECT_EQ(sample("krause_requests_total", {{"rpc", "Classify"},
+                                             {"protocol", "krause.v1"},
+                                             {"model", ""},
+                                             {"version", ""},
+                                             {"code", "NOT_FOUND"}}),
+            1);
+  EXPECT_EQ(sample("krause_requests_total", {{"rpc", "Generate"},
+                                             {"protocol", "krause.v1"},
+                                             {"model", "karm"},
+                                             {"version", "1"},
+                                             {"code", "OK"}}),
+            2);
+  EXPECT_EQ(sample("krause_requests_total", {{"rpc", "Score"},
+                                             {"protocol", "krause.v1"},
+                                             {"model", "arm"},
+                                             {"version", "1"},
+                                             {"code", "OK"}}),
             1);
   EXPECT_EQ(client::PrometheusSum(*text, "krause_requests_total"), 3 + 1 + 1 + 2 + 1 + 1);
-  EXPECT_EQ(sample("krause_request_duration_seconds_count",
-                   {{"rpc", "Classify"}, {"protocol", "krause.v1"}, {"model", "vit"}}),
-            4);
-  EXPECT_EQ(sample("krause_request_duration_seconds_count",
-                   {{"rpc", "Generate"}, {"protocol", "krause.v1"}, {"model", "karm"}}),
-            2);
+  EXPECT_EQ(
+      sample("krause_request_duration_seconds_count",
+             {{"rpc", "Classify"}, {"protocol", "krause.v1"}, {"model", "vit"}, {"version", "1"}}),
+      4);
+  EXPECT_EQ(
+      sample("krause_request_duration_seconds_count",
+             {{"rpc", "Generate"}, {"protocol", "krause.v1"}, {"model", "karm"}, {"version", "1"}}),
+      2);
   EXPECT_EQ(sample("krause_queue_duration_seconds_count", {{"rpc", "Classify"}, {"model", "vit"}}),
             3);
   // Buckets are cumulative and end at +Inf with the count.
-  EXPECT_EQ(
-      sample("krause_request_duration_seconds_bucket",
-             {{"rpc", "Classify"}, {"protocol", "krause.v1"}, {"model", "vit"}, {"le", "+Inf"}}),
-      4);
+  EXPECT_EQ(sample("krause_request_duration_seconds_bucket", {{"rpc", "Classify"},
+                                                              {"protocol", "krause.v1"},
+                                                              {"model", "vit"},
+                                                              {"version", "1"},
+                                                              {"le", "+Inf"}}),
+            4);
   EXPECT_EQ(sample("krause_classify_batch_images_count", {{"model", "vit"}}), 3);
   EXPECT_EQ(sample("krause_classify_batch_images_sum", {{"model", "vit"}}), 6);
   EXPECT_EQ(sample("krause_compute_duration_seconds_count",
@@ -164,14 +177,14 @@ TEST(ServerMetrics, ScrapeMatchesAKnownWorkload) {
   EXPECT_DOUBLE_EQ(
       sample("krause_flops_executed_total", {{"rpc", "Generate"}, {"model", "karm-cond"}}),
       2 * 2 * cond_model->FlopsPerImage().executed_flops);
-  EXPECT_EQ(sample("krause_kv_cache_slots_in_use", {{"model", "karm-cond"}}), 0);
-  EXPECT_EQ(sample("krause_kv_cache_slots", {{"model", "karm"}}), 4);
-  EXPECT_EQ(sample("krause_kv_cache_slots_in_use", {{"model", "karm"}}), 0);
-  EXPECT_EQ(sample("krause_active_sequences", {{"model", "karm"}}), 0);
-  EXPECT_EQ(sample("krause_queued_images", {{"model", "vit"}}), 0);
+  EXPECT_EQ(sample("krause_kv_cache_slots_in_use", {{"model", "karm-cond"}, {"version", "1"}}), 0);
+  EXPECT_EQ(sample("krause_kv_cache_slots", {{"model", "karm"}, {"version", "1"}}), 4);
+  EXPECT_EQ(sample("krause_kv_cache_slots_in_use", {{"model", "karm"}, {"version", "1"}}), 0);
+  EXPECT_EQ(sample("krause_active_sequences", {{"model", "karm"}, {"version", "1"}}), 0);
+  EXPECT_EQ(sample("krause_queued_images", {{"model", "vit"}, {"version", "1"}}), 0);
   // (the last call may still be leaving the gate as its reply arrives: only its presence here)
   EXPECT_TRUE(client::PrometheusSample(*text, "krause_calls_in_flight", {}).ok());
-  EXPECT_GT(sample("krause_kv_cache_bytes", {{"model", "karm"}}), 0);
+  EXPECT_GT(sample("krause_kv_cache_bytes", {{"model", "karm"}, {"version", "1"}}), 0);
   EXPECT_EQ(client::PrometheusSum(*text, "krause_build_info"), 1);
   EXPECT_EQ((*server)->metrics().Scrape().find("krause_requests_total") != std::string::npos, true);
   (*server)->Shutdown();
