@@ -25,10 +25,12 @@ ABSL_FLAG(std::string, listen, kDefaults.listen,
 ABSL_FLAG(std::string, manifest, "",
           "model manifest (JSON, see server/options.h); empty: every model in --models_dir");
 ABSL_FLAG(std::string, models_dir, kDefaults.models_dir,
-          "folder of the bundled models (used without --manifest)");
+          "models to serve without --manifest: a folder of *.safetensors (the bundled models, "
+          "version 1 each) or a versioned repository <name>/<version>/model.safetensors with "
+          "optional <name>/config.json (serving options, version_policy); see docs/serving.md");
 ABSL_FLAG(std::string, device, kDefaults.device,
-          "device of the bundled models: cpu, cuda or cuda:N (with --manifest each model sets its "
-          "own \"device\")");
+          "device of the --models_dir models: cpu, cuda or cuda:N (a repository's config.json or "
+          "a manifest entry may set its own \"device\")");
 ABSL_FLAG(bool, cuda_graphs, kDefaults.cuda_graphs,
           "bundled generators on a GPU: replay the KARM decode step as CUDA graphs (with "
           "--manifest each model sets its own \"cuda_graphs\")");

@@ -54,11 +54,17 @@ def free_port():
         return s.getsockname()[1]
 
 
-def messages(source_dir, tmp):
-    """The API's message classes, from the .proto through protoc (no generated Python code)."""
+def compile_api(source_dir, tmp):
+    """The API's descriptor set, from the .proto through protoc (no generated Python code).
+    Compiled once by the parent: workers that each rewrote the same file read it half-written."""
     desc = os.path.join(tmp, "krause.desc")
     subprocess.run(["protoc", "--include_imports", f"--descriptor_set_out={desc}",
                     "-I", os.path.join(source_dir, "proto"), "krause/v1/krause.proto"], check=True)
+    return desc
+
+
+def messages(desc):
+    """The API's message classes from the descriptor set compile_api wrote."""
     fds = descriptor_pb2.FileDescriptorSet.FromString(open(desc, "rb").read())
     pool = descriptor_pool.DescriptorPool()
     for f in fds.file:
@@ -160,8 +166,8 @@ def malformed(client, images, rnd):
     return ("Classify", lambda: client.classify(req, timeout=10), 10)
 
 
-def worker(address, source_dir, tmp, seconds, threads, seed, queue):
-    msgs = messages(source_dir, tmp)
+def worker(address, desc, seconds, threads, seed, queue):
+    msgs = messages(desc)
     client = Client(address, msgs)
     images = test_images(512)
     stats = {}
@@ -312,7 +318,8 @@ def main():
                                "--http_listen=", "--drain_seconds=5"], stdout=log, stderr=subprocess.STDOUT)
     failures = []
     address = f"127.0.0.1:{port}"
-    msgs = messages(args.source_dir, tmp)
+    desc = compile_api(args.source_dir, tmp)
+    msgs = messages(desc)
     client = Client(address, msgs)
     try:
         grpc.channel_ready_future(client.channel).result(timeout=120)
@@ -336,7 +343,7 @@ def main():
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     t0 = time.time()
-    procs = [ctx.Process(target=worker, args=(address, args.source_dir, tmp, args.seconds,
+    procs = [ctx.Process(target=worker, args=(address, desc, args.seconds,
                                              args.threads, s, queue))
              for s in range(args.processes)]
     for p in procs:
