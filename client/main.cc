@@ -6,6 +6,8 @@
 //   krause-client generate [--num 4] [--seed 1] [--label Sneaker [--guidance 2]] [--out DIR]
 //   krause-client complete PROMPT.png --rows 14 [--num 4] [--label Sneaker] [--out DIR]
 //   krause-client score FILE... [--index 0:100] [--label NAME | --labels_file IDX]
+//   krause-client models index [--ready] | models load NAME | models unload NAME
+//                                                         [--model_version V]
 //
 // FILE: a PNG, or an IDX image file (MNIST / Fashion-MNIST, gzip or raw) with --index A:B.
 // classify and score split the images into calls the model accepts (at most its
@@ -31,6 +33,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/connection.h"
+#include "client/models.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "krause/v1/krause.grpc.pb.h"
 #include "model/data/idx.h"
@@ -44,6 +47,10 @@ ABSL_FLAG(bool, retry, true,
           "retry UNAVAILABLE (a replica draining or full) up to 4 attempts with backoff: list, "
           "classify, score, and generate before its first message");
 ABSL_FLAG(std::string, model, "", "model name (empty: the server's default of the right kind)");
+ABSL_FLAG(std::string, model_version, "",
+          "the model's version (empty: the newest served); models load/unload: the version to "
+          "load or unload (empty: the version policy's / every version)");
+ABSL_FLAG(bool, ready, false, "models index: only the versions that serve now");
 ABSL_FLAG(bool, json, false, "print the result as JSON");
 ABSL_FLAG(double, timeout, 0, "deadline per call in seconds (0: none)");
 ABSL_FLAG(bool, tls, false, "connect with TLS (system roots unless --tls_ca)");
@@ -301,6 +308,7 @@ int Classify(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_
   for (size_t s = 0; s < inputs->size(); s += batch) {
     v1::ClassifyRequest req;
     req.set_model(absl::GetFlag(FLAGS_model));
+    req.set_version(absl::GetFlag(FLAGS_model_version));
     req.set_top_k(static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_top))));
     const size_t e = std::min(inputs->size(), s + batch);
     for (size_t i = s; i < e; ++i) *req.add_images() = (*inputs)[i].image;
@@ -342,6 +350,7 @@ int Generate(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_
              const std::string& prompt_file) {
   v1::GenerateRequest req;
   req.set_model(absl::GetFlag(FLAGS_model));
+  req.set_version(absl::GetFlag(FLAGS_model_version));
   req.set_num_images(static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_num))));
   if (absl::GetFlag(FLAGS_seed) >= 0)
     req.set_seed(static_cast<uint64_t>(absl::GetFlag(FLAGS_seed)));
@@ -447,6 +456,7 @@ int Score(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_jso
   for (size_t s = 0; s < inputs->size(); s += batch) {
     v1::ScoreRequest req;
     req.set_model(absl::GetFlag(FLAGS_model));
+    req.set_version(absl::GetFlag(FLAGS_model_version));
     const size_t e = std::min(inputs->size(), s + batch);
     for (size_t i = s; i < e; ++i) {
       *req.add_images() = (*inputs)[i].image;
@@ -490,6 +500,9 @@ int main(int argc, char** argv) {
       "  krause-client generate [--num 4] [--seed 1] [--label Sneaker] [--out DIR]\n"
       "  krause-client complete PROMPT.png --rows 14 [--num 4] [--label Sneaker] [--out DIR]\n"
       "  krause-client score FILE... [--index A:B] [--label NAME | --labels_file IDX]\n"
+      "  krause-client models index [--ready]    (model control; an admin token with auth)\n"
+      "  krause-client models load NAME [--model_version V]\n"
+      "  krause-client models unload NAME [--model_version V]\n"
       "classify and score split the images into calls the model accepts; score prints the mean.\n"
       "--label / --class_index: the class of a conditional generator (list --json shows its\n"
       "labels).\n"
@@ -499,7 +512,7 @@ int main(int argc, char** argv) {
   if (args.size() < 2) {
     std::fprintf(stderr,
                  "krause-client: a command is required (list, health, classify, generate, "
-                 "complete, score); see --help\n");
+                 "complete, score, models); see --help\n");
     return 2;
   }
   const std::string cmd = args[1];
@@ -530,6 +543,9 @@ int main(int argc, char** argv) {
   if (cmd == "score" && !rest.empty()) return Score(*stub, o, as_json, rest);
   if (cmd == "generate" && rest.empty()) return Generate(*stub, o, as_json, "");
   if (cmd == "complete" && rest.size() == 1) return Generate(*stub, o, as_json, rest[0]);
+  if (cmd == "models" && !rest.empty())
+    return krause::client::Models(*stub, o, as_json, rest, absl::GetFlag(FLAGS_model_version),
+                                  absl::GetFlag(FLAGS_ready));
   std::fprintf(stderr, "krause-client: bad usage of \"%s\"; see --help\n", cmd.c_str());
   return 2;
 }

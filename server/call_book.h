@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -23,6 +24,7 @@
 #include "absl/status/status.h"
 #include "server/gate.h"
 #include "server/request_log.h"
+#include "server/served_model.h"
 #include "server/status.h"
 
 namespace krause::server {
@@ -90,7 +92,7 @@ class CallBook {
     return st;
   }
 
-  absl::Status Enter(grpc::CallbackServerContext* ctx) {
+  absl::Status Enter(grpc::CallbackServerContext* ctx, bool admin = false) {
     // The caller's request ids go back in the initial metadata (nothing is sent yet) and into
     // the request log.
     const auto& md = ctx->client_metadata();
@@ -105,14 +107,16 @@ class CallBook {
     std::optional<std::string_view> authorization;
     if (const auto it = md.find("authorization"); it != md.end())
       authorization = std::string_view(it->second.data(), it->second.size());
-    const absl::Status st = gate_->Enter(authorization);
+    const absl::Status st = gate_->Enter(authorization, admin);
     entered_ = st.ok();
     return st;
   }
-  // The served model (and version) the call resolved.
-  void set_model(const std::string& m, int64_t version) {
-    model_ = m;
-    version_ = std::to_string(version);
+  // The served model (and version) the call resolved. The book holds the reference until the
+  // call is freed: a version replaced or unloaded meanwhile keeps serving this call.
+  void set_model(std::shared_ptr<const ServedModel> m) {
+    model_ = m->name();
+    version_ = std::to_string(m->info().version);
+    model_ref_ = std::move(m);
   }
   Clock::time_point start() const { return start_; }
   // For the request log: the call's images, and the time its work waited (the longest wait).
@@ -167,6 +171,7 @@ class CallBook {
   const char* const protocol_;
   const Clock::time_point start_;
   std::string model_, version_;  // "" until the call resolved a model
+  std::shared_ptr<const ServedModel> model_ref_;
   std::string peer_, request_id_, traceparent_;
   bool entered_ = false;
   std::atomic<bool> finished_{false};
@@ -183,8 +188,8 @@ class UnaryCall {
       : book_(gate, observer, log, rpc, protocol), reactor_(ctx->DefaultReactor()) {}
 
   // Enters the gate; on refusal finishes the call and returns false.
-  bool Enter(grpc::CallbackServerContext* ctx) {
-    const absl::Status st = book_.Enter(ctx);
+  bool Enter(grpc::CallbackServerContext* ctx, bool admin = false) {
+    const absl::Status st = book_.Enter(ctx, admin);
     if (!st.ok()) Finish(st);
     return st.ok();
   }

@@ -7,19 +7,29 @@ namespace krause::server {
 void Gate::SetTokens(std::vector<std::string> tokens) {
   tokens_ = std::set<std::string, std::less<>>(tokens.begin(), tokens.end());
 }
+void Gate::SetAdminTokens(std::vector<std::string> tokens) {
+  admin_tokens_ = std::set<std::string, std::less<>>(tokens.begin(), tokens.end());
+}
 void Gate::SetRegistry(const Registry* registry) { registry_.store(registry); }
 void Gate::StartDraining() { draining_.store(true); }
 
-absl::Status Gate::Enter(std::optional<std::string_view> authorization) {
-  if (!tokens_.empty()) {
-    bool ok = false;
+absl::Status Gate::Enter(std::optional<std::string_view> authorization, bool admin) {
+  if (!tokens_.empty() || (admin && !admin_tokens_.empty())) {
+    std::optional<std::string_view> token;
     // The scheme is case-insensitive (RFC 7235); the token is not.
     constexpr std::string_view kBearer = "bearer ";
     if (authorization &&
         absl::StartsWithIgnoreCase(absl::string_view(authorization->data(), authorization->size()),
                                    absl::string_view(kBearer.data(), kBearer.size())))
-      ok = tokens_.count(authorization->substr(kBearer.size())) > 0;
-    if (!ok)
+      token = authorization->substr(kBearer.size());
+    const bool is_admin = token && admin_tokens_.count(*token) > 0;
+    const bool is_serving = token && tokens_.count(*token) > 0;
+    if (admin && !is_admin && is_serving)
+      return absl::PermissionDeniedError(
+          admin_tokens_.empty()
+              ? "model control needs an admin token, and this server has none (--admin_tokens)"
+              : "model control needs a token of --admin_tokens; this is a serving token");
+    if (!(admin ? is_admin : is_admin || is_serving))
       return absl::UnauthenticatedError(
           "missing or invalid token: send \"authorization: Bearer <token>\" (gRPC metadata or an "
           "HTTP header)");

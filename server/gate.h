@@ -24,14 +24,17 @@ class Registry;
 class Gate {
  public:
   void SetTokens(std::vector<std::string> tokens);  // empty: no authentication
-  void SetRegistry(const Registry* registry);       // null while loading
+  // Tokens model control needs (they pass for serving calls too).
+  void SetAdminTokens(std::vector<std::string> tokens);
+  void SetRegistry(const Registry* registry);  // null while loading
   void StartDraining();
 
   // `authorization`: the call's "authorization" metadata, if it sent one. OK and the call counts
   // as in flight (Leave() must follow), or why it may not run: UNAUTHENTICATED without a known
   // "Bearer <token>" (the scheme in any case) when tokens are set, then UNAVAILABLE while
-  // draining or loading.
-  absl::Status Enter(std::optional<std::string_view> authorization);
+  // draining or loading. An `admin` call (model control), when either list is set, needs an
+  // admin token: PERMISSION_DENIED for a serving token.
+  absl::Status Enter(std::optional<std::string_view> authorization, bool admin = false);
   void Leave();
   // Waits until no call is in flight or `deadline`; true when idle.
   bool WaitIdle(std::chrono::steady_clock::time_point deadline) const;
@@ -40,7 +43,7 @@ class Gate {
   bool draining() const { return draining_.load(); }
 
  private:
-  std::set<std::string, std::less<>> tokens_;
+  std::set<std::string, std::less<>> tokens_, admin_tokens_;
   std::atomic<const Registry*> registry_{nullptr};
   std::atomic<bool> draining_{false};
   mutable std::mutex mu_;

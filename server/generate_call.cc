@@ -28,8 +28,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerateCall::Start(
 absl::Status GenerateCall::Begin(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
   auto found = svc_->gate()->registry()->Find<ServedGenerator>(req.model(), req.version());
   if (!found.ok()) return found.status();
-  model_ = *found;
-  book_.set_model(model_->name(), model_->info().version);
+  model_ = found->get();  // the book holds the reference
+  book_.set_model(*found);
   auto parsed = ParseGenerate(req, *model_, svc_->fault_hook());
   if (!parsed.ok()) return parsed.status();
   const GenerateParams& p = parsed->params;

@@ -28,6 +28,13 @@ ABSL_FLAG(std::string, models_dir, kDefaults.models_dir,
           "models to serve without --manifest: a folder of *.safetensors (the bundled models, "
           "version 1 each) or a versioned repository <name>/<version>/model.safetensors with "
           "optional <name>/config.json (serving options, version_policy); see docs/serving.md");
+ABSL_FLAG(std::string, model_control, kDefaults.model_control,
+          "a versioned repository's model control: none (the versions loaded at start-up "
+          "serve until exit), poll (every --repository_poll_s the repository is rescanned and "
+          "new, changed or removed versions are loaded or unloaded while serving) or explicit "
+          "(only the LoadModel / UnloadModel calls change what serves); see docs/serving.md");
+ABSL_FLAG(double, repository_poll_s, kDefaults.repository_poll_seconds,
+          "--model_control poll: seconds between scans of the repository");
 ABSL_FLAG(std::string, device, kDefaults.device,
           "device of the --models_dir models: cpu, cuda or cuda:N (a repository's config.json or "
           "a manifest entry may set its own \"device\")");
@@ -57,6 +64,10 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: require client certificates signed by it (mutual TLS)");
 ABSL_FLAG(std::string, auth_tokens, "",
           "file of bearer tokens, one per line: calls need 'authorization: Bearer <token>'");
+ABSL_FLAG(std::string, admin_tokens, "",
+          "file of bearer tokens, one per line, for model control (LoadModel, UnloadModel, "
+          "RepositoryIndex; they serve too): with --auth_tokens, a serving token gets "
+          "PERMISSION_DENIED there");
 ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen,
           "address:port for Prometheus text metrics at /metrics (empty: off); every interface "
           "by default, so that Prometheus can scrape the pod: use 127.0.0.1:9464 or "
@@ -132,6 +143,9 @@ int main(int argc, char** argv) {
   o.tls_key = absl::GetFlag(FLAGS_tls_key);
   o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   o.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
+  o.admin_tokens_file = absl::GetFlag(FLAGS_admin_tokens);
+  o.model_control = absl::GetFlag(FLAGS_model_control);
+  o.repository_poll_seconds = absl::GetFlag(FLAGS_repository_poll_s);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.metrics_tokens_file = absl::GetFlag(FLAGS_metrics_tokens);
   o.http_listen = absl::GetFlag(FLAGS_http_listen);

@@ -5,6 +5,8 @@
 #include <prometheus/text_serializer.h>
 
 #include <mutex>
+#include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "server/http_endpoint.h"
@@ -46,10 +48,10 @@ prometheus::MetricFamily Family(const char* name, const char* help, prometheus::
 
 // A served model's gauge, labelled with its name and version (two versions of a model may be
 // served at once).
-void AddGauge(prometheus::MetricFamily* f, const ServedModel& served, double v) {
+void AddGauge(prometheus::MetricFamily* f, const std::string& model, int64_t version, double v) {
   prometheus::ClientMetric m;
-  m.label.push_back({"model", served.name()});
-  m.label.push_back({"version", std::to_string(served.info().version)});
+  m.label.push_back({"model", model});
+  m.label.push_back({"version", std::to_string(version)});
   m.gauge.value = v;
   f->metric.push_back(std::move(m));
 }
@@ -95,17 +97,29 @@ class Metrics::Gauges : public prometheus::Collectable {
       calls.metric.push_back(std::move(m));
     }
     if (registry_ != nullptr) {
-      for (const auto& m : registry_->models()) {
-        const ModelGauges g = m->Gauges();
-        AddGauge(&queued, *m, static_cast<double>(g.queued_images));
-        if (!g.cache) continue;
+      const auto add = [&](const std::string& name, int64_t version, const ModelGauges& g) {
+        AddGauge(&queued, name, version, static_cast<double>(g.queued_images));
+        if (!g.cache) return;
         const ModelGauges::Cache& c = *g.cache;
         const double per = static_cast<double>(c.bytes_per_slot);
-        AddGauge(&active, *m, static_cast<double>(c.active_sequences));
-        AddGauge(&slots, *m, static_cast<double>(c.slots));
-        AddGauge(&used, *m, static_cast<double>(c.slots_in_use));
-        AddGauge(&bytes, *m, per * static_cast<double>(c.slots));
-        AddGauge(&bytes_used, *m, per * static_cast<double>(c.slots_in_use));
+        AddGauge(&active, name, version, static_cast<double>(c.active_sequences));
+        AddGauge(&slots, name, version, static_cast<double>(c.slots));
+        AddGauge(&used, name, version, static_cast<double>(c.slots_in_use));
+        AddGauge(&bytes, name, version, per * static_cast<double>(c.slots));
+        AddGauge(&bytes_used, name, version, per * static_cast<double>(c.slots_in_use));
+      };
+      // Served versions, then replaced or unloaded ones still finishing their calls, then freed
+      // ones (0: their memory is returned).
+      std::set<std::pair<std::string, int64_t>> seen;
+      for (const auto& list : {registry_->models(), registry_->retiring()})
+        for (const auto& m : list)
+          if (seen.emplace(m->name(), m->info().version).second)
+            add(m->name(), m->info().version, m->Gauges());
+      for (const Registry::Freed& f : registry_->freed()) {
+        if (!seen.emplace(f.name, f.version).second) continue;
+        ModelGauges zero;
+        if (f.kind == ModelKind::kGenerator) zero.cache.emplace();
+        add(f.name, f.version, zero);
       }
     }
     return {calls, queued, active, slots, used, bytes, bytes_used};

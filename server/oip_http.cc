@@ -168,7 +168,7 @@ class OipHttp::Handler : public CivetHandler {
       return Call(conn, "ModelMetadata", [&](RestReply* reply, CallBook* book) -> absl::Status {
         auto m = oip::FindModel(*gate.registry(), mp->name, mp->version);
         if (!m.ok()) return m.status();
-        book->set_model((*m)->name(), (*m)->info().version);
+        book->set_model(*m);
         reply->ok_body_ =
             oip::ModelMetadataJson(oip::MetadataOf(**m, gate.registry()->Versions(mp->name)));
         return absl::OkStatus();

@@ -475,8 +475,8 @@ ModelMetadata MetadataOf(const ServedModel& m, const std::vector<int64_t>& versi
   return md;
 }
 
-absl::StatusOr<ServedModel*> FindModel(const Registry& registry, const std::string& name,
-                                       const std::string& version) {
+absl::StatusOr<ModelRef> FindModel(const Registry& registry, const std::string& name,
+                                   const std::string& version) {
   if (name.empty()) return absl::InvalidArgumentError("model_name is required");
   return registry.FindAny(name, version);
 }
@@ -485,8 +485,8 @@ absl::Status StartInfer(const Registry& registry, InferRequest request, const In
                         InferDone done) {
   auto found = FindModel(registry, request.model, request.version);
   if (!found.ok()) return found.status();
-  ServedModel* m = *found;
-  ctx.book->set_model(m->name(), m->info().version);
+  ServedModel* m = found->get();
+  ctx.book->set_model(*found);  // the book keeps the model for the call's life
   if (m->kind() == ModelKind::kClassifier)
     return Classify(request, static_cast<ServedClassifier*>(m), ctx, std::move(done));
   auto* g = static_cast<ServedGenerator*>(m);

@@ -43,7 +43,7 @@ ModelMetadata MetadataOf(const ServedModel& model, const std::vector<int64_t>& v
 
 // The served model `name` at `version` (empty: the newest): NOT_FOUND naming the versions
 // served (or InvalidArgument for an empty name).
-absl::StatusOr<ServedModel*> FindModel(const Registry& registry, const std::string& name,
-                                       const std::string& version);
+absl::StatusOr<ModelRef> FindModel(const Registry& registry, const std::string& name,
+                                   const std::string& version);
 
 }  // namespace krause::server::oip

@@ -68,7 +68,7 @@ grpc::ServerUnaryReactor* OipService::ModelMetadata(grpc::CallbackServerContext*
   call.Finish(Guarded("ModelMetadata", [&]() -> absl::Status {
     auto m = oip::FindModel(*native_->gate()->registry(), request->name(), request->version());
     if (!m.ok()) return m.status();
-    call.book()->set_model((*m)->name(), (*m)->info().version);
+    call.book()->set_model(*m);
     oip::ToProto(oip::MetadataOf(**m, native_->gate()->registry()->Versions(request->name())),
                  response);
     return absl::OkStatus();

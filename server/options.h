@@ -96,6 +96,12 @@ struct ServerOptions {
   // TLS: both or neither; with tls_client_ca, clients must present a certificate it signed.
   std::string tls_cert, tls_key, tls_client_ca;
   std::string auth_tokens_file;  // one token per line ('#' comments); empty: no auth
+  // Tokens for model control (LoadModel, UnloadModel, RepositoryIndex); they serve too. With
+  // auth_tokens and no admin tokens, model control is refused to every token.
+  std::string admin_tokens_file;
+  // A versioned repository's model control (model_control.h): none, poll or explicit.
+  std::string model_control = "none";
+  double repository_poll_seconds = 10;
   // host:port for Prometheus /metrics; empty: off. Every interface by default, so that
   // Prometheus can scrape a pod.
   std::string metrics_listen = "0.0.0.0:9464";

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -107,6 +108,7 @@ absl::StatusOr<std::vector<RepositoryModel>> ScanRepository(const std::string& d
     }
     const fs::path config = folder / kConfigFile;
     if (fs::exists(config, ec)) {
+      m.config_fingerprint = Fingerprint(config);
       auto text = ReadFileToString(config.string());
       absl::Status st = text.ok() ? ParseModelConfig(*text, config.string(), &m.options, &m.policy)
                                   : text.status();
@@ -189,6 +191,65 @@ absl::StatusOr<std::vector<ModelSpec>> RepositoryManifest(const std::string& dir
   if (specs.empty())
     return absl::NotFoundError(absl::StrCat("model repository ", dir, ": nothing to serve"));
   return specs;
+}
+
+}  // namespace krause::server
+
+namespace krause::server {
+
+std::string VersionFingerprint(const RepositoryModel& model, const RepositoryVersion& version) {
+  return absl::StrCat(version.fingerprint, "|", model.config_fingerprint);
+}
+
+RepositoryPlan PlanRepository(const std::vector<RepositoryModel>& repo,
+                              const std::vector<ServedVersion>& served,
+                              const std::vector<FailedVersion>& failed, const std::string& only,
+                              int64_t version) {
+  RepositoryPlan plan;
+  const auto served_at = [&](const std::string& name, int64_t v) -> const ServedVersion* {
+    for (const ServedVersion& s : served)
+      if (s.key.name == name && s.key.version == v) return &s;
+    return nullptr;
+  };
+  std::set<std::string> in_repo;
+  for (const RepositoryModel& original : repo) {
+    in_repo.insert(original.name);
+    if (!only.empty() && original.name != only) continue;
+    if (!original.problem.empty()) continue;
+    RepositoryModel m = original;
+    for (RepositoryVersion& v : m.versions) {
+      if (!v.problem.empty()) continue;
+      for (const FailedVersion& f : failed)
+        if (f.key.name == m.name && f.key.version == v.version &&
+            f.fingerprint == VersionFingerprint(m, v))
+          v.problem = f.reason;
+    }
+    std::vector<int64_t> wanted;
+    if (version != 0) {
+      wanted.push_back(version);
+    } else {
+      wanted = PolicyVersions(m);
+    }
+    for (int64_t w : wanted) {
+      const auto it = std::find_if(m.versions.begin(), m.versions.end(),
+                                   [w](const RepositoryVersion& v) { return v.version == w; });
+      if (it == m.versions.end()) continue;
+      const std::string fp = VersionFingerprint(m, *it);
+      const ServedVersion* s = served_at(m.name, w);
+      if (s != nullptr && s->fingerprint == fp) continue;
+      plan.load.push_back({SpecFor(m, *it), fp});
+    }
+    if (version != 0 || wanted.empty()) continue;
+    for (const ServedVersion& s : served)
+      if (s.key.name == m.name &&
+          std::find(wanted.begin(), wanted.end(), s.key.version) == wanted.end())
+        plan.unload.push_back(s.key);
+  }
+  if (only.empty())
+    for (const ServedVersion& s : served)
+      if (in_repo.count(s.key.name) == 0) plan.unload.push_back(s.key);
+  std::sort(plan.unload.begin(), plan.unload.end());
+  return plan;
 }
 
 }  // namespace krause::server

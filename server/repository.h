@@ -42,6 +42,9 @@ struct RepositoryModel {
   ModelSpec options;  // config.json's serving options (name and checkpoint unset)
   VersionPolicy policy;
   std::string problem;  // non-empty: config.json is malformed; no version of it is served
+  // Size and modification time of config.json ("" without one): its versions reload when it
+  // changes.
+  std::string config_fingerprint;
   std::vector<RepositoryVersion> versions;  // ascending; entries with a problem included
   // Folders under the model that are not versions ("v2", "01", "-1"), each with why.
   std::vector<std::string> ignored;
@@ -76,5 +79,55 @@ ModelSpec SpecFor(const RepositoryModel& model, const RepositoryVersion& version
 absl::StatusOr<std::vector<ModelSpec>> RepositoryManifest(const std::string& dir,
                                                           const ModelSpec& defaults,
                                                           std::vector<std::string>* problems);
+
+}  // namespace krause::server
+
+namespace krause::server {
+
+// ---- Model control's plan: what to load and unload to bring what is served to what the
+// repository says (model_control.h carries it out).
+
+// A version's files as one text: its checkpoint's and its model's config.json's fingerprints.
+// A served version whose text differs is reloaded.
+std::string VersionFingerprint(const RepositoryModel& model, const RepositoryVersion& version);
+
+struct VersionKey {
+  std::string name;
+  int64_t version = 0;
+  bool operator==(const VersionKey& o) const { return name == o.name && version == o.version; }
+  bool operator<(const VersionKey& o) const {
+    return name != o.name ? name < o.name : version < o.version;
+  }
+};
+struct ServedVersion {  // served now, loaded from files with this fingerprint
+  VersionKey key;
+  std::string fingerprint;
+};
+struct FailedVersion {  // did not load from files with this fingerprint
+  VersionKey key;
+  std::string fingerprint;
+  std::string reason;
+};
+struct VersionLoad {
+  ModelSpec spec;  // name, version, checkpoint, options
+  std::string fingerprint;
+};
+struct RepositoryPlan {
+  std::vector<VersionLoad> load;   // by name, then version ascending
+  std::vector<VersionKey> unload;  // carried out after every load succeeded
+};
+
+// Pure. For every model of `repo` (only the one called `only` when it is not empty):
+// - the wanted versions are `version` when it is not 0, else the policy's (PolicyVersions),
+//   counting a version that failed to load from the same files as not loadable;
+// - a wanted version not served, or served from other files, is loaded;
+// - with `version` 0 and at least one wanted version, served versions not wanted are unloaded
+//   (a model with no loadable version keeps what it serves, as does one whose config.json is
+//   malformed);
+// - with `only` empty (a poll), a served model whose folder is gone is unloaded.
+RepositoryPlan PlanRepository(const std::vector<RepositoryModel>& repo,
+                              const std::vector<ServedVersion>& served,
+                              const std::vector<FailedVersion>& failed,
+                              const std::string& only = "", int64_t version = 0);
 
 }  // namespace krause::server

@@ -1,7 +1,10 @@
 #include "server/served_classifier.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <chrono>
+#include <future>
 
 #include "absl/strings/str_cat.h"
 #include "model/util/status_macros.h"
@@ -66,6 +69,16 @@ absl::StatusOr<std::unique_ptr<ServedModel>> ServedClassifier::Create(const Mode
     on_batch = [f = hooks.on_classify_batch, name = spec.name](const BatchEvent& e) { f(name, e); };
   m->batcher_ = std::make_unique<ClassifyBatcher>(model.vit, spec.device, b, on_batch, packed);
   return m;
+}
+
+absl::Status ServedClassifier::WarmUp() {
+  const ViTConfig& c = config();
+  ClassifyJob job;
+  job.images = at::zeros({1, c.channels, c.image_size, c.image_size}, at::kByte);
+  std::promise<absl::Status> done;
+  job.done = [&done](absl::StatusOr<at::Tensor> probs, double) { done.set_value(probs.status()); };
+  if (absl::Status st = batcher_->Enqueue(std::move(job)); !st.ok()) return st;
+  return done.get_future().get();
 }
 
 ModelGauges ServedClassifier::Gauges() const {

@@ -29,6 +29,7 @@ class ServedClassifier final : public ServedModel {
   ClassifyBatcher& batcher() const { return *batcher_; }
 
   ModelGauges Gauges() const override;
+  absl::Status WarmUp() override;
   void Stop() override { batcher_->Stop(); }
 
  private:

@@ -1,5 +1,8 @@
 #include "server/served_generator.h"
 
+#include <ATen/ATen.h>
+
+#include <future>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -105,6 +108,16 @@ absl::StatusOr<std::unique_ptr<ServedModel>> ServedGenerator::Create(const Model
   info.default_top_k = sampling->top_k;
   info.default_guidance = sampling->guidance;
   return std::unique_ptr<ServedModel>(std::move(served));
+}
+
+absl::Status ServedGenerator::WarmUp() {
+  ScoreJob job;
+  const ImageShape& shape = info().shape;
+  job.images = at::zeros({1, shape.height * shape.width * shape.channels}, at::kByte);
+  std::promise<absl::Status> done;
+  job.done = [&done](absl::StatusOr<std::vector<double>> bpd) { done.set_value(bpd.status()); };
+  if (absl::Status st = worker_->EnqueueScore(std::move(job)); !st.ok()) return st;
+  return done.get_future().get();
 }
 
 ModelGauges ServedGenerator::Gauges() const {

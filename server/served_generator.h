@@ -33,6 +33,7 @@ class ServedGenerator final : public ServedModel {
   GeneratorWorker& worker() const { return *worker_; }
 
   ModelGauges Gauges() const override;
+  absl::Status WarmUp() override;
   void Stop() override { worker_->Stop(); }
 
  private:

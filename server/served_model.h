@@ -57,6 +57,10 @@ class ServedModel {
   void set_default(bool is_default) { info_.is_default = is_default; }  // the registry, at load
 
   virtual ModelGauges Gauges() const = 0;
+  // One all-zero image through the worker, waiting for its answer: checks that the model runs
+  // and warms it (allocations, packed weights) before it serves. Model control calls it on a
+  // version that no call can reach yet.
+  virtual absl::Status WarmUp() = 0;
   // Stops the worker: what is queued or running ends with UNAVAILABLE / Cancelled.
   virtual void Stop() = 0;
 

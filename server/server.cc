@@ -9,11 +9,13 @@
 #include <chrono>
 #include <cstdio>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "model/util/files.h"
+#include "model/util/status_macros.h"
 #include "server/repository.h"
 
 namespace krause::server {
@@ -75,24 +77,42 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   // The manifest and tokens are checked before anything listens.
   // --models_dir is a versioned repository (REPO/<name>/<version>/model.safetensors) or the
   // flat layout of the bundled models; a manifest names its checkpoints itself.
-  std::vector<std::string> repository_problems;
-  absl::StatusOr<std::vector<ModelSpec>> specs;
+  auto mode = ParseModelControlMode(options.model_control);
+  if (!mode.ok()) return mode.status();
+  const bool repository = options.manifest.empty() && IsVersionedRepository(options.models_dir);
+  if (!repository && *mode != ModelControlMode::kNone)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--model_control ", options.model_control,
+        " needs a versioned repository in --models_dir (<name>/<version>/model.safetensors), "
+        "not ",
+        options.manifest.empty() ? "the flat layout of " + options.models_dir
+                                 : std::string("--manifest")));
+  ModelControlOptions control;
+  control.mode = *mode;
+  control.repository = options.models_dir;
+  control.poll_seconds = options.repository_poll_seconds;
+  control.defaults.device = options.device;
+  control.defaults.cuda_graphs = options.cuda_graphs;
+  control.log = [p = s.get()](const std::string& line) { p->Log(line); };
+  absl::StatusOr<std::vector<ModelSpec>> specs;  // without a repository
   if (!options.manifest.empty()) {
     specs = ReadManifest(options.manifest);
-  } else if (IsVersionedRepository(options.models_dir)) {
-    ModelSpec defaults;
-    defaults.device = options.device;
-    defaults.cuda_graphs = options.cuda_graphs;
-    specs = RepositoryManifest(options.models_dir, defaults, &repository_problems);
+  } else if (repository) {
+    auto scan = ScanRepository(options.models_dir, control.defaults);
+    if (!scan.ok()) return scan.status();
+    specs = std::vector<ModelSpec>();
   } else {
     specs = BundledManifest(options.models_dir, options.device, options.cuda_graphs);
   }
   if (!specs.ok()) return specs.status();
-  for (const std::string& p : repository_problems) s->Log("not served: " + p);
-  if (!options.auth_tokens_file.empty()) {
-    auto tokens = ReadTokens(options.auth_tokens_file);
-    if (!tokens.ok()) return tokens.status();
-    s->gate_.SetTokens(std::move(*tokens));
+  for (const auto& [flag, file, serving] :
+       {std::tuple{"--auth_tokens", options.auth_tokens_file, true},
+        {"--admin_tokens", options.admin_tokens_file, false}}) {
+    if (file.empty()) continue;
+    auto tokens = ReadTokens(file);
+    if (!tokens.ok()) return WithContext(flag, tokens.status());
+    (serving ? s->gate_.SetTokens(std::move(*tokens))
+             : s->gate_.SetAdminTokens(std::move(*tokens)));
   }
   auto creds = Credentials(options);
   if (!creds.ok()) return creds.status();
@@ -191,19 +211,29 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   s->Log(absl::StrCat("listening on port ", s->port_, options.tls_cert.empty() ? "" : " (TLS)",
                       s->http_ ? absl::StrCat(", REST (v2) on port ", s->http_->port()) : "",
                       s->metrics_port_ ? absl::StrCat(", /metrics on port ", s->metrics_port_) : "",
-                      "; loading ", specs->size(), " model(s)"));
+                      "; loading ",
+                      repository ? "the repository " + options.models_dir
+                                 : absl::StrCat(specs->size(), " model(s)")));
 
-  std::vector<std::string> load_failures;
-  auto registry = Registry::Load(
-      *specs, chained,
-      IsVersionedRepository(options.models_dir) && options.manifest.empty() ? &load_failures
-                                                                            : nullptr);
-  for (const std::string& f : load_failures) s->Log("not served: " + f);
-  if (!registry.ok()) {
-    s->server_->Shutdown(std::chrono::system_clock::now());
-    return registry.status();
+  if (repository) {
+    // Model control loads the repository's policy versions (and later changes them).
+    s->registry_ = std::make_unique<Registry>();
+    control.hooks = chained;
+    auto c = ModelControl::Start(std::move(control), s->registry_.get());
+    if (!c.ok()) {
+      s->server_->Shutdown(std::chrono::system_clock::now());
+      return c.status();
+    }
+    s->model_control_ = std::move(*c);
+    s->service_->SetModelControl(s->model_control_.get());
+  } else {
+    auto registry = Registry::Load(*specs, chained);
+    if (!registry.ok()) {
+      s->server_->Shutdown(std::chrono::system_clock::now());
+      return registry.status();
+    }
+    s->registry_ = std::move(*registry);
   }
-  s->registry_ = std::move(*registry);
   for (const auto& m : s->registry_->models()) {
     const ModelInfo& i = m->info();
     s->Log(absl::StrCat("model ", i.name, " version ", i.version, ": ", ModelKindName(i.kind), " ",
@@ -238,7 +268,9 @@ void KrauseServer::Shutdown() {
                    options_.drain_seconds, " s"));
   const bool idle = gate_.WaitIdle(std::chrono::steady_clock::now() + grace);
   if (!idle) Log(absl::StrCat("grace over: cancelling ", gate_.in_flight(), " call(s)"));
-  // Workers cancel what is left; the calls finish with UNAVAILABLE.
+  // No load or unload from here on; workers cancel what is left, the calls finish with
+  // UNAVAILABLE.
+  if (model_control_) model_control_->Stop();
   if (registry_) registry_->Stop();
   gate_.WaitIdle(std::chrono::steady_clock::now() + std::chrono::seconds(5));
   http_.reset();  // its workers have answered (the gate is idle): joins them

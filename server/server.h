@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/metrics.h"
+#include "server/model_control.h"
 #include "server/oip_http.h"
 #include "server/oip_service.h"
 #include "server/options.h"
@@ -37,6 +38,7 @@ class KrauseServer {
   const Metrics& metrics() const { return *metrics_; }
   const Registry& registry() const { return *registry_; }
   const Gate& gate() const { return gate_; }
+  ModelControl* model_control() const { return model_control_.get(); }  // null without a repository
   void Shutdown();
   void Wait();
 
@@ -53,6 +55,7 @@ class KrauseServer {
   std::unique_ptr<OipHttp> http_;  // stopped in Shutdown, before the registry goes
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Registry> registry_;
+  std::unique_ptr<ModelControl> model_control_;  // a repository's (goes before the registry)
   int port_ = 0;
   int metrics_port_ = 0;
   std::mutex shutdown_mu_;

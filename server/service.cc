@@ -21,15 +21,15 @@ class NativeCall : public UnaryCall {
  public:
   NativeCall(KrauseService* svc, grpc::CallbackServerContext* ctx, const char* rpc)
       : UnaryCall(svc->gate(), svc->observer(), svc->request_log(), ctx, rpc) {}
-  void set_model(const ServedModel& m) { book()->set_model(m.name(), m.info().version); }
+  void set_model(std::shared_ptr<const ServedModel> m) { book()->set_model(std::move(m)); }
   void set_images(int64_t n) { book()->set_images(n); }
   void NoteQueued(double seconds) { book()->NoteQueued(seconds); }
 };
 
 template <typename Kind>
 struct ResolvedCall {
-  Kind* model = nullptr;
-  at::Tensor images;  // [n, C, H, W] uint8
+  std::shared_ptr<Kind> model;  // the call's book holds it too
+  at::Tensor images;            // [n, C, H, W] uint8
 };
 
 // The common start of Classify and Score (after the gate): find the model of the kind, decode
@@ -40,7 +40,7 @@ absl::StatusOr<ResolvedCall<Kind>> ResolveImageCall(
     const std::string& version, const google::protobuf::RepeatedPtrField<v1::Image>& images) {
   auto found = svc.gate()->registry()->Find<Kind>(model, version);
   if (!found.ok()) return found.status();
-  call->set_model(**found);
+  call->set_model(*found);
   call->set_images(images.size());
   auto decoded = DecodeImages(images, **found, svc.fault_hook());
   if (!decoded.ok()) return decoded.status();
@@ -118,7 +118,7 @@ grpc::ServerUnaryReactor* KrauseService::GetModel(grpc::CallbackServerContext* c
     if (request->name().empty()) return absl::InvalidArgumentError("name is required");
     auto m = gate_->registry()->FindAny(request->name(), request->version());
     if (!m.ok()) return m.status();
-    call.set_model(**m);
+    call.set_model(*m);
     *response = ToProto((*m)->info());
     return absl::OkStatus();
   }));
@@ -135,7 +135,7 @@ grpc::ServerUnaryReactor* KrauseService::Classify(grpc::CallbackServerContext* c
     auto resolved = ResolveImageCall<ServedClassifier>(call.get(), *this, request->model(),
                                                        request->version(), request->images());
     if (!resolved.ok()) return resolved.status();
-    ServedClassifier* m = resolved->model;
+    ServedClassifier* m = resolved->model.get();
     const int64_t classes = m->config().classes;
     const int64_t top_k = std::min<int64_t>(request->top_k() == 0 ? 5 : request->top_k(), classes);
     const bool full = request->return_probabilities();
@@ -192,7 +192,7 @@ grpc::ServerUnaryReactor* KrauseService::Score(grpc::CallbackServerContext* ctx,
     auto resolved = ResolveImageCall<ServedGenerator>(call.get(), *this, request->model(),
                                                       request->version(), request->images());
     if (!resolved.ok()) return resolved.status();
-    ServedGenerator* m = resolved->model;
+    ServedGenerator* m = resolved->model.get();
     const at::Tensor& images = resolved->images;
     const int64_t n = images.size(0);
     const PixelModelConfig& c = m->config();

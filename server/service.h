@@ -10,12 +10,14 @@
 // or draining. Thread-safety: all handlers may run concurrently.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 
 #include "krause/v1/krause.grpc.pb.h"
 #include "server/call_book.h"
 #include "server/gate.h"
+#include "server/model_control.h"
 #include "server/registry.h"
 #include "server/reply_pool.h"
 #include "server/request_log.h"
@@ -46,6 +48,19 @@ class KrauseService final : public v1::KrauseService::CallbackService {
       grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) override;
   grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* ctx, const v1::ScoreRequest* request,
                                   v1::ScoreResponse* response) override;
+  // Model control (service_control.cc): admin calls.
+  grpc::ServerUnaryReactor* LoadModel(grpc::CallbackServerContext* ctx,
+                                      const v1::LoadModelRequest* request,
+                                      v1::LoadModelResponse* response) override;
+  grpc::ServerUnaryReactor* UnloadModel(grpc::CallbackServerContext* ctx,
+                                        const v1::UnloadModelRequest* request,
+                                        v1::UnloadModelResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* ctx,
+                                            const v1::RepositoryIndexRequest* request,
+                                            v1::RepositoryIndexResponse* response) override;
+  // A versioned repository's model control (null: a manifest or the flat layout, fixed at
+  // start-up). Set once, when the models are loaded.
+  void SetModelControl(ModelControl* control) { control_.store(control); }
 
   void Fault(const char* point) const {
     if (fault_) fault_(point);
@@ -62,6 +77,7 @@ class KrauseService final : public v1::KrauseService::CallbackService {
  private:
   Gate* const gate_;
   CallObserver* const observer_;
+  std::atomic<ModelControl*> control_{nullptr};
   RequestLog* request_log_ = nullptr;
   const FaultHook fault_;  // before replies_: its tasks may call it
   ReplyPool replies_;
