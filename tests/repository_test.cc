@@ -153,5 +153,124 @@ TEST_F(RepositoryTest, AFolderThatIsNotAModelNameIsListedWithItsProblem) {
   EXPECT_TRUE(PolicyVersions(models[0]).empty());
 }
 
+// ---- PlanRepository: exact plans from plain values.
+
+RepositoryModel Model(const std::string& name, std::vector<int64_t> versions, int64_t latest = 1) {
+  RepositoryModel m;
+  m.name = name;
+  m.policy.latest = latest;
+  for (int64_t v : versions) {
+    RepositoryVersion rv;
+    rv.version = v;
+    rv.checkpoint = name + "/" + std::to_string(v) + "/model.safetensors";
+    rv.fingerprint = "f" + std::to_string(v);
+    m.versions.push_back(rv);
+  }
+  return m;
+}
+
+std::vector<std::string> Loads(const RepositoryPlan& p) {
+  std::vector<std::string> out;
+  for (const VersionLoad& l : p.load)
+    out.push_back(l.spec.name + "@" + std::to_string(l.spec.version));
+  return out;
+}
+std::vector<std::string> Unloads(const RepositoryPlan& p) {
+  std::vector<std::string> out;
+  for (const VersionKey& k : p.unload) out.push_back(k.name + "@" + std::to_string(k.version));
+  return out;
+}
+ServedVersion At(const std::string& name, int64_t v, const std::string& fingerprint) {
+  ServedVersion s;
+  s.key.name = name;
+  s.key.version = v;
+  s.fingerprint = fingerprint;
+  return s;
+}
+ServedVersion Served(const RepositoryModel& m, int64_t v) {
+  for (const RepositoryVersion& rv : m.versions)
+    if (rv.version == v) return At(m.name, v, VersionFingerprint(m, rv));
+  return At(m.name, v, "gone");
+}
+using Names = std::vector<std::string>;
+
+TEST(PlanRepositoryTest, ANewVersionLoadsAndThenTheOldOneUnloads) {
+  const RepositoryModel vit = Model("vit", {1, 2});
+  const RepositoryPlan p = PlanRepository({vit}, {Served(vit, 1)}, {});
+  EXPECT_EQ(Loads(p), Names{"vit@2"});
+  EXPECT_EQ(Unloads(p), Names{"vit@1"});
+  EXPECT_EQ(p.load[0].spec.checkpoint, "vit/2/model.safetensors");
+  EXPECT_EQ(p.load[0].fingerprint, "f2|");
+}
+
+TEST(PlanRepositoryTest, NothingChangedPlansNothing) {
+  const RepositoryModel vit = Model("vit", {1, 2}, /*latest=*/2);
+  const RepositoryPlan p = PlanRepository({vit}, {Served(vit, 1), Served(vit, 2)}, {});
+  EXPECT_TRUE(p.load.empty());
+  EXPECT_TRUE(p.unload.empty());
+}
+
+TEST(PlanRepositoryTest, ChangedFilesReloadTheVersion) {
+  RepositoryModel vit = Model("vit", {1});
+  ServedVersion s = Served(vit, 1);
+  vit.versions[0].fingerprint = "f1-new";
+  EXPECT_EQ(Loads(PlanRepository({vit}, {s}, {})), Names{"vit@1"});
+  // config.json's change reloads too.
+  vit.versions[0].fingerprint = "f1";
+  vit.config_fingerprint = "c2";
+  EXPECT_EQ(Loads(PlanRepository({vit}, {s}, {})), Names{"vit@1"});
+}
+
+TEST(PlanRepositoryTest, AFailedVersionIsNotRetriedUntilItsFilesChange) {
+  RepositoryModel vit = Model("vit", {2, 3});
+  FailedVersion f;
+  f.key = At("vit", 3, "").key;
+  f.fingerprint = VersionFingerprint(vit, vit.versions[1]);
+  f.reason = "corrupt";
+  // The policy falls back to 2, which serves: nothing to do, and 2 is not unloaded.
+  RepositoryPlan p = PlanRepository({vit}, {Served(vit, 2)}, {f});
+  EXPECT_TRUE(p.load.empty());
+  EXPECT_TRUE(p.unload.empty());
+  vit.versions[1].fingerprint = "f3-fixed";
+  p = PlanRepository({vit}, {Served(vit, 2)}, {f});
+  EXPECT_EQ(Loads(p), Names{"vit@3"});
+  EXPECT_EQ(Unloads(p), Names{"vit@2"});
+}
+
+TEST(PlanRepositoryTest, AModelWithoutALoadableVersionKeepsWhatItServes) {
+  RepositoryModel vit = Model("vit", {2});
+  vit.versions[0].problem = "missing";
+  const ServedVersion s = At("vit", 1, "f1|");
+  EXPECT_TRUE(PlanRepository({vit}, {s}, {}).unload.empty());
+  RepositoryModel broken = Model("vit", {1});
+  broken.problem = "config.json: bad";
+  const RepositoryPlan p = PlanRepository({broken}, {Served(broken, 1)}, {});
+  EXPECT_TRUE(p.load.empty());
+  EXPECT_TRUE(p.unload.empty());
+}
+
+TEST(PlanRepositoryTest, APollUnloadsAModelWhoseFolderIsGoneALoadDoesNot) {
+  const RepositoryModel vit = Model("vit", {1});
+  const ServedVersion gone = At("karm", 4, "f4|");
+  EXPECT_EQ(Unloads(PlanRepository({vit}, {Served(vit, 1), gone}, {})), Names{"karm@4"});
+  EXPECT_TRUE(PlanRepository({vit}, {Served(vit, 1), gone}, {}, "vit").unload.empty());
+}
+
+TEST(PlanRepositoryTest, OnlyTheNamedModelAndTheAskedVersion) {
+  const RepositoryModel vit = Model("vit", {1, 2, 3}), karm = Model("karm", {1});
+  RepositoryPlan p = PlanRepository({karm, vit}, {}, {}, "vit");
+  EXPECT_EQ(Loads(p), Names{"vit@3"});
+  // A version asked for loads beside the served ones; nothing is unloaded.
+  p = PlanRepository({karm, vit}, {Served(vit, 3)}, {}, "vit", 1);
+  EXPECT_EQ(Loads(p), Names{"vit@1"});
+  EXPECT_TRUE(p.unload.empty());
+  // A poll plans every model; the specific policy names exact versions.
+  RepositoryModel specific = Model("vit", {1, 2, 3});
+  specific.policy.specific = {1, 3};
+  p = PlanRepository({karm, specific}, {Served(specific, 2)}, {});
+  EXPECT_EQ(Loads(p), (Names{"karm@1", "vit@1", "vit@3"}));
+  EXPECT_EQ(Unloads(p), Names{"vit@2"});
+}
+
 }  // namespace
 }  // namespace krause::server
