@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "model/checkpoint/safetensors.h"
 #include "model/util/status_macros.h"
@@ -13,6 +14,7 @@ namespace krause {
 namespace {
 
 absl::Status WithPath(const std::string& path, const absl::Status& s) {
+  if (absl::StartsWith(s.message(), path)) return s;  // the reader named the file already
   return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
 }
 
