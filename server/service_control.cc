@@ -1,5 +1,6 @@
 // KrauseService's model-control calls (LoadModel, UnloadModel, RepositoryIndex): admin calls
 // through the gate, carried out by ModelControl on its thread; the reply is finished from there.
+#include <functional>
 #include <memory>
 #include <utility>
 
@@ -52,50 +53,50 @@ absl::Status NoRepository(const char* rpc) {
       "server's models are fixed at start-up)"));
 }
 
+// A model-control call carried out on the control thread: the gate's admin check, then
+// `start(control, done)`; `done` fills `entries` with the model's versions and finishes the call.
+template <typename Entries>
+grpc::ServerUnaryReactor* ControlCall(
+    std::shared_ptr<UnaryCall> call, grpc::CallbackServerContext* ctx, ModelControl* control,
+    const char* rpc, Entries* entries,
+    const std::function<void(ModelControl*, ModelControl::Done)>& start) {
+  grpc::ServerUnaryReactor* reactor = call->reactor();
+  if (!call->Enter(ctx, /*admin=*/true)) return reactor;
+  if (control == nullptr) {
+    call->Finish(NoRepository(rpc));
+    return reactor;
+  }
+  start(control, [call, rpc, entries](absl::StatusOr<std::vector<IndexEntry>> result) {
+    call->Finish(Guarded(rpc, [&]() -> absl::Status {
+      if (!result.ok()) return result.status();
+      Fill(*result, entries);
+      return absl::OkStatus();
+    }));
+  });
+  return reactor;
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* KrauseService::LoadModel(grpc::CallbackServerContext* ctx,
                                                    const v1::LoadModelRequest* request,
                                                    v1::LoadModelResponse* response) {
-  auto call = std::make_shared<UnaryCall>(gate_, observer_, request_log_, ctx, "LoadModel");
-  grpc::ServerUnaryReactor* reactor = call->reactor();
-  if (!call->Enter(ctx, /*admin=*/true)) return reactor;
-  ModelControl* control = control_.load();
-  if (control == nullptr) {
-    call->Finish(NoRepository("LoadModel"));
-    return reactor;
-  }
-  control->Load(request->name(), request->version(),
-                [call, response](absl::StatusOr<std::vector<IndexEntry>> entries) {
-                  call->Finish(Guarded("LoadModel", [&]() -> absl::Status {
-                    if (!entries.ok()) return entries.status();
-                    Fill(*entries, response->mutable_versions());
-                    return absl::OkStatus();
-                  }));
-                });
-  return reactor;
+  return ControlCall(std::make_shared<UnaryCall>(gate_, observer_, request_log_, ctx, "LoadModel"),
+                     ctx, control_.load(), "LoadModel", response->mutable_versions(),
+                     [request](ModelControl* c, ModelControl::Done done) {
+                       c->Load(request->name(), request->version(), std::move(done));
+                     });
 }
 
 grpc::ServerUnaryReactor* KrauseService::UnloadModel(grpc::CallbackServerContext* ctx,
                                                      const v1::UnloadModelRequest* request,
                                                      v1::UnloadModelResponse* response) {
-  auto call = std::make_shared<UnaryCall>(gate_, observer_, request_log_, ctx, "UnloadModel");
-  grpc::ServerUnaryReactor* reactor = call->reactor();
-  if (!call->Enter(ctx, /*admin=*/true)) return reactor;
-  ModelControl* control = control_.load();
-  if (control == nullptr) {
-    call->Finish(NoRepository("UnloadModel"));
-    return reactor;
-  }
-  control->Unload(request->name(), request->version(),
-                  [call, response](absl::StatusOr<std::vector<IndexEntry>> entries) {
-                    call->Finish(Guarded("UnloadModel", [&]() -> absl::Status {
-                      if (!entries.ok()) return entries.status();
-                      Fill(*entries, response->mutable_versions());
-                      return absl::OkStatus();
-                    }));
-                  });
-  return reactor;
+  return ControlCall(
+      std::make_shared<UnaryCall>(gate_, observer_, request_log_, ctx, "UnloadModel"), ctx,
+      control_.load(), "UnloadModel", response->mutable_versions(),
+      [request](ModelControl* c, ModelControl::Done done) {
+        c->Unload(request->name(), request->version(), std::move(done));
+      });
 }
 
 grpc::ServerUnaryReactor* KrauseService::RepositoryIndex(grpc::CallbackServerContext* ctx,
