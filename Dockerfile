@@ -25,6 +25,7 @@ FROM debian:bookworm AS cpu
 # closure, from the build stage's packages): no compiler, -dev package, Python or data set.
 COPY --from=build-cpu /stage/ /
 COPY models /opt/krause/models
+COPY LICENSE /opt/krause/LICENSE
 RUN ldconfig && useradd --system --uid 10001 krause
 WORKDIR /opt/krause
 USER 10001
@@ -69,6 +70,7 @@ FROM debian:bookworm AS gpu
 # NVIDIA container toolkit.
 COPY --from=build-gpu /stage/ /
 COPY models /opt/krause/models
+COPY LICENSE /opt/krause/LICENSE
 RUN ldconfig && useradd --system --uid 10001 krause
 ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 WORKDIR /opt/krause

@@ -46,6 +46,7 @@
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "krause/v1/krause.grpc.pb.h"
 #include "model/data/idx.h"
+#include "model/util/help.h"
 #include "server/raw_image.h"
 #include "server/status.h"
 
@@ -196,15 +197,15 @@ class LoadGen {
       auto* in = req.add_inputs();
       in->set_name("image");
       in->set_datatype("UINT8");
-      for (int64_t d : {int64_t{k}, int64_t{first.height()}, int64_t{first.width()},
-                        int64_t{first.channels()}})
+      for (int64_t d :
+           {int64_t{k}, int64_t{first.height()}, int64_t{first.width()}, int64_t{first.channels()}})
         in->add_shape(d);
       std::string* raw = req.add_raw_input_contents();
       for (int i = 0; i < k; ++i) *raw += images_[(n * k + i) % images_.size()].raw().pixels();
     }
-    Unary<inference::ModelInferResponse>(
-        "ModelInfer", std::move(req), images, measured, std::move(done),
-        [&stub](auto&&... a) { stub.async()->ModelInfer(a...); });
+    Unary<inference::ModelInferResponse>("ModelInfer", std::move(req), images, measured,
+                                         std::move(done),
+                                         [&stub](auto&&... a) { stub.async()->ModelInfer(a...); });
   }
 
   // One asynchronous unary call of `req`, started by `start(ctx, req, resp, callback)` (the
@@ -399,6 +400,7 @@ json ServerView(const std::string& before, const std::string& after) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  krause::ShowOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "load tests krause-server (closed or open loop, classify / generate / mix).\n"
       "  krause-loadgen --workload classify --concurrency 32 --duration 20 --metrics "
@@ -520,9 +522,9 @@ int main(int argc, char** argv) {
     }
     const bool admitting =
         g_interrupted.load() ? false
-        : want > 0 ? measured_started.load() < want
-                 : Clock::now() < measure_from + std::chrono::duration_cast<Clock::duration>(
-                                                     std::chrono::duration<double>(duration));
+        : want > 0           ? measured_started.load() < want
+                   : Clock::now() < measure_from + std::chrono::duration_cast<Clock::duration>(
+                                                       std::chrono::duration<double>(duration));
     if (progress) {
       const double total = want > 0 ? static_cast<double>(want) : warmup + duration;
       const double frac = want > 0 ? done / total : std::min(1.0, el / total);

@@ -38,6 +38,7 @@
 #include "krause/v1/krause.grpc.pb.h"
 #include "model/data/idx.h"
 #include "model/util/files.h"
+#include "model/util/help.h"
 #include "server/raw_image.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051",
@@ -492,6 +493,7 @@ int Score(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_jso
 }  // namespace
 
 int main(int argc, char** argv) {
+  krause::ShowOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "the command-line client of krause-server.\n"
       "  krause-client list\n"

@@ -19,6 +19,7 @@ ROOT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file
 FILES = {
     "model/util/files": "util",
     "model/util/status_macros": "util",
+    "model/util/help": "util",
     "model/data/idx": "util",
     "model/util/tensor_checks": "tensor_util",
     "model/util/threads": "tensor_util",

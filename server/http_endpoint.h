@@ -26,7 +26,11 @@ struct HttpEndpointOptions {
   // Non-empty: a request needs "Authorization: Bearer <one of these>" (the scheme in any case),
   // else 401.
   std::set<std::string> tokens;
-  int threads = 32;               // connections served at once
+  // Connections served at once. civetweb gives each open connection a worker until its request
+  // is read (or request_timeout_ms passes), so this many idle or trickling clients are needed to
+  // delay a scrape at all: 256 (address space 1 MiB each, a few KiB resident) keeps a scrape
+  // answering at once beside 200 idle connections (server_hardening_test).
+  int threads = 256;
   int request_timeout_ms = 2000;  // to read a request's headers (a slow client's limit)
 };
 

@@ -11,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "model/util/help.h"
 #include "model/util/threads.h"
 #include "server/options.h"
 #include "server/server.h"
@@ -101,6 +102,7 @@ void OnSignal(int sig) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  krause::ShowOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "serves Krause attention models over gRPC (krause.v1.KrauseService, health, reflection)\n"
       "and the Open Inference Protocol (KServe v2: inference.GRPCInferenceService on the gRPC\n"

@@ -155,6 +155,10 @@ class OipHttp::Handler : public CivetHandler {
         return true;
       }
       auto m = oip::FindModel(*gate.registry(), mp->name, mp->version);
+      if (m.status().code() == absl::StatusCode::kUnavailable) {  // unloaded by model control
+        Send(conn, 503, R"({"ready":false})");
+        return true;
+      }
       if (!m.ok()) {
         Send(conn, HttpStatus(ToGrpcStatus(m.status()).error_code()),
              oip::ErrorJson(m.status().message()));

@@ -41,6 +41,10 @@ grpc::ServerUnaryReactor* OipService::ModelReady(grpc::CallbackServerContext* ct
     return Done(ctx, absl::OkStatus());
   }
   auto m = oip::FindModel(*gate.registry(), request->name(), request->version());
+  if (m.status().code() == absl::StatusCode::kUnavailable) {  // unloaded by model control
+    response->set_ready(false);
+    return Done(ctx, absl::OkStatus());
+  }
   if (!m.ok()) return Done(ctx, m.status());
   response->set_ready(!gate.draining());
   return Done(ctx, absl::OkStatus());

@@ -178,11 +178,24 @@ TEST(GeneratorWorker, UpdatesGoOutOldestCallFirst) {
     std::vector<Entry>* log_;
   };
   const auto m = TinyModel(5);
-  auto worker = GeneratorWorker::Create(m, Slots(2)).value();
+  // The worker holds after its first step until both calls are in: the older runs at most one
+  // step alone, however slowly this thread submits the newer (under TSan it did not keep up).
+  std::mutex hold_mu;
+  std::condition_variable hold_cv;
+  bool both_in = false;
+  auto worker = GeneratorWorker::Create(m, Slots(2), [&](const DecodeEvent&) {
+                  std::unique_lock<std::mutex> hold(hold_mu);
+                  hold_cv.wait(hold, [&] { return both_in; });
+                }).value();
   auto p = std::make_shared<Logged>(&mu, &log), q = std::make_shared<Logged>(&mu, &log);
   const auto older = p.get() > q.get() ? p : q, newer = p.get() > q.get() ? q : p;
   ASSERT_TRUE(worker->Submit({Request(1)}, older).ok());
   ASSERT_TRUE(worker->Submit({Request(2)}, newer).ok());
+  {
+    std::lock_guard<std::mutex> hold(hold_mu);
+    both_in = true;
+  }
+  hold_cv.notify_all();
   ASSERT_TRUE(older->WaitDone());
   ASSERT_TRUE(newer->WaitDone());
   std::lock_guard<std::mutex> lock(mu);

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "inference/grpc_predict_v2.grpc.pb.h"
 #include "model/util/threads.h"
 #include "server/images.h"
 #include "server/served_generator.h"
@@ -432,6 +433,27 @@ TEST_F(ModelControlTest, ChangedFilesReloadTheSameVersion) {
   ASSERT_TRUE(Classify(&c).ok());
   EXPECT_EQ(c.model_version(), "1");
   EXPECT_NE(a.results(0).probabilities(0), c.results(0).probabilities(0));
+}
+
+TEST_F(ModelControlTest, AnUnloadedModelIsNotReadyInTheOpenInferenceProtocol) {
+  PutVit(1, 11);
+  Start("explicit");
+  auto channel = client::MakeChannel(ClientFor(server_->port()));
+  ASSERT_TRUE(channel.ok());
+  auto oip = inference::GRPCInferenceService::NewStub(*channel);
+  const auto ready = [&] {
+    inference::ModelReadyRequest req;
+    req.set_name("vit");
+    inference::ModelReadyResponse r;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(oip->ModelReady(&ctx, req, &r).ok());
+    return r.ready();
+  };
+  EXPECT_TRUE(ready());
+  ASSERT_TRUE(Unload("vit").ok());
+  EXPECT_FALSE(ready());
+  ASSERT_TRUE(Load("vit").ok());
+  EXPECT_TRUE(ready());
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "model/engine/decode_engine.h"
 #include "model/eval/sample_quality.h"
 #include "model/loader.h"
+#include "model/util/help.h"
 #include "model/util/threads.h"
 
 ABSL_FLAG(std::string, generator, "",
@@ -75,6 +76,7 @@ int Fail(const std::string& msg) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  krause::ShowOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "sample quality and bits/dim of a generator checkpoint, judged by a classifier.\n"
       "  krause-eval --generator models/karm_fmnist.safetensors --samples 1000\n"

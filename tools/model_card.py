@@ -61,6 +61,41 @@ def eval_section(name, reports, grid):
     return lines
 
 
+def use_section(classifier, labels):
+    """Intended use, limitations, data and licence: the same for every bundled card, by kind."""
+    what = ("classifies 28x28 gray images in Fashion-MNIST's style into its 10 clothing classes"
+            if classifier else
+            "draws 28x28 gray images of Fashion-MNIST's 10 clothing classes, one subpixel at a time")
+    lines = ["", "## Intended use", "",
+             f"A reference model: it {what}. It is bundled so that krause-serve can be tried, "
+             "tested and benchmarked without a download (Krause attention against its softmax "
+             "baseline, the serving paths, the protocols), and as a worked example of training "
+             "and evaluating one. It is not meant for decisions about people, products or "
+             "anything outside that data set.",
+             "", "## Limitations", "",
+             "- It knows Fashion-MNIST only: centred, light-on-dark 28x28 gray product images. "
+             "Anything else of that shape (photographs, sketches, inverted or off-centre images) "
+             "gets an answer as confident as any other and as meaningless; the server checks an "
+             "image's shape, never its content."]
+    if classifier:
+        lines.append("- Its accuracy is the test figure above, on the whole test set; per-class "
+                     "accuracy and calibration have not been measured for this card.")
+    else:
+        lines.append("- It is small (tens of thousands of parameters): samples are coarse, and "
+                     "the classes that look alike in the data (shirt, coat, pullover, T-shirt/top) "
+                     "are the ones it mixes up; the figures above and below say how often.")
+    lines += ["- The weights are stored in fp16; the figures above are the stored weights', "
+              "checked by `tests/bundled_models_test.cc`.",
+              "", "## Data and licence", "",
+              "Trained and evaluated on Fashion-MNIST (Zalando SE, 2017; MIT licence), as "
+              "Debian's `dataset-fashion-mnist` ships it: 60,000 training and 10,000 test images "
+              "of clothing from Zalando's catalogue, with nothing added"
+              + (" (random crops and flips during training)." if classifier else ".")
+              + " The weights are released with the code under the Apache License 2.0 "
+              "([LICENSE](../LICENSE)); the data's notice is in [README.md](README.md#licences)."]
+    return lines
+
+
 def main():
     args = sys.argv[1:]
     grid = None
@@ -98,6 +133,7 @@ def main():
     else:
         rows.append(("test bits/dim (as stored)", f"{s['test_bits_per_dim']:.4f}"))
     lines += [f"| {k} | {v} |" for k, v in rows]
+    lines += use_section(classifier, cfg.get("labels", []))
     lines += ["", "Config:", "", "```json", json.dumps(cfg, indent=1), "```", "",
               "Command:", "", "```sh", s["command"], "```", "",
               "Per epoch (test metric is accuracy or bits/dim):", "",

@@ -10,6 +10,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_join.h"
 #include "model/train/trainer.h"
+#include "model/util/help.h"
 
 ABSL_FLAG(std::string, model, "krause_vit", "krause_vit | vit | karm | arm");
 ABSL_FLAG(std::string, data, "fashion-mnist", "fashion-mnist | mnist | cifar10");
@@ -64,6 +65,7 @@ ABSL_FLAG(bool, start_token, true,
           "generators: learned start token, so that every subpixel is scored");
 
 int main(int argc, char** argv) {
+  krause::ShowOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "trains a Krause ViT, ViT, KARM or ARM.\n"
       "  krause-train --model krause_vit --epochs 10 --out out/kvit\n"
