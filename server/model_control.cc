@@ -186,6 +186,14 @@ absl::Status ModelControl::Apply(const std::string& only, int64_t version, bool 
           absl::StrCat("model ", only, " is not in the repository ", options_.repository));
     if (!m->problem.empty())
       return absl::FailedPreconditionError(absl::StrCat("model ", only, ": ", m->problem));
+    if (version == 0 && PolicyVersions(*m).empty()) {
+      std::vector<std::string> problems;
+      for (const RepositoryVersion& v : m->versions)
+        if (!v.problem.empty()) problems.push_back(v.problem);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model ", only, " has no version its version_policy can load",
+          problems.empty() ? "" : absl::StrCat(" (", absl::StrJoin(problems, "; "), ")")));
+    }
     if (version != 0) {
       const auto v = std::find_if(m->versions.begin(), m->versions.end(),
                                   [&](const RepositoryVersion& r) { return r.version == version; });
@@ -292,6 +300,10 @@ void ModelControl::Unload(const std::string& name, const std::string& version_te
 void ModelControl::PollNow() {
   std::promise<void> done;
   Post([&] {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return done.set_value();  // shutting down: nothing loads any more
+    }
     const absl::Status st = Apply("", 0, false);
     if (!st.ok()) Log(absl::StrCat("poll: ", st.message()));
     done.set_value();

@@ -217,12 +217,20 @@ RepositoryPlan PlanRepository(const std::vector<RepositoryModel>& repo,
     if (!only.empty() && original.name != only) continue;
     if (!original.problem.empty()) continue;
     RepositoryModel m = original;
+    // Failed from these files: not loadable, unless a copy from earlier files serves (a failed
+    // reload): then it stays wanted, keeps serving and is not loaded again.
+    std::set<int64_t> keep;
     for (RepositoryVersion& v : m.versions) {
       if (!v.problem.empty()) continue;
       for (const FailedVersion& f : failed)
         if (f.key.name == m.name && f.key.version == v.version &&
-            f.fingerprint == VersionFingerprint(m, v))
-          v.problem = f.reason;
+            f.fingerprint == VersionFingerprint(m, v)) {
+          if (served_at(m.name, v.version) != nullptr) {
+            keep.insert(v.version);
+          } else {
+            v.problem = f.reason;
+          }
+        }
     }
     std::vector<int64_t> wanted;
     if (version != 0) {
@@ -234,6 +242,7 @@ RepositoryPlan PlanRepository(const std::vector<RepositoryModel>& repo,
       const auto it = std::find_if(m.versions.begin(), m.versions.end(),
                                    [w](const RepositoryVersion& v) { return v.version == w; });
       if (it == m.versions.end()) continue;
+      if (keep.count(w) > 0) continue;
       const std::string fp = VersionFingerprint(m, *it);
       const ServedVersion* s = served_at(m.name, w);
       if (s != nullptr && s->fingerprint == fp) continue;

@@ -119,7 +119,8 @@ struct RepositoryPlan {
 
 // Pure. For every model of `repo` (only the one called `only` when it is not empty):
 // - the wanted versions are `version` when it is not 0, else the policy's (PolicyVersions),
-//   counting a version that failed to load from the same files as not loadable;
+//   counting a version that failed to load from the same files as not loadable, unless a copy
+//   of it from earlier files serves (a failed reload: that copy stays, nothing is loaded);
 // - a wanted version not served, or served from other files, is loaded;
 // - with `version` 0 and at least one wanted version, served versions not wanted are unloaded
 //   (a model with no loadable version keeps what it serves, as does one whose config.json is

@@ -456,5 +456,17 @@ TEST_F(ModelControlTest, AnUnloadedModelIsNotReadyInTheOpenInferenceProtocol) {
   EXPECT_TRUE(ready());
 }
 
+TEST_F(ModelControlTest, ALoadWithNothingThePolicyCanLoadFails) {
+  PutVit(1, 11);
+  Start("explicit");
+  WriteText(repo_ + "/vit/config.json", R"({"version_policy": {"specific": [7]}})");
+  const grpc::Status st = Load("vit");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(st.error_message(), HasSubstr("no version its version_policy can load"));
+  v1::ClassifyResponse r;
+  ASSERT_TRUE(Classify(&r).ok());  // version 1 still serves
+  EXPECT_EQ(r.model_version(), "1");
+}
+
 }  // namespace
 }  // namespace krause::testing

@@ -272,5 +272,21 @@ TEST(PlanRepositoryTest, OnlyTheNamedModelAndTheAskedVersion) {
   EXPECT_EQ(Unloads(p), Names{"vit@2"});
 }
 
+TEST(PlanRepositoryTest, AFailedReloadOfTheServingVersionKeepsItsOldCopy) {
+  // Version 2 serves; its file is rewritten and the reload fails: 2 keeps serving from the old
+  // copy, nothing falls back to 1, and the failed files are not loaded again.
+  RepositoryModel vit = Model("vit", {1, 2});
+  const ServedVersion old = Served(vit, 2);
+  vit.versions[1].fingerprint = "f2-truncated";
+  EXPECT_EQ(Loads(PlanRepository({vit}, {old}, {})), Names{"vit@2"});
+  FailedVersion f;
+  f.key = At("vit", 2, "").key;
+  f.fingerprint = VersionFingerprint(vit, vit.versions[1]);
+  f.reason = "truncated";
+  const RepositoryPlan p = PlanRepository({vit}, {old}, {f});
+  EXPECT_TRUE(p.load.empty());
+  EXPECT_TRUE(p.unload.empty());
+}
+
 }  // namespace
 }  // namespace krause::server
