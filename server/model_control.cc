@@ -5,7 +5,6 @@
 #include <future>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -16,7 +15,7 @@ namespace {
 absl::StatusOr<int64_t> ParseRequestVersion(const std::string& text) {
   if (text.empty()) return 0;
   int64_t v = 0;
-  if (text.size() > 16 || text[0] == '0' || !absl::SimpleAtoi(text, &v) || v < 1)
+  if (!ParseVersion(text, &v))
     return absl::InvalidArgumentError(absl::StrCat("version: \"", text.substr(0, 32),
                                                    "\" is not a version (a positive integer)"));
   return v;

@@ -18,14 +18,6 @@ constexpr char kCheckpointFile[] = "model.safetensors";
 constexpr char kConfigFile[] = "config.json";
 constexpr int64_t kMaxVersion = int64_t{1} << 53;
 
-// A version folder's number: digits only, no leading zero, 1 .. 2^53.
-bool ParseVersion(const std::string& name, int64_t* out) {
-  if (name.empty() || name.size() > 16 || name[0] == '0') return false;
-  if (!std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    return false;
-  return absl::SimpleAtoi(name, out) && *out >= 1 && *out <= kMaxVersion;
-}
-
 std::string Fingerprint(const fs::path& file) {
   std::error_code ec;
   const auto size = fs::file_size(file, ec);
@@ -36,6 +28,13 @@ std::string Fingerprint(const fs::path& file) {
 }
 
 }  // namespace
+
+bool ParseVersion(const std::string& name, int64_t* out) {
+  if (name.empty() || name.size() > 16 || name[0] == '0') return false;
+  if (!std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return false;
+  return absl::SimpleAtoi(name, out) && *out >= 1 && *out <= kMaxVersion;
+}
 
 bool IsVersionedRepository(const std::string& dir) {
   std::error_code ec;

@@ -50,6 +50,10 @@ struct RepositoryModel {
   std::vector<std::string> ignored;
 };
 
+// A version's text (a folder's name, a request's `version`): digits only, no leading zero,
+// 1 .. 2^53.
+bool ParseVersion(const std::string& text, int64_t* version);
+
 // True when `dir` holds at least one folder and no *.safetensors file (a repository); false for
 // the flat layout.
 bool IsVersionedRepository(const std::string& dir);
