@@ -26,7 +26,8 @@ manifest() {  # $1 = max_batch_size, $2 = max_queue_delay_ms
 JSON
 }
 # The REST port (8000 by default) off where the build has one: two servers run at once.
-http_off=$("$BIN/krause-server" --helpfull 2>&1 | grep -q -- '-http_listen' && echo --http_listen= || true)
+# (grep reads the whole help text: grep -q would stop early and, under pipefail, fail the pipe)
+http_off=$("$BIN/krause-server" --helpfull 2>&1 | grep -c -- '-http_listen' > /dev/null && echo --http_listen= || true)
 start() {  # $1 = name, $2 = max batch, $3 = delay
   manifest "$2" "$3" > "$tmp/$1.json"
   "$BIN/krause-server" --manifest "$tmp/$1.json" --listen 127.0.0.1:0 --port_file "$tmp/$1.port" \
