@@ -61,7 +61,29 @@ absl::StatusOr<at::Tensor> KrauseLayerCache::Attend(const at::Tensor& q, const a
   if (scale == nullptr) {
     return absl::InvalidArgumentError("a Krause layer cache needs the layer's DecodeScale");
   }
+  if (libtorch_decode_) return KrauseDecodeStepLibTorch(q, k, v, *scale, top_k_, index, &ring_);
   return KrauseDecodeStep(q, k, v, *scale, top_k_, index, &ring_);
+}
+
+namespace {
+absl::Status CheckDecodeImpl(KrauseImpl impl) {
+  if (impl == KrauseImpl::kAuto || impl == KrauseImpl::kWindowed) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("a cache decodes with auto or windowed, not ", KrauseImplName(impl)));
+}
+}  // namespace
+
+absl::Status KrauseLayerCache::SetDecodeImpl(KrauseImpl impl) {
+  RETURN_IF_ERROR(CheckDecodeImpl(impl));
+  libtorch_decode_ = impl == KrauseImpl::kWindowed;
+  return absl::OkStatus();
+}
+
+absl::Status SoftmaxLayerCache::SetDecodeImpl(KrauseImpl impl) { return CheckDecodeImpl(impl); }
+
+absl::Status PixelKvCache::SetDecodeImpl(KrauseImpl impl) {
+  for (auto& layer : layers_) RETURN_IF_ERROR(layer->SetDecodeImpl(impl));
+  return absl::OkStatus();
 }
 
 void KrauseLayerCache::AttendRow(const DecodeRow& row, nn::ThreadScratch& scratch) {

@@ -29,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/attention/decode.h"
+#include "model/attention/krause_attention.h"
 #include "model/attention_kind.h"
 #include "model/pixel_model_config.h"
 
@@ -75,6 +76,11 @@ class LayerKvCache {
   // The same for one (sequence, head) on an fp32 CPU cache, arguments checked by the caller
   // (CpuDecoder::Step). Same kernels and order as Attend on the CPU for Krause caches.
   virtual void AttendRow(const DecodeRow& row, nn::ThreadScratch& scratch) = 0;
+  // What Attend runs: kAuto (the default) the decode kernel (the fused one on the CPU, the CUDA
+  // one on a GPU), kWindowed LibTorch ops (KrauseDecodeStepLibTorch: the fallback a model is
+  // served on when the load-time kernel check finds the kernel wrong). The softmax cache attends
+  // with LibTorch ops either way and ignores it. InvalidArgument for another implementation.
+  virtual absl::Status SetDecodeImpl(KrauseImpl impl) = 0;
 
   // The tensors holding the cache (tests and benchmarks; the models never touch them):
   // Krause {keys_t, values, bias} as KrauseRingCache lays them out; softmax {keys, values}.
@@ -101,6 +107,7 @@ class KrauseLayerCache final : public LayerKvCache {
   absl::StatusOr<at::Tensor> Attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const DecodeIndex& index, const DecodeScale* scale) override;
   void AttendRow(const DecodeRow& row, nn::ThreadScratch& scratch) override;
+  absl::Status SetDecodeImpl(KrauseImpl impl) override;
   std::vector<at::Tensor> Storage() override;
 
   KrauseRingCache& ring() { return ring_; }  // tests
@@ -111,6 +118,7 @@ class KrauseLayerCache final : public LayerKvCache {
   KrauseRingCache ring_;
   int64_t top_k_;
   at::Device device_;
+  bool libtorch_decode_ = false;  // SetDecodeImpl(kWindowed)
 };
 
 class SoftmaxLayerCache final : public LayerKvCache {
@@ -136,6 +144,7 @@ class SoftmaxLayerCache final : public LayerKvCache {
   absl::StatusOr<at::Tensor> Attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const DecodeIndex& index, const DecodeScale* scale) override;
   void AttendRow(const DecodeRow& row, nn::ThreadScratch& scratch) override;
+  absl::Status SetDecodeImpl(KrauseImpl impl) override;
   std::vector<at::Tensor> Storage() override { return {keys_, values_}; }
 
  private:
@@ -170,6 +179,8 @@ class PixelKvCache {
   // decode step. Unconditional models: no classes (slot_classes() undefined).
   bool conditional() const { return !class_host_.empty(); }
   void SetClass(int64_t slot, int64_t class_row);
+  // Every layer's LayerKvCache::SetDecodeImpl.
+  absl::Status SetDecodeImpl(KrauseImpl impl);
   int64_t slot_class(int64_t slot) const { return class_host_[slot]; }
   const at::Tensor& slot_classes() const { return class_device_; }  // [slots] int64, on the device
 

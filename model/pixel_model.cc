@@ -144,13 +144,13 @@ at::Tensor PixelModel::Forward(const at::Tensor& pixels, KrauseImpl impl,
   return ForwardTokens(at::cat({start, pixels}, 1), impl, nullptr, classes);
 }
 
-at::Tensor PixelModel::Prefill(const at::Tensor& u, int64_t slot, PixelKvCache* cache) const {
+at::Tensor PixelModel::Prefill(const at::Tensor& u, int64_t slot, PixelKvCache* cache,
+                               KrauseImpl impl) const {
   at::NoGradGuard no_grad;
   std::vector<std::pair<at::Tensor, at::Tensor>> kv;
   at::Tensor classes;
   if (config_.conditional()) classes = at::full({1}, cache->slot_class(slot), at::kLong);
-  const at::Tensor logits =
-      ForwardTokens(u.to(device()).view({1, -1}), KrauseImpl::kAuto, &kv, classes);
+  const at::Tensor logits = ForwardTokens(u.to(device()).view({1, -1}), impl, &kv, classes);
   for (int64_t l = 0; l < config_.depth; ++l) {
     cache->layer(l).WritePrefix(slot, kv[l].first[0], kv[l].second[0]);
   }

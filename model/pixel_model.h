@@ -84,8 +84,9 @@ class PixelModel {
   // Incremental decoding over a KV cache (inference only).
   // Prefill: runs u [T] (positions 0..T-1) for one sequence, stores their keys/values in `slot`
   // and returns logits [T, 256]. A conditional model runs with the class the cache holds for
-  // the slot (PixelKvCache::SetClass), as DecodeStep does.
-  at::Tensor Prefill(const at::Tensor& u, int64_t slot, PixelKvCache* cache) const;
+  // the slot (PixelKvCache::SetClass), as DecodeStep does. `impl`: the attention's (as Forward).
+  at::Tensor Prefill(const at::Tensor& u, int64_t slot, PixelKvCache* cache,
+                     KrauseImpl impl = KrauseImpl::kAuto) const;
   // One step for S sequences: u [S] is each sequence's token at its position positions[s] (the
   // cache holds its positions before). u, positions and slots are host (CPU) tensors whatever the
   // model's device. Appends to the cache; returns logits [S, 256] on the model's device. With

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <stdexcept>
 
 namespace krause::cpu {
 namespace {
@@ -24,6 +25,33 @@ const CpuKernelTable* Best() {
 
 std::atomic<const CpuKernelTable*> g_forced{nullptr};
 
+// The fault tables (SetCpuKernelsForTesting "fault_values" / "fault_throw"): the best variant
+// with its Krause prefill and decode kernels broken, everything else (linear rows, GELU, the
+// softmax kernels) intact.
+void PrefillWrongValues(const PrefillSlice& slice, int64_t q0, int64_t q1, const Scratch& s) {
+  Best()->prefill(slice, q0, q1, s);
+  for (int64_t i = q0; i < q1; ++i) slice.out[i * slice.d] += 0.5f;
+}
+void DecodeWrongValues(const DecodeItem& item, const Scratch& s) {
+  Best()->decode(item, s);
+  item.out[0] += 0.5f;
+}
+[[noreturn]] void Throw() {
+  throw std::runtime_error(
+      "a fault injected into the fused Krause kernels (SetCpuKernelsForTesting)");
+}
+void PrefillThrows(const PrefillSlice&, int64_t, int64_t, const Scratch&) { Throw(); }
+void DecodeThrows(const DecodeItem&, const Scratch&) { Throw(); }
+
+CpuKernelTable Faulty(const char* name, decltype(CpuKernelTable::prefill) prefill,
+                      decltype(CpuKernelTable::decode) decode) {
+  CpuKernelTable t = *Best();
+  t.name = name;
+  t.prefill = prefill;
+  t.decode = decode;
+  return t;
+}
+
 }  // namespace
 
 const CpuKernelTable& CpuKernels() {
@@ -44,6 +72,16 @@ bool SetCpuKernelsForTesting(const char* name) {
   }
   if (std::strcmp(name, "base") == 0) {
     g_forced.store(&base::kTable, std::memory_order_release);
+    return true;
+  }
+  if (std::strcmp(name, "fault_values") == 0) {
+    static const CpuKernelTable t = Faulty("fault_values", &PrefillWrongValues, &DecodeWrongValues);
+    g_forced.store(&t, std::memory_order_release);
+    return true;
+  }
+  if (std::strcmp(name, "fault_throw") == 0) {
+    static const CpuKernelTable t = Faulty("fault_throw", &PrefillThrows, &DecodeThrows);
+    g_forced.store(&t, std::memory_order_release);
     return true;
   }
 #if defined(KRAUSE_HAVE_AVX2_KERNELS)

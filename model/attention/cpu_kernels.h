@@ -128,6 +128,10 @@ struct CpuKernelTable {
 
 const CpuKernelTable& CpuKernels();
 // nullptr restores automatic choice. Returns false if `name` is not available on this CPU.
+// Besides the variants, two fault injections for the load-time kernel check's tests
+// (engine/kernel_check.h): "fault_values" (the best variant, but every row the Krause prefill and
+// decode kernels write is off by 0.5 in its first element) and "fault_throw" (those two kernels
+// throw std::runtime_error); the other kernels stay intact.
 bool SetCpuKernelsForTesting(const char* name);
 // Variants this build has and this CPU can run, best last.
 int NumCpuKernelVariants();

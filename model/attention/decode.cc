@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <vector>
 
@@ -252,26 +253,40 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
   return KrauseDecodeStep(q, k, v, scale, top_k, index, cache, selection);
 }
 
+namespace {
+
+// What both decode steps (the kernel's and LibTorch's) check of their arguments.
+absl::Status CheckKrauseStep(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const DecodeScale& scale, int64_t top_k, const DecodeIndex& index,
+                             KrauseRingCache* cache) {
+  if (cache == nullptr || !cache->keys_t().defined()) {
+    return absl::InvalidArgumentError("cache must be a created KrauseRingCache");
+  }
+  const int64_t h = cache->heads();
+  const at::Device dev = cache->keys_t().device();
+  RETURN_IF_ERROR(CheckDecodeStepArgs(q, k, v, index, h, cache->head_dim(), cache->slots(), dev));
+  if (top_k < 1) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 1, got ", top_k));
+  const at::Tensor& inv_var = scale.inv_var();
+  if (!inv_var.defined() || inv_var.numel() != h || inv_var.device() != dev) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scale must be a DecodeScale made for H = ", h, " heads on ", dev.str()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tensor& k,
                                             const at::Tensor& v, const DecodeScale& scale,
                                             int64_t top_k, const DecodeIndex& index,
                                             KrauseRingCache* cache, DecodeSelection* selection) {
   try {
-    if (cache == nullptr || !cache->keys_t().defined()) {
-      return absl::InvalidArgumentError("cache must be a created KrauseRingCache");
-    }
+    RETURN_IF_ERROR(CheckKrauseStep(q, k, v, scale, top_k, index, cache));
     const int64_t h = cache->heads(), d = cache->head_dim();
     const int64_t win = cache->window();
     const at::Device dev = cache->keys_t().device();
-    RETURN_IF_ERROR(CheckDecodeStepArgs(q, k, v, index, h, d, cache->slots(), dev));
     const int64_t s = q.size(0);
-    if (top_k < 1)
-      return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 1, got ", top_k));
     const at::Tensor& inv_var = scale.inv_var();
-    if (!inv_var.defined() || inv_var.numel() != h || inv_var.device() != dev) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("scale must be a DecodeScale made for H = ", h, " heads on ", dev.str()));
-    }
     const int64_t* sp = index.host_slots().data_ptr<int64_t>();
     const int64_t* pp = index.host_positions().data_ptr<int64_t>();
 
@@ -320,6 +335,59 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
     return out;
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("krause decode step failed: ", e.what()));
+  }
+}
+
+}  // namespace krause
+
+namespace krause {
+
+absl::StatusOr<at::Tensor> KrauseDecodeStepLibTorch(const at::Tensor& q, const at::Tensor& k,
+                                                    const at::Tensor& v, const DecodeScale& scale,
+                                                    int64_t top_k, const DecodeIndex& index,
+                                                    KrauseRingCache* cache) {
+  try {
+    RETURN_IF_ERROR(CheckKrauseStep(q, k, v, scale, top_k, index, cache));
+    const int64_t h = cache->heads(), d = cache->head_dim(), win = cache->window();
+    const at::Tensor& inv_var = scale.inv_var();
+    using at::indexing::Slice;
+    at::NoGradGuard no_grad;
+    const int64_t s = q.size(0);
+    const at::Tensor& slots = index.device_slots();
+    const at::Tensor& pos = index.device_positions();  // [S]
+    // Append: position p goes to ring column p % W, its key rounded as the ring stores it and
+    // its bias that of the stored key.
+    const at::Tensor col = pos.remainder(win);
+    const at::Tensor kr = KrauseRingCache::Rounded(k, cache->dtype());
+    const at::Tensor kf = kr.to(at::kFloat);
+    cache->keys_t().index_put_({slots, Slice(), Slice(), col}, kr);  // [S, H, d]
+    cache->values().index_put_({slots, Slice(), col}, KrauseRingCache::Rounded(v, cache->dtype()));
+    cache->bias().index_put_({slots, Slice(), col}, -0.5 * (kf * kf).sum(-1));  // [S, H]
+    // Gather each sequence's ring: keys [S, H, d, W], values [S, H, W, d], biases [S, H, W].
+    const at::Tensor keys = cache->keys_t().index_select(0, slots).narrow(3, 0, win).to(at::kFloat);
+    const at::Tensor values = cache->values().index_select(0, slots).to(at::kFloat);
+    const at::Tensor bias = cache->bias().index_select(0, slots).narrow(2, 0, win);
+    // Scores in the bias form, (q . k_j + b_j) / sigma^2: [S, H, W].
+    at::Tensor scores =
+        (at::matmul(q.unsqueeze(2), keys).squeeze(2) + bias) * inv_var.view({1, h, 1});
+    // Column c holds position p - ((p - c) mod W); columns of positions < 0 hold nothing yet.
+    const at::Tensor cols = at::arange(win, pos.options()).view({1, win});
+    const at::Tensor held = pos.view({s, 1}) - (pos.view({s, 1}) - cols).remainder(win);  // [S, W]
+    scores = scores.masked_fill((held < 0).unsqueeze(1), -INFINITY);
+    // The tie rule: the larger position first. Columns in descending position order, then a
+    // stable descending sort by score keeps that order among equal scores.
+    const at::Tensor by_position = std::get<1>(held.sort(/*dim=*/1, /*descending=*/true));
+    const at::Tensor order = by_position.unsqueeze(1).expand({s, h, win});
+    const auto [sorted, rank] =
+        scores.gather(2, order).sort(/*stable=*/true, /*dim=*/2, /*descending=*/true);
+    const int64_t kept = std::min(top_k, win);
+    const at::Tensor kept_cols = order.gather(2, rank.narrow(2, 0, kept));  // [S, H, K]
+    const at::Tensor weights = at::softmax(sorted.narrow(2, 0, kept), -1);  // -inf: weight 0
+    const at::Tensor kept_values =
+        values.gather(2, kept_cols.unsqueeze(-1).expand({s, h, kept, d}));  // [S, H, K, d]
+    return (weights.unsqueeze(-1) * kept_values).sum(2);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("krause decode step (LibTorch) failed: ", e.what()));
   }
 }
 

@@ -147,6 +147,15 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
                                             const at::Tensor& positions, KrauseRingCache* cache,
                                             DecodeSelection* selection = nullptr);
 
+// The same step in LibTorch ops on the cache's device (the CPU or a GPU; fp32, bf16 or fp16
+// rings): what a model serves on when the load-time kernel check (engine/kernel_check.h) finds
+// the decode kernel wrong. Same arguments, contract and tie rule as KrauseDecodeStep; its results
+// agree with the kernel's within rounding (scores summed in another order), not bit for bit.
+absl::StatusOr<at::Tensor> KrauseDecodeStepLibTorch(const at::Tensor& q, const at::Tensor& k,
+                                                    const at::Tensor& v, const DecodeScale& scale,
+                                                    int64_t top_k, const DecodeIndex& index,
+                                                    KrauseRingCache* cache);
+
 #ifdef KRAUSE_WITH_CUDA
 namespace internal {
 // The CUDA branch of KrauseDecodeStep (cuda/dispatch_cuda.cc); arguments already validated,

@@ -12,6 +12,10 @@
 
 namespace krause {
 
+KrauseImpl ForwardImpl(KrauseImpl serving) {
+  return serving == KrauseImpl::kWindowed ? KrauseImpl::kWindowed : KrauseImpl::kAuto;
+}
+
 const char* KrauseImplName(KrauseImpl impl) {
   switch (impl) {
     case KrauseImpl::kAuto:

@@ -44,6 +44,10 @@ namespace krause {
 // (fused_cpu_train.cc): kAuto's choice for fp32 CPU tensors that need gradients (training).
 enum class KrauseImpl { kAuto, kReference, kWindowed, kFusedCpu, kCuda, kFusedCpuTrain };
 const char* KrauseImplName(KrauseImpl impl);
+// A model's serving implementation (cuda, fused_cpu or windowed: the load-time kernel check's
+// choice, engine/kernel_check.h) as the `impl` its LibTorch forwards take: kWindowed for
+// kWindowed, else kAuto (which takes the device's kernel).
+KrauseImpl ForwardImpl(KrauseImpl serving);
 
 struct KrauseOptions {
   Neighbourhood neighbourhood;

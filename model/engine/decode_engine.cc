@@ -28,8 +28,17 @@ absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(const PixelMo
         options.max_cache_bytes, ", one sequence needs ",
         PixelKvCache::BytesPerSequence(model->config(), options.cache_dtype), " bytes"));
   }
+  const KrauseImpl impl = options.attention_impl;
+  const bool cpu = model->device().is_cpu();
+  if (!(impl == KrauseImpl::kAuto || impl == KrauseImpl::kWindowed ||
+        (impl == KrauseImpl::kFusedCpu && cpu) || (impl == KrauseImpl::kCuda && !cpu))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention_impl ", KrauseImplName(impl), " cannot serve a model on ", model->device().str(),
+        " (auto, windowed, or ", cpu ? "fused_cpu" : "cuda", ")"));
+  }
   ASSIGN_OR_RETURN(PixelKvCache cache, PixelKvCache::Create(model->config(), slots, model->device(),
                                                             options.cache_dtype));
+  RETURN_IF_ERROR(cache.SetDecodeImpl(ForwardImpl(impl)));
   try {  // packing the weights, pinned host buffers
     return std::unique_ptr<DecodeEngine>(new DecodeEngine(model, std::move(cache), slots, options));
   } catch (const std::exception& e) {
@@ -37,19 +46,27 @@ absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(const PixelMo
   }
 }
 
+PixelDecodeWeights PackForServing(const PixelModel& model, KrauseImpl serving) {
+  PixelDecodeWeights w = PackForDecode(model);
+  if (ForwardImpl(serving) == KrauseImpl::kWindowed) w.cpu = nullptr;
+  return w;
+}
+
 DecodeEngine::DecodeEngine(const PixelModel* model, PixelKvCache cache, int64_t slots,
                            const EngineOptions& options)
     : model_(model),
       cache_dtype_(options.cache_dtype),
+      forward_impl_(ForwardImpl(options.attention_impl)),
       device_(model->device()),
-      packed_(PackForDecode(*model)),
+      packed_(PackForServing(*model, options.attention_impl)),
       cache_(std::move(cache)),
       host_u_(device_.HostBuffer({slots}, at::kLong)),
       host_pos_(device_.HostBuffer({slots}, at::kLong)),
       host_slots_(device_.HostBuffer({slots}, at::kLong)),
       host_logits_(device_.HostBuffer({slots, 256}, at::kFloat)),
       pool_(slots) {
-  if (options.cuda_graphs && DecodeGraphs::Supported(*model)) {
+  if (options.cuda_graphs && forward_impl_ == KrauseImpl::kAuto &&
+      DecodeGraphs::Supported(*model)) {
     graphs_ = std::make_unique<DecodeGraphs>(model, &cache_, &packed_, slots);
   }
   // The cache's zero fill, the scales and the graphs' buffers were made on the default stream;
@@ -126,8 +143,8 @@ absl::Status DecodeEngine::Admit(Sequence* s, StepOutput* out) {
   try {
     if (prefix > 0) {
       const at::Tensor known = at::tensor(std::vector<int64_t>(u.begin(), u.end() - 1), at::kLong);
-      model_->Prefill(known, s->slot, &cache_);
-      if (s->guide_slot >= 0) model_->Prefill(known, s->guide_slot, &cache_);
+      model_->Prefill(known, s->slot, &cache_, forward_impl_);
+      if (s->guide_slot >= 0) model_->Prefill(known, s->guide_slot, &cache_, forward_impl_);
     }
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("prefill failed: ", e.what()));
@@ -373,7 +390,8 @@ namespace {
 
 absl::StatusOr<std::vector<double>> ScoreBitsPerDimUnguarded(const PixelModel& model,
                                                              const at::Tensor& images,
-                                                             const std::vector<int64_t>& labels) {
+                                                             const std::vector<int64_t>& labels,
+                                                             KrauseImpl impl) {
   const int64_t n = model.config().seq_len();
   if (!images.defined() || images.dim() != 2 || images.size(1) != n) {
     return absl::InvalidArgumentError(
@@ -403,10 +421,9 @@ absl::StatusOr<std::vector<double>> ScoreBitsPerDimUnguarded(const PixelModel& m
   }
   try {
     const c10::InferenceMode inference;
-    const at::Tensor bpd =
-        (model.NllPerImage(x.to(model.device()), KrauseImpl::kAuto, classes) / std::log(2.0))
-            .to(at::kCPU)
-            .contiguous();
+    const at::Tensor bpd = (model.NllPerImage(x.to(model.device()), impl, classes) / std::log(2.0))
+                               .to(at::kCPU)
+                               .contiguous();
     return std::vector<double>(bpd.data_ptr<float>(), bpd.data_ptr<float>() + bpd.numel());
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("scoring failed: ", e.what()));
@@ -417,11 +434,12 @@ absl::StatusOr<std::vector<double>> ScoreBitsPerDimUnguarded(const PixelModel& m
 
 absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const PixelModel& model,
                                                     const at::Tensor& images,
-                                                    const std::vector<int64_t>& labels) {
+                                                    const std::vector<int64_t>& labels,
+                                                    KrauseImpl impl) {
   // The checks before the scoring run LibTorch ops too (conversion, min/max): nothing may throw
   // out of here into the worker thread.
   try {
-    return ScoreBitsPerDimUnguarded(model, images, labels);
+    return ScoreBitsPerDimUnguarded(model, images, labels, impl);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("scoring failed: ", e.what()));
   }

@@ -82,6 +82,13 @@ struct EngineOptions {
   // A KARM on a GPU: its ring caches' keys and values in bf16 or fp16 (half the bytes a decode
   // step reads; keys rounded when stored) instead of fp32. InvalidArgument elsewhere.
   at::ScalarType cache_dtype = at::kFloat;
+  // The attention implementation prefills and decode steps run (the load-time kernel check's
+  // choice, engine/kernel_check.h): kAuto the kernels (on the CPU the packed step with the fused
+  // kernels, on a GPU the CUDA kernels); kWindowed LibTorch ops on the model's device (the
+  // windowed operator for prefills, KrauseDecodeStepLibTorch for steps; no packed step, no CUDA
+  // graphs). kFusedCpu and kCuda name kAuto's choice on their device (InvalidArgument on the
+  // other); nothing else is accepted.
+  KrauseImpl attention_impl = KrauseImpl::kAuto;
 };
 
 struct StepStats {
@@ -176,6 +183,7 @@ class DecodeEngine {
 
   const PixelModel* model_;
   at::ScalarType cache_dtype_ = at::kFloat;
+  KrauseImpl forward_impl_ = KrauseImpl::kAuto;  // ForwardImpl(options.attention_impl)
   const DeviceContext device_;
   // Batch-invariant linear layers (CPU only) and the Krause layers' scales (any device).
   const PixelDecodeWeights packed_;
@@ -203,9 +211,16 @@ absl::Status ValidateGuidance(double guidance, int64_t label);
 // images: [B, N] (uint8 or int64, raster order). labels: empty, or one class per image (-1: none)
 // for a conditional model's conditional bits/dim. InvalidArgument on a shape, value or class
 // mismatch.
+// What an engine serving on `serving` (EngineOptions::attention_impl) reuses in every decode
+// step: PackForDecode's, without the packed CPU step for kWindowed (whose steps run LibTorch ops).
+// Throws as PackForDecode.
+PixelDecodeWeights PackForServing(const PixelModel& model, KrauseImpl serving);
+
+// `impl`: the attention implementation of the forward (as PixelModel::Forward).
 absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const PixelModel& model,
                                                     const at::Tensor& images,
-                                                    const std::vector<int64_t>& labels = {});
+                                                    const std::vector<int64_t>& labels = {},
+                                                    KrauseImpl impl = KrauseImpl::kAuto);
 
 // Steps `engine` until nothing is queued or active; every request's Finished, by id (tools,
 // benchmarks and tests that want whole images).
