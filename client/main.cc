@@ -256,22 +256,35 @@ int List(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_json
                 {"flops_per_image_executed", m.flops_per_image_executed()},
                 {"flops_per_image_dense_equivalent", m.flops_per_image_dense_equivalent()},
                 {"device", m.device()},
+                {"implementation", m.implementation()},
                 {"max_batch_size", m.max_batch_size()},
                 {"max_images_per_request", m.max_images_per_request()}};
+      json checks = json::array();
+      for (const auto& c : m.kernel_checks())
+        checks.push_back({{"implementation", c.implementation()},
+                          {"device", c.device()},
+                          {"result", c.result()},
+                          {"max_abs_diff", c.max_abs_diff()},
+                          {"tolerance", c.tolerance()},
+                          {"detail", c.detail()},
+                          {"seconds", c.seconds()}});
+      t["kernel_checks"] = checks;
       j.push_back(t);
     }
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::printf("%-20s %-4s %-10s %-8s %-9s %10s %9s %9s %7s  %s\n", "NAME", "VER", "KIND", "ATTN",
-              "SHAPE", "PARAMS", "MFLOP/IMG", "DENSE-EQ", "SAVING", "DEFAULT");
+  std::printf("%-20s %-4s %-10s %-8s %-9s %-15s %10s %9s %9s %7s  %s\n", "NAME", "VER", "KIND",
+              "ATTN", "SHAPE", "IMPL", "PARAMS", "MFLOP/IMG", "DENSE-EQ", "SAVING", "DEFAULT");
   for (const auto& m : r.models()) {
     const double ex = m.flops_per_image_executed() / 1e6,
                  de = m.flops_per_image_dense_equivalent() / 1e6;
-    std::printf("%-20s %-4s %-10s %-8s %-9s %10llu %9.2f %9.2f %6.1f%%  %s\n", m.name().c_str(),
-                m.version().c_str(), v1::ModelInfo::Kind_Name(m.kind()).c_str(),
+    // IMPL: what the kernel check chose, and where ("fused_cpu/cpu", "windowed/cuda:0").
+    std::printf("%-20s %-4s %-10s %-8s %-9s %-15s %10llu %9.2f %9.2f %6.1f%%  %s\n",
+                m.name().c_str(), m.version().c_str(), v1::ModelInfo::Kind_Name(m.kind()).c_str(),
                 v1::ModelInfo::Attention_Name(m.attention()).c_str(),
                 absl::StrCat(m.height(), "x", m.width(), "x", m.channels()).c_str(),
+                absl::StrCat(m.implementation(), "/", m.device()).c_str(),
                 static_cast<unsigned long long>(m.parameters()), ex, de,
                 de > 0 ? 100.0 * (1.0 - ex / de) : 0.0, m.is_default() ? "yes" : "");
   }

@@ -4,8 +4,10 @@
 #  1. preflight (scripts/device-preflight.sh, seconds): versions, the C++ ABI, nvcc vs PyTorch's
 #     CUDA, the CUDA architectures (pinned to the GPU's when TORCH_CUDA_ARCH_LIST is unset);
 #     stops here on a bad environment;
-#  2. configure and build the two GPU test binaries only, then run the `gpu` tests
-#     (KRAUSE_REQUIRE_CUDA=1: they fail instead of skipping) and report each test;
+#  2. configure and build the two GPU test binaries and krause-check only; the verdict first: the
+#     server's load-time kernel check of the bundled models on the GPU (krause-check --device
+#     cuda); then the `gpu` tests (KRAUSE_REQUIRE_CUDA=1: they fail instead of skipping), each
+#     reported;
 #  3. compute-sanitizer (memcheck, racecheck, synccheck) on a few small GPU tests, if installed;
 #  4. build the rest (benchmarks, CPU tests), the GPU benchmarks, and the CPU parity tests of the
 #     shared paths against this LibTorch.
@@ -131,14 +133,22 @@ grep -o -E -- '-gencode[ ;=][^ ;]*' "$LOGS/configure.log" "$BUILD/CMakeCache.txt
 
 # The GPU tests fail (instead of skipping) if LibTorch cannot see the GPU.
 export KRAUSE_REQUIRE_CUDA=1
-gpu_targets=(attention_cuda_test engine_cuda_test)
-gpu_build_rc=- gpu_rc=- san_rc=-
+gpu_targets=(krause-check attention_cuda_test engine_cuda_test)
+gpu_build_rc=- gpu_rc=- san_rc=- kcheck_rc=-
 if [ "$WITH_CUDA" = ON ]; then
   phase 300 "build gpu tests" build-gpu-tests.log cmake --build "$BUILD" -j "$(nproc)" -- -k 0 \
     "${gpu_targets[@]}"
   gpu_build_rc=$?
   [ $gpu_build_rc -eq 0 ] || grep -E "error|FAILED" -A5 "$LOGS/build-gpu-tests.log" | head -60
   report "build gpu tests: rc $gpu_build_rc, at $(($(date +%s) - t0)) s"
+  # The verdict first: the server's load-time kernel check of the bundled models on the GPU
+  # (tools/krause_check_main.cc): rc 0 every model on its CUDA kernels, 1 one falls back (to the
+  # LibTorch path or the CPU), 2 one would not be served.
+  phase 60 "kernel check" kernel-check.log "$BUILD/bin/krause-check" --device cuda \
+    models/*.safetensors
+  kcheck_rc=$?
+  report "kernel check on the GPU (rc $kcheck_rc):"
+  sed 's/^/    /' "$LOGS/kernel-check.log" | tee -a "$SUMMARY"
   # -j 8: each test is a process that loads LibTorch and makes a CUDA context (seconds); eight
   # at a time share the GPU easily. --no-tests=error: no test found is a failure, not a pass.
   phase 180 "gpu tests" gpu-tests.log ctest --test-dir "$BUILD" -L gpu -j 8 --timeout 140 \
@@ -210,10 +220,11 @@ cpu_rc=$?
 tests_report "cpu parity tests against this LibTorch" cpu-tests.log $cpu_rc
 
 echo
-report "summary ($(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)): gpu build rc $gpu_build_rc, gpu tests rc $gpu_rc, sanitizers rc $san_rc, build rc $build_rc, benches rc $bench_rc/$gen_rc, cpu tests rc $cpu_rc"
+report "summary ($(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)): gpu build rc $gpu_build_rc, kernel check rc $kcheck_rc, gpu tests rc $gpu_rc, sanitizers rc $san_rc, build rc $build_rc, benches rc $bench_rc/$gen_rc, cpu tests rc $cpu_rc"
 say "logs and results in $LOGS (summary: $SUMMARY)"
 if [ "$WITH_CUDA" = ON ]; then
-  [ "$gpu_build_rc" = 0 ] && [ "$gpu_rc" = 0 ] && [ "$san_rc" != 3 ] && [ $build_rc -eq 0 ] &&
+  [ "$gpu_build_rc" = 0 ] && [ "$kcheck_rc" = 0 ] && [ "$gpu_rc" = 0 ] && [ "$san_rc" != 3 ] &&
+    [ $build_rc -eq 0 ] &&
     [ $cpu_rc -eq 0 ]
 else
   [ $build_rc -eq 0 ] && [ $cpu_rc -eq 0 ]

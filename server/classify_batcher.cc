@@ -195,7 +195,9 @@ void ClassifyBatcher::RunBatch(std::vector<Entry>& batch, const DeviceContext& c
       }
       const at::Tensor x =
           NormalizePixels(model_->config(), pixels.to(ctx.device(), /*non_blocking=*/true));
-      probs = at::softmax(model_->Forward(x), -1).to(at::kCPU).contiguous();
+      probs = at::softmax(model_->Forward(x, ForwardImpl(options_.attention_impl)), -1)
+                  .to(at::kCPU)
+                  .contiguous();
     }
   } catch (const std::exception& e) {
     probs = absl::InternalError(absl::StrCat("classifier forward failed: ", e.what()));

@@ -49,6 +49,9 @@ struct BatchingOptions {
   int64_t max_batch_size = defaults::kMaxBatchSize;
   std::chrono::microseconds max_queue_delay{0};  // 0: natural batching only
   int64_t max_queued_images = defaults::kMaxQueuedImages;
+  // The serving implementation of the LibTorch forward (no packed forward): kWindowed runs the
+  // windowed operator, anything else the device's kernel (ForwardImpl).
+  KrauseImpl attention_impl = KrauseImpl::kAuto;
 };
 
 // What the batcher did with one batch (for metrics and tests).

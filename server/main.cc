@@ -89,6 +89,11 @@ ABSL_FLAG(std::string, request_log, "",
           "one JSON line per finished call (rpc, model, code, images, queue and run seconds, "
           "peer, the caller's x-request-id / traceparent) to this file, '-' for stderr; empty: "
           "none");
+ABSL_FLAG(std::string, kernel_check, "fallback",
+          "before a model serves, its attention implementation runs on a small input at the "
+          "model's shapes against the reference operator: fallback (serve the next "
+          "implementation that passes: cuda, windowed, then the CPU's fused_cpu, windowed), "
+          "strict (refuse a model whose first implementation fails), off (no check)");
 ABSL_FLAG(bool, quiet, false, "no log lines on stderr");
 ABSL_FLAG(std::string, port_file, "",
           "once serving, write the port listened on to this file (for scripts and --listen :0)");
@@ -154,6 +159,13 @@ int main(int argc, char** argv) {
   o.http_threads = absl::GetFlag(FLAGS_http_threads);
   o.http_timeout_ms = absl::GetFlag(FLAGS_http_timeout_ms);
   o.quiet = absl::GetFlag(FLAGS_quiet);
+  if (auto mode = krause::server::ParseKernelCheckMode(absl::GetFlag(FLAGS_kernel_check));
+      mode.ok()) {
+    o.kernel_check = *mode;
+  } else {
+    std::fprintf(stderr, "krause-server: %s\n", std::string(mode.status().message()).c_str());
+    return 2;
+  }
   if (o.reply_threads < 1 || o.reply_threads > 64) {
     std::fprintf(stderr, "krause-server: --reply_threads must be in [1, 64], got %d\n",
                  o.reply_threads);

@@ -90,6 +90,12 @@ class Metrics::Gauges : public prometheus::Collectable {
                         "KrauseService calls in flight: past the gate (token, drain), not yet "
                         "finished. 0 when the server is idle.",
                         MetricType::Gauge);
+    auto checks = Family("krause_kernel_check",
+                         "The load-time kernel check of each implementation tried for a served "
+                         "model (1 per model, version, implementation, device and result: "
+                         "passed, mismatch, non_finite, error, unchecked); the model serves on "
+                         "the one that passed.",
+                         MetricType::Gauge);
     std::lock_guard<std::mutex> l(mu_);
     if (gate_ != nullptr) {
       prometheus::ClientMetric m;
@@ -113,8 +119,19 @@ class Metrics::Gauges : public prometheus::Collectable {
       std::set<std::pair<std::string, int64_t>> seen;
       for (const auto& list : {registry_->models(), registry_->retiring()})
         for (const auto& m : list)
-          if (seen.emplace(m->name(), m->info().version).second)
+          if (seen.emplace(m->name(), m->info().version).second) {
             add(m->name(), m->info().version, m->Gauges());
+            for (const KernelCheckRecord& r : m->info().kernel_checks) {
+              prometheus::ClientMetric c;
+              c.label = {{"model", m->name()},
+                         {"version", std::to_string(m->info().version)},
+                         {"implementation", r.implementation},
+                         {"device", r.device},
+                         {"result", r.result}};
+              c.gauge.value = 1;
+              checks.metric.push_back(std::move(c));
+            }
+          }
       for (const Registry::Freed& f : registry_->freed()) {
         if (!seen.emplace(f.name, f.version).second) continue;
         ModelGauges zero;
@@ -122,7 +139,7 @@ class Metrics::Gauges : public prometheus::Collectable {
         add(f.name, f.version, zero);
       }
     }
-    return {calls, queued, active, slots, used, bytes, bytes_used};
+    return {calls, queued, active, slots, used, bytes, bytes_used, checks};
   }
 
  private:

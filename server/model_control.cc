@@ -170,6 +170,7 @@ absl::Status ModelControl::LoadVersion(const VersionLoad& load) {
   }
   fingerprints_[key] = load.fingerprint;
   unloaded_.erase(key);
+  Log(KernelCheckLine((*model)->info()));
   Log(absl::StrCat("model ", key.name, " version ", key.version, " READY"));
   return absl::OkStatus();
 }

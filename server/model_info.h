@@ -20,6 +20,17 @@ struct ImageShape {
 enum class ModelKind { kClassifier, kGenerator };
 const char* ModelKindName(ModelKind kind);  // "classifier", "generator"
 
+// One implementation the load-time kernel check tried (model/engine/kernel_check.h), in order.
+struct KernelCheckRecord {
+  std::string implementation;  // cuda, fused_cpu, windowed
+  std::string device;          // where it ran
+  std::string result;          // passed, mismatch, non_finite, error, unchecked
+  double max_abs_diff = 0, tolerance = 0;
+  std::string detail;   // where the worst difference is, or the error
+  double seconds = 0;   // the check's wall time
+  std::string summary;  // the whole as one log line
+};
+
 struct ModelInfo {
   std::string name;
   int64_t version = 1;  // the version of its weights (ModelSpec::version)
@@ -43,6 +54,14 @@ struct ModelInfo {
   std::optional<double> default_temperature, default_top_p, default_guidance;
   std::optional<int64_t> default_top_k;
   std::string summary;  // the checkpoint's training summary (JSON), if any
+  // What it is served on (cuda, fused_cpu, windowed: the kernel check's choice, or the first
+  // unchecked with --kernel_check=off), and the check of each implementation tried.
+  std::string implementation;
+  std::vector<KernelCheckRecord> kernel_checks;
 };
+
+// The log line of a model's kernel check: "model NAME version V: serving on IMPL (DEVICE);
+// kernel check: SUMMARY; SUMMARY ...", each implementation tried in order.
+std::string KernelCheckLine(const ModelInfo& info);
 
 }  // namespace krause::server

@@ -1,5 +1,7 @@
 #include "server/model_info_proto.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace krause::server {
 
 const char* ModelKindName(ModelKind kind) {
@@ -40,7 +42,26 @@ v1::ModelInfo ToProto(const ModelInfo& m) {
   info.set_kv_cache_bytes_per_sequence(static_cast<uint64_t>(m.kv_cache_bytes_per_sequence));
   info.set_checkpoint(m.checkpoint);
   info.set_summary(m.summary);
+  info.set_implementation(m.implementation);
+  for (const KernelCheckRecord& r : m.kernel_checks) {
+    v1::KernelCheck* c = info.add_kernel_checks();
+    c->set_implementation(r.implementation);
+    c->set_device(r.device);
+    c->set_result(r.result);
+    c->set_max_abs_diff(r.max_abs_diff);
+    c->set_tolerance(r.tolerance);
+    c->set_detail(r.detail);
+    c->set_seconds(r.seconds);
+  }
   return info;
+}
+
+std::string KernelCheckLine(const ModelInfo& m) {
+  std::string line = absl::StrCat("model ", m.name, " version ", m.version, ": serving on ",
+                                  m.implementation, " (", m.device, "); kernel check: ");
+  for (size_t i = 0; i < m.kernel_checks.size(); ++i)
+    absl::StrAppend(&line, i > 0 ? "; " : "", m.kernel_checks[i].summary);
+  return line;
 }
 
 }  // namespace krause::server

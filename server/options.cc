@@ -109,9 +109,31 @@ absl::Status ReadSamplingDefaults(const nlohmann::json& m, const std::string& wh
   return absl::OkStatus();
 }
 
+const char* KernelCheckModeName(KernelCheckMode mode) {
+  switch (mode) {
+    case KernelCheckMode::kStrict:
+      return "strict";
+    case KernelCheckMode::kOff:
+      return "off";
+    case KernelCheckMode::kFallback:
+      break;
+  }
+  return "fallback";
+}
+
+absl::StatusOr<KernelCheckMode> ParseKernelCheckMode(const std::string& name) {
+  for (KernelCheckMode m :
+       {KernelCheckMode::kFallback, KernelCheckMode::kStrict, KernelCheckMode::kOff}) {
+    if (name == KernelCheckModeName(m)) return m;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--kernel_check must be fallback, strict or off, got \"", name, "\""));
+}
+
 absl::Status ReadServingOptions(const nlohmann::json& m, const std::string& where,
                                 const std::set<std::string>& extra_keys, ModelSpec* spec) {
-  static const std::set<std::string> kKeys = {"cuda_graphs",
+  static const std::set<std::string> kKeys = {"attention_impl",
+                                              "cuda_graphs",
                                               "device",
                                               "default",
                                               "max_batch_size",
@@ -146,6 +168,7 @@ absl::Status ReadServingOptions(const nlohmann::json& m, const std::string& wher
         ReadKey(m, "cuda_graphs", where, &s.cuda_graphs),
         ReadKey(m, "kv_cache_dtype", where, &cache_dtype),
         ReadKey(m, "max_images_per_request", where, &s.max_images_per_request),
+        ReadKey(m, "attention_impl", where, &s.attention_impl),
         ReadSamplingDefaults(m, where, &s.sampling)}) {
     if (!st.ok()) return st;
   }
@@ -165,6 +188,12 @@ absl::Status ReadServingOptions(const nlohmann::json& m, const std::string& wher
         w, "kv_cache_dtype must be float32, bfloat16 or float16, got \"", cache_dtype, "\""));
   }
   s.kv_cache_dtype = *dtype;
+  if (std::find(std::begin(kAttentionImpls), std::end(kAttentionImpls), s.attention_impl) ==
+      std::end(kAttentionImpls)) {
+    return absl::InvalidArgumentError(absl::StrCat(w, "attention_impl must be ",
+                                                   absl::StrJoin(kAttentionImpls, ", "), ", got \"",
+                                                   s.attention_impl, "\""));
+  }
   return absl::OkStatus();
 }
 

@@ -9,7 +9,7 @@
 //      "max_images_per_request": 64},
 //     {"name": "fmnist-karm", "checkpoint": "models/karm_fmnist.safetensors",
 //      "max_sequences": 64, "max_waiting": 256, "max_images_per_request": 16,
-//      "cuda_graphs": false, "kv_cache_dtype": "float32"}]}
+//      "cuda_graphs": false, "kv_cache_dtype": "float32", "attention_impl": "auto"}]}
 // Relative checkpoint paths are resolved against the manifest's folder. Unknown keys are an
 // error (a typo must not silently change a limit).
 #pragma once
@@ -46,6 +46,17 @@ struct SamplingDefaults {
 absl::Status ReadSamplingDefaults(const nlohmann::json& obj, const std::string& where,
                                   SamplingDefaults* out);
 
+// What the load-time kernel check (model/engine/kernel_check.h) does with a model whose first
+// implementation fails it (the server's --kernel_check): fallback (serve the next that passes),
+// strict (refuse the model), off (no check: serve the first, unchecked).
+enum class KernelCheckMode { kFallback, kStrict, kOff };
+const char* KernelCheckModeName(KernelCheckMode mode);  // "fallback", "strict", "off"
+absl::StatusOr<KernelCheckMode> ParseKernelCheckMode(const std::string& name);
+
+// The serving implementations a manifest entry's "attention_impl" may name (the check picks among
+// cuda, fused_cpu and windowed with "auto"; any other forces that one).
+inline constexpr const char* kAttentionImpls[] = {"auto", "cuda", "fused_cpu", "windowed"};
+
 struct ModelSpec {
   std::string name;        // [A-Za-z0-9._-]{1,64}, unique
   std::string checkpoint;  // safetensors file written by krause-train / tools/convert_pth.py
@@ -73,6 +84,12 @@ struct ModelSpec {
   // Generators: sampling defaults ("temperature", "top_p", "top_k", "guidance"), over the
   // checkpoint's own.
   SamplingDefaults sampling;
+  // "attention_impl": auto (the kernel check's choice) or one implementation to serve on, the
+  // operator's escape hatch (cuda, fused_cpu, windowed: kAttentionImpls). Forced, it is still
+  // checked; failing, the model is not served.
+  std::string attention_impl = "auto";
+  // The server's --kernel_check (not a manifest key).
+  KernelCheckMode kernel_check = KernelCheckMode::kFallback;
 };
 
 struct ServerOptions {
@@ -113,6 +130,8 @@ struct ServerOptions {
   // One JSON line per finished call (server/request_log.h) to this file, "-" for stderr;
   // empty: none.
   std::string request_log;
+  // Before a model serves: check its implementation against the reference (KernelCheckMode).
+  KernelCheckMode kernel_check = KernelCheckMode::kFallback;
   bool quiet = false;
   // Tests only (no flag): see KrauseService's fault hook.
   std::function<void(const char* point)> fault_hook_for_test;

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "model/engine/kernel_check.h"
 #include "model/util/status_macros.h"
 #include "server/served_classifier.h"
 #include "server/served_generator.h"
@@ -28,15 +30,93 @@ constexpr KindEntry kKinds[] = {
      &ServedGenerator::Create},
 };
 
+KernelCheckRecord Record(const KernelCheck& c) {
+  KernelCheckRecord r;
+  r.implementation = KrauseImplName(c.choice.impl);
+  r.device = c.choice.device;
+  r.result = CheckOutcomeName(c.outcome);
+  r.max_abs_diff = c.max_abs_diff;
+  r.tolerance = c.tolerance;
+  r.detail = c.where;
+  r.seconds = c.seconds;
+  r.summary = c.Summary();
+  return r;
+}
+
 }  // namespace
+
+absl::StatusOr<Registry::Checked> Registry::Check(const ModelSpec& spec,
+                                                  const LoadedModel& loaded) {
+  auto forced = ParseServingImpl(spec.attention_impl);
+  if (!forced.ok()) return WithContext("model " + spec.name, forced.status());
+  auto chain = ServingChain(spec.device, *forced);
+  if (!chain.ok()) return WithContext("model " + spec.name, chain.status());
+  Checked out;
+  if (spec.kernel_check == KernelCheckMode::kOff) {
+    KernelCheck unchecked;
+    unchecked.choice = chain->front();
+    out.choice = chain->front();
+    out.checks.push_back(Record(unchecked));
+    return out;
+  }
+  // The reference runs on the CPU: the same weights loaded there when the model is not.
+  std::optional<LoadedModel> cpu;
+  const auto on = [&](const std::string& device) -> absl::StatusOr<const LoadedModel*> {
+    if (device == spec.device) return &loaded;
+    if (!cpu) {
+      auto l = LoadModel(spec.checkpoint, "cpu");
+      if (!l.ok()) return l.status();
+      cpu = std::move(*l);
+    }
+    return &*cpu;
+  };
+  auto reference = on("cpu");
+  if (!reference.ok()) return WithContext("model " + spec.name, reference.status());
+  std::vector<std::string> failed;
+  for (const ServingChoice& choice : *chain) {
+    auto model = on(choice.device);
+    if (!model.ok()) return WithContext("model " + spec.name, model.status());
+    // A CPU cache is fp32 whatever the GPU's was.
+    const at::ScalarType cache_dtype =
+        at::Device(choice.device).is_cpu() ? at::kFloat : CacheScalarType(spec.kv_cache_dtype);
+    const KernelCheck c =
+        loaded.classifier()
+            ? CheckClassifier(*(*model)->vit, *(*reference)->vit, choice)
+            : CheckGenerator(*(*model)->pixel, *(*reference)->pixel, choice, cache_dtype);
+    out.checks.push_back(Record(c));
+    if (c.passed()) {
+      out.choice = choice;
+      if (choice.device != spec.device) out.moved = std::move(*cpu);
+      return out;
+    }
+    failed.push_back(c.Summary());
+    if (spec.kernel_check == KernelCheckMode::kStrict) break;
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("model ", spec.name,
+                   ": the kernel check (--kernel_check=", KernelCheckModeName(spec.kernel_check),
+                   ") passed no implementation: ", absl::StrJoin(failed, "; ")));
+}
 
 absl::StatusOr<ModelRef> Registry::Build(const ModelSpec& spec, const WorkerHooks& hooks) {
   auto loaded = LoadModel(spec.checkpoint, spec.device);
   if (!loaded.ok()) return WithContext("model " + spec.name, loaded.status());
+  auto checked = Check(spec, *loaded);
+  if (!checked.ok()) return checked.status();
+  // Served as checked: on the implementation (and device) that passed.
+  ModelSpec serve = spec;
+  serve.device = checked->choice.device;
+  serve.attention_impl = KrauseImplName(checked->choice.impl);
+  if (serve.device != spec.device) {  // the CPU fallback of a GPU model
+    serve.kv_cache_dtype = KvCacheDtype::kFloat32;
+    serve.cuda_graphs = false;
+  }
+  const LoadedModel& model = checked->moved ? *checked->moved : *loaded;
   for (const KindEntry& k : kKinds) {
-    if (!k.holds(*loaded)) continue;
-    auto served = k.serve(spec, *loaded, hooks);
+    if (!k.holds(model)) continue;
+    auto served = k.serve(serve, model, hooks);
     if (!served.ok()) return served.status();
+    (*served)->set_kernel_checks(serve.attention_impl, std::move(checked->checks));
     return ModelRef(std::move(*served));
   }
   return absl::InternalError(absl::StrCat("model ", spec.name, ": a checkpoint of no known kind"));

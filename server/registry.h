@@ -14,11 +14,13 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/engine/kernel_check.h"
 #include "server/model_info.h"
 #include "server/options.h"
 #include "server/served_model.h"
@@ -38,8 +40,23 @@ class Registry {
   static absl::StatusOr<std::unique_ptr<Registry>> Load(
       const std::vector<ModelSpec>& specs, const WorkerHooks& hooks = {},
       std::vector<std::string>* failures = nullptr, bool allow_empty = false);
-  // One model loaded from its checkpoint with its worker started, not yet served.
+  // One model loaded from its checkpoint with its worker started, not yet served. Before the
+  // worker starts, the load-time kernel check (Check) picks the implementation it serves on;
+  // the model's info tells which and every check tried. FAILED_PRECONDITION naming the model,
+  // each implementation tried and why it failed when none passes (or, with --kernel_check=strict,
+  // when the first fails).
   static absl::StatusOr<ModelRef> Build(const ModelSpec& spec, const WorkerHooks& hooks);
+
+  // The kernel check of a model loaded for `spec` (model/engine/kernel_check.h): the
+  // implementations of ServingChain(spec.device, spec.attention_impl) in order, each against the
+  // reference on the CPU (a CPU copy loaded when the model is on a GPU), the first that passes
+  // chosen (the first unchecked with KernelCheckMode::kOff).
+  struct Checked {
+    ServingChoice choice;
+    std::vector<KernelCheckRecord> checks;  // one per implementation tried, in order
+    std::optional<LoadedModel> moved;       // the model on the CPU when the choice moved it there
+  };
+  static absl::StatusOr<Checked> Check(const ModelSpec& spec, const LoadedModel& loaded);
   Registry() = default;
   ~Registry();
 

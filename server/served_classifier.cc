@@ -7,6 +7,7 @@
 #include <future>
 
 #include "absl/strings/str_cat.h"
+#include "model/engine/kernel_check.h"
 #include "model/util/status_macros.h"
 #include "model/vit_cpu.h"
 
@@ -52,8 +53,12 @@ absl::StatusOr<std::unique_ptr<ServedModel>> ServedClassifier::Create(const Mode
   }
   auto images = ImagesPerRequest(spec);
   if (!images.ok()) return images.status();
+  auto impl = ParseServingImpl(spec.attention_impl);
+  if (!impl.ok()) return WithContext("model " + spec.name, impl.status());
   std::shared_ptr<const CpuViT> packed;
-  if (at::Device(spec.device).is_cpu()) {  // the packed forward the CPU batcher runs
+  if (at::Device(spec.device).is_cpu() &&
+      (*impl == KrauseImpl::kAuto || *impl == KrauseImpl::kFusedCpu)) {
+    // the packed forward the CPU batcher runs
     auto p = CpuViT::Create(*model.vit);
     if (!p.ok()) return WithContext("model " + spec.name, p.status());
     packed = std::move(*p);
@@ -64,6 +69,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> ServedClassifier::Create(const Mode
   b.max_batch_size = spec.max_batch_size;
   b.max_queue_delay = std::chrono::milliseconds(spec.max_queue_delay_ms);
   b.max_queued_images = std::max(spec.max_queued_images, spec.max_batch_size);
+  b.attention_impl = *impl;
   std::function<void(const BatchEvent&)> on_batch;
   if (hooks.on_classify_batch)
     on_batch = [f = hooks.on_classify_batch, name = spec.name](const BatchEvent& e) { f(name, e); };

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "model/engine/kernel_check.h"
 #include "model/util/status_macros.h"
 #include "server/defaults.h"
 
@@ -14,6 +15,8 @@ namespace {
 
 // The engine's own default (model/ cannot see server/defaults.h) must be the server's.
 static_assert(EngineOptions{}.max_sequences == defaults::kMaxSequences);
+
+}  // namespace
 
 at::ScalarType CacheScalarType(KvCacheDtype dtype) {
   switch (dtype) {
@@ -26,8 +29,6 @@ at::ScalarType CacheScalarType(KvCacheDtype dtype) {
   }
   return at::kFloat;
 }
-
-}  // namespace
 
 int64_t ServedGenerator::ImagesPerRequest(const ModelSpec& spec) {
   return spec.max_images_per_request > 0 ? spec.max_images_per_request
@@ -96,6 +97,9 @@ absl::StatusOr<std::unique_ptr<ServedModel>> ServedGenerator::Create(const Model
   g.max_waiting = spec.max_waiting;
   g.engine.cuda_graphs = spec.cuda_graphs;
   g.engine.cache_dtype = CacheScalarType(spec.kv_cache_dtype);
+  auto impl = ParseServingImpl(spec.attention_impl);
+  if (!impl.ok()) return WithContext("model " + spec.name, impl.status());
+  g.engine.attention_impl = *impl;
   std::function<void(const DecodeEvent&)> on_step;
   if (hooks.on_decode_step)
     on_step = [f = hooks.on_decode_step, name = spec.name](const DecodeEvent& e) { f(name, e); };

@@ -12,6 +12,9 @@
 
 namespace krause::server {
 
+// A KvCacheDtype as the engine's cache dtype (EngineOptions::cache_dtype).
+at::ScalarType CacheScalarType(KvCacheDtype dtype);
+
 class ServedGenerator final : public ServedModel {
  public:
   static constexpr ModelKind kKind = ModelKind::kGenerator;

@@ -55,6 +55,11 @@ class ServedModel {
   const AttentionCost& flops() const { return flops_; }  // per image (the calls' FLOP figures)
   const std::string& checkpoint() const { return info_.checkpoint; }
   void set_default(bool is_default) { info_.is_default = is_default; }  // the registry, at load
+  // The registry, at build, before anyone else sees the model: the kernel check's outcome.
+  void set_kernel_checks(std::string implementation, std::vector<KernelCheckRecord> checks) {
+    info_.implementation = std::move(implementation);
+    info_.kernel_checks = std::move(checks);
+  }
 
   virtual ModelGauges Gauges() const = 0;
   // One all-zero image through the worker, waiting for its answer: checks that the model runs

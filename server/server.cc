@@ -93,6 +93,7 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   control.poll_seconds = options.repository_poll_seconds;
   control.defaults.device = options.device;
   control.defaults.cuda_graphs = options.cuda_graphs;
+  control.defaults.kernel_check = options.kernel_check;
   control.log = [p = s.get()](const std::string& line) { p->Log(line); };
   absl::StatusOr<std::vector<ModelSpec>> specs;  // without a repository
   if (!options.manifest.empty()) {
@@ -105,6 +106,7 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
     specs = BundledManifest(options.models_dir, options.device, options.cuda_graphs);
   }
   if (!specs.ok()) return specs.status();
+  for (ModelSpec& spec : *specs) spec.kernel_check = options.kernel_check;
   for (const auto& [flag, file, serving] :
        {std::tuple{"--auth_tokens", options.auth_tokens_file, true},
         {"--admin_tokens", options.admin_tokens_file, false}}) {
@@ -240,6 +242,7 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
                         AttentionKindName(i.attention), " ", i.shape.height, "x", i.shape.width,
                         "x", i.shape.channels, ", ", i.parameters, " parameters",
                         i.is_default ? ", default" : "", " (", m->checkpoint(), ")"));
+    s->Log(KernelCheckLine(i));
   }
   s->metrics_->SetRegistry(s->registry_.get());
   s->gate_.SetRegistry(s->registry_.get());

@@ -40,7 +40,11 @@ TEST(Manifest, EveryErrorNamesWhatIsWrong) {
       {R"({"models": []})", "manifest: models is empty"},
       {R"({"models": [7]})", "manifest: models[0] is not an object"},
       // Keys and types.
-      {Entry(R"("max_batch": 4)"), "models[0]: unknown key \"max_batch\" (known: checkpoint,"},
+      {Entry(R"("max_batch": 4)"),
+       "models[0]: unknown key \"max_batch\" (known: attention_impl, checkpoint,"},
+      {Entry(R"("attention_impl": "reference")"),
+       "models[0].attention_impl must be auto, cuda, fused_cpu, windowed, got \"reference\""},
+      {Entry(R"("attention_impl": 1)"), "models[0].attention_impl must be a string"},
       {Entry(R"("max_sequences": 2.5)"),
        "models[0].max_sequences must be an integer, got number 2.5"},
       {Entry(R"("max_sequences": "8")"), "models[0].max_sequences must be an integer, got string"},
