@@ -7,7 +7,10 @@ Usage: deploy_test.py BIN_DIR PROJECT_DIR
   kustomization's resources and patches exist; where kubectl exists, the cpu, gpu and gpu-hpa
   overlays render (kubectl kustomize) with the autoscaler each should have (the CPU HPA, the KEDA
   ScaledObject, the queue HPA) scaling the Deployment, and every metric a scaler uses is exported; the Deployment's probes are gRPC and its grace
-  period covers the drain plus the preStop pause;
+  period covers the drain plus the preStop pause; every selector of a rendered overlay selects
+  what it must (the Deployment's, each Service's and the PDB's the pods; the ServiceMonitor's a
+  Service with its port), and the model manifest is a generated ConfigMap (a content hash in its
+  name) that the Deployment mounts;
 - the KServe InferenceService (deploy/kserve) runs the image as a v2 predictor: its container,
   first port, server flags and /v2/health probes agree, it renders with kubectl kustomize, and
   its probe paths answer 200 on the real server below;
@@ -72,7 +75,7 @@ for path in sorted(glob.glob(os.path.join(DEPLOY, "k8s", "**", "*.yaml"), recurs
             else:
                 check("name" in doc.get("metadata", {}), f"{path}: metadata.name")
             docs.setdefault(doc.get("kind"), []).append((path, doc))
-for kind in ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ServiceMonitor", "ConfigMap",
+for kind in ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ServiceMonitor",
              "ScaledObject"]:
     check(kind in docs, f"a {kind} manifest exists")
 dep = next(d for p, d in docs["Deployment"] if "base" in p)
@@ -87,9 +90,20 @@ check(any(d["spec"].get("clusterIP") == "None" for _, d in docs["Service"]), "a 
 gpu = [d for p, d in docs["Deployment"] if "gpu" in p]
 check(gpu and gpu[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu") == 1,
       "the gpu overlay asks for one GPU")
-for path, cm in docs["ConfigMap"]:
-    m = json.loads(cm["data"]["manifest.json"])
-    check(len(m["models"]) > 0, f"{path}: the model manifest parses")
+# The model manifests are generated ConfigMaps (configMapGenerator: a content hash in the name,
+# so that editing one rolls the pods); each file they name must parse.
+generated = 0
+for path in sorted(glob.glob(os.path.join(DEPLOY, "k8s", "**", "kustomization.yaml"), recursive=True)):
+    with open(path) as f:
+        k = yaml.safe_load(f)
+    for gen in k.get("configMapGenerator", []):
+        for spec in gen.get("files", []):
+            file = os.path.join(os.path.dirname(path), spec.split("=")[-1])
+            generated += 1
+            with open(file) as f:
+                m = json.load(f)
+            check(len(m["models"]) > 0, f"{file}: the model manifest parses")
+check(generated >= 2, "the base and the gpu overlay generate their model manifests")
 
 # --- rendered overlays (kubectl kustomize, where kubectl exists) ------------------------------
 scaler_metrics = set()
@@ -121,6 +135,54 @@ check(f"--http_listen=0.0.0.0:{http_port}" in kc["args"],
 check(kc["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": http_port} and
       kc["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": http_port},
       "kserve: the probes are the protocol's /v2/health endpoints on that port")
+
+
+def check_selectors(overlay, rendered):
+    """Every selector of a rendered overlay against what it must select: the Deployment's pods
+    (its own selector, each Service, the PodDisruptionBudget), the Services (the ServiceMonitor,
+    with its endpoint port on one of them), and the Deployment's manifest volume against the
+    generated ConfigMap."""
+    def of(kind):
+        return [d for d in rendered if d["kind"] == kind]
+
+    def selects(selector, labels):
+        return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+    (dep,) = of("Deployment")
+    pod_labels = dep["spec"]["template"]["metadata"].get("labels", {})
+    check(selects(dep["spec"]["selector"].get("matchLabels"), pod_labels),
+          f"overlay {overlay}: the Deployment's selector matches its pods")
+    for svc in of("Service"):
+        check(selects(svc["spec"].get("selector"), pod_labels),
+              f"overlay {overlay}: Service {svc['metadata']['name']} selects the pods")
+    for pdb in of("PodDisruptionBudget"):
+        check(selects(pdb["spec"].get("selector", {}).get("matchLabels"), pod_labels),
+              f"overlay {overlay}: the PodDisruptionBudget selects the pods (a PDB without a "
+              "selector protects nothing)")
+    for sm in of("ServiceMonitor"):
+        chosen = [s for s in of("Service")
+                  if selects(sm["spec"].get("selector", {}).get("matchLabels"),
+                             s["metadata"].get("labels", {}))]
+        check(chosen, f"overlay {overlay}: the ServiceMonitor selects a Service")
+        ports = {p.get("name") for s in chosen for p in s["spec"]["ports"]}
+        for e in sm["spec"]["endpoints"]:
+            check(e["port"] in ports, f"overlay {overlay}: ServiceMonitor port {e['port']} is a "
+                                      "port of a selected Service")
+    maps = {c["metadata"]["name"]: c for c in of("ConfigMap")}
+    for v in dep["spec"]["template"]["spec"].get("volumes", []):
+        if "configMap" not in v:
+            continue
+        name = v["configMap"]["name"]
+        check(name in maps, f"overlay {overlay}: volume {v['name']} names a rendered ConfigMap")
+        check(name.startswith("krause-serve-models-"),
+              f"overlay {overlay}: the manifest ConfigMap's name carries its content hash ({name})")
+        if name in maps:
+            m = json.loads(maps[name]["data"]["manifest.json"])
+            check(len(m["models"]) > 0, f"overlay {overlay}: its manifest parses")
+            cuda = all(x.get("device", "cpu").startswith("cuda") for x in m["models"])
+            check(cuda == overlay.startswith("gpu"), f"overlay {overlay}: the manifest's devices")
+
+
 kubectl = shutil.which("kubectl")
 if kubectl is None:
     print("kubectl not installed: the overlays are not rendered")
@@ -138,6 +200,7 @@ else:
         for k in ["Deployment", "Service", "ConfigMap", "PodDisruptionBudget", present]:
             check(k in kinds, f"overlay {overlay} has a {k}")
         check(absent not in kinds, f"overlay {overlay} has no {absent}")
+        check_selectors(overlay, rendered)
         for d in rendered:
             check("name" in d.get("metadata", {}), f"overlay {overlay}: {d['kind']} has a name")
             if d["kind"] in ("HorizontalPodAutoscaler", "ScaledObject"):
