@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "tests/test_util.h"
@@ -250,11 +251,30 @@ TEST(GeneratorWorker, SubmitIsAllOrNone) {
 
 TEST(GeneratorWorker, StopTellsEveryLiveCall) {
   const auto m = TinyModel(64);
-  auto worker = GeneratorWorker::Create(m, Slots(1)).value();
+  // The worker is held at its second step (after the first was delivered) until Stop has begun,
+  // so image 0 is still running when the worker sees the stop, however slowly this thread goes
+  // (under load in CI it once finished the whole image before Stop was called).
+  std::mutex hold_mu;
+  std::condition_variable hold_cv;
+  bool release = false;
+  int steps = 0;
+  auto worker = GeneratorWorker::Create(m, Slots(1), [&](const DecodeEvent&) {
+                  std::unique_lock<std::mutex> hold(hold_mu);
+                  if (++steps >= 2) hold_cv.wait(hold, [&] { return release; });
+                }).value();
   auto r = std::make_shared<Recorder>(2, std::vector<size_t>{0, 0});
   ASSERT_TRUE(worker->Submit({Request(1), Request(2)}, r).ok());
   ASSERT_TRUE(r->WaitStarted(0));
-  worker->Stop();  // returns once every image is done
+  std::thread stopper([&] { worker->Stop(); });  // returns once every image is done
+  // Stop has begun once a new call is refused (probes that came earlier just wait for a slot).
+  while (worker->Submit({Request(9)}, std::make_shared<Recorder>(1, std::vector<size_t>{0})).ok()) {
+  }
+  {
+    std::lock_guard<std::mutex> hold(hold_mu);
+    release = true;
+  }
+  hold_cv.notify_all();
+  stopper.join();
   EXPECT_TRUE(r->stopping());
   ASSERT_EQ(r->done().size(), 2u);
   for (const auto& [image, st] : r->done()) EXPECT_TRUE(absl::IsCancelled(st)) << image;
