@@ -76,13 +76,8 @@ absl::StatusOr<Registry::Checked> Registry::Check(const ModelSpec& spec,
   for (const ServingChoice& choice : *chain) {
     auto model = on(choice.device);
     if (!model.ok()) return WithContext("model " + spec.name, model.status());
-    // A CPU cache is fp32 whatever the GPU's was.
-    const at::ScalarType cache_dtype =
-        at::Device(choice.device).is_cpu() ? at::kFloat : CacheScalarType(spec.kv_cache_dtype);
     const KernelCheck c =
-        loaded.classifier()
-            ? CheckClassifier(*(*model)->vit, *(*reference)->vit, choice)
-            : CheckGenerator(*(*model)->pixel, *(*reference)->pixel, choice, cache_dtype);
+        CheckLoadedModel(**model, **reference, choice, CacheScalarType(spec.kv_cache_dtype));
     out.checks.push_back(Record(c));
     if (c.passed()) {
       out.choice = choice;

@@ -71,9 +71,7 @@ int main(int argc, char** argv) {
         c.outcome = krause::CheckOutcome::kError;
         c.where = std::string(model.status().message());
       } else {
-        const at::ScalarType d = choice.device == "cpu" ? at::kFloat : dtype;
-        c = cpu->classifier() ? krause::CheckClassifier(*model->vit, *cpu->vit, choice)
-                              : krause::CheckGenerator(*model->pixel, *cpu->pixel, choice, d);
+        c = krause::CheckLoadedModel(*model, *cpu, choice, dtype);
       }
       details.push_back(std::string("  ") + file + ": " + c.Summary());
       if (c.passed()) {

@@ -267,4 +267,11 @@ KernelCheck CheckGenerator(const PixelModel& model, const PixelModel& reference,
   });
 }
 
+KernelCheck CheckLoadedModel(const LoadedModel& model, const LoadedModel& reference,
+                             const ServingChoice& choice, at::ScalarType gpu_cache_dtype) {
+  if (model.classifier()) return CheckClassifier(*model.vit, *reference.vit, choice);
+  return CheckGenerator(*model.pixel, *reference.pixel, choice,
+                        IsCpu(choice.device) ? at::kFloat : gpu_cache_dtype);
+}
+
 }  // namespace krause

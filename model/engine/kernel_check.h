@@ -31,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/attention/krause_attention.h"
+#include "model/loader.h"
 #include "model/pixel_model.h"
 #include "model/vit.h"
 
@@ -84,5 +85,10 @@ KernelCheck CheckClassifier(const ViT& model, const ViT& reference, const Servin
 // `cache_dtype`: the KV cache's (EngineOptions::cache_dtype).
 KernelCheck CheckGenerator(const PixelModel& model, const PixelModel& reference,
                            const ServingChoice& choice, at::ScalarType cache_dtype = at::kFloat);
+// Whichever of the two `model` holds: `model` loaded on choice.device, `reference` the same
+// checkpoint on the CPU. A generator's cache is `gpu_cache_dtype` on a GPU and fp32 on the CPU
+// (CPU rings are fp32 only), as the engine would make it there.
+KernelCheck CheckLoadedModel(const LoadedModel& model, const LoadedModel& reference,
+                             const ServingChoice& choice, at::ScalarType gpu_cache_dtype);
 
 }  // namespace krause
