@@ -12,6 +12,11 @@
 // score: ScoreBitsPerDim (what a generator's worker runs for a Score chunk) over B test images.
 // generate: the decode engine (DecodeEngine, as the server's generator worker drives it) making
 //   --images images with S sequences in flight; reports images/s.
+// prefill: a completion's prefill of P positions (--lengths, default 28,392,783: one row, half
+//   the image, all but one subpixel of the bundled 28x28 models) both ways side by side, the
+//   runs alternating: the packed prefill the engine runs on the CPU (CpuDecoder::Prefill, bit
+//   for bit the decode steps) and the LibTorch forward it replaced; reports each median and
+//   packed / libtorch.
 // Threads: SetCpuThreads(--threads) as the server does. Output: one JSON record per line.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -49,6 +54,7 @@ int Usage() {
                "       [--reference 1 (the LibTorch forward)]\n"
                "       krause-model-bench generate CHECKPOINT [--streams 1,64] [--images N]\n"
                "       krause-model-bench score CHECKPOINT [--batches 1,16] [--seconds 3]\n"
+               "       krause-model-bench prefill CHECKPOINT [--lengths 28,392,783] [--seconds 3]\n"
                "       [--threads T (0: one per core)]\n");
   return 2;
 }
@@ -68,16 +74,17 @@ std::vector<int64_t> Ints(const std::string& s) {
 int main(int argc, char** argv) {
   if (argc < 3) return Usage();
   const std::string what = argv[1], path = argv[2];
-  std::vector<int64_t> sizes = what == "classify" ? std::vector<int64_t>{1, 32}
-                               : what == "score"  ? std::vector<int64_t>{1, 16}
-                                                  : std::vector<int64_t>{1, 64};
+  std::vector<int64_t> sizes = what == "classify"  ? std::vector<int64_t>{1, 32}
+                               : what == "score"   ? std::vector<int64_t>{1, 16}
+                               : what == "prefill" ? std::vector<int64_t>{28, 392, 783}
+                                                   : std::vector<int64_t>{1, 64};
   double seconds = 3;
   int64_t images = 0;
   int threads = 0;
   bool reference = false;
   for (int i = 3; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--batches" || flag == "--streams") {
+    if (flag == "--batches" || flag == "--streams" || flag == "--lengths") {
       sizes = Ints(value);
       if (sizes.empty()) return Usage();
     } else if (flag == "--seconds") {
@@ -92,7 +99,8 @@ int main(int argc, char** argv) {
       return Usage();
     }
   }
-  if ((argc - 3) % 2 != 0 || (what != "classify" && what != "generate" && what != "score"))
+  if ((argc - 3) % 2 != 0 ||
+      (what != "classify" && what != "generate" && what != "score" && what != "prefill"))
     return Usage();
   const krause::CpuThreads t = krause::SetCpuThreads(threads);
   auto model = krause::LoadModel(path, "cpu");
@@ -101,6 +109,40 @@ int main(int argc, char** argv) {
     return 1;
   }
   const c10::InferenceMode inference;
+  if (what == "prefill") {
+    if (model->classifier()) return Usage();
+    const krause::PixelModel& arm = *model->pixel;
+    const krause::PixelDecodeWeights packed = krause::PackForDecode(arm);
+    auto cache = krause::PixelKvCache::Create(arm.config(), 1);
+    if (!cache.ok()) return 1;
+    if (arm.config().conditional()) cache->SetClass(0, 0);
+    for (int64_t p : sizes) {
+      if (p > arm.config().seq_len()) return Usage();
+      at::Tensor u = at::randint(0, 256, {p}, at::kLong);
+      if (arm.config().start_token) u[0].fill_(krause::PixelModel::kStartToken);
+      std::vector<double> times[2];  // packed, libtorch
+      const Clock::time_point start = Clock::now();
+      for (int run = 0; times[1].size() < 5 || Since(start) < seconds; ++run) {
+        for (int k : {run % 2, 1 - run % 2}) {  // the order alternates
+          const Clock::time_point t0 = Clock::now();
+          arm.Prefill(u, 0, &*cache, krause::KrauseImpl::kAuto, k == 0 ? &packed : nullptr);
+          if (run > 0) times[k].push_back(Since(t0));  // run 0: warm-up
+        }
+      }
+      double median[2];
+      for (int k : {0, 1}) {
+        std::sort(times[k].begin(), times[k].end());
+        median[k] = times[k][times[k].size() / 2];
+      }
+      std::printf(
+          "{\"what\":\"prefill\",\"positions\":%lld,\"runs\":%zu,\"packed_seconds\":%.6g,"
+          "\"libtorch_seconds\":%.6g,\"packed_over_libtorch\":%.4g,\"threads\":%d}\n",
+          static_cast<long long>(p), times[0].size(), median[0], median[1], median[0] / median[1],
+          t.intra_op);
+      std::fflush(stdout);
+    }
+    return 0;
+  }
   if (what == "classify" || what == "score") {
     if (model->classifier() != (what == "classify")) return Usage();
     auto ds = krause::LoadFashionMnist("/usr/share/datasets/fashion-mnist", false);

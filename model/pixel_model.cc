@@ -145,8 +145,18 @@ at::Tensor PixelModel::Forward(const at::Tensor& pixels, KrauseImpl impl,
 }
 
 at::Tensor PixelModel::Prefill(const at::Tensor& u, int64_t slot, PixelKvCache* cache,
-                               KrauseImpl impl) const {
+                               KrauseImpl impl, const PixelDecodeWeights* packed) const {
   at::NoGradGuard no_grad;
+  if (packed != nullptr && packed->cpu != nullptr &&
+      (impl == KrauseImpl::kAuto || impl == KrauseImpl::kFusedCpu)) {
+    TORCH_CHECK(u.dim() == 1 && u.device().is_cpu(), "u must be a CPU tensor of shape [T]");
+    const at::Tensor uc = u.to(at::kLong).contiguous();
+    at::Tensor logits = at::empty({uc.numel(), 256}, at::kFloat);
+    const absl::Status st = packed->cpu->Prefill(uc.data_ptr<int64_t>(), uc.numel(), slot, cache,
+                                                 logits.data_ptr<float>());
+    TORCH_CHECK(st.ok(), st.ToString());
+    return logits;
+  }
   std::vector<std::pair<at::Tensor, at::Tensor>> kv;
   at::Tensor classes;
   if (config_.conditional()) classes = at::full({1}, cache->slot_class(slot), at::kLong);

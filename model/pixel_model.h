@@ -45,6 +45,12 @@ class PackedDecodeStep {
   // [s, 256] (row-major). InvalidArgument naming the entry for bad input; nothing written then.
   virtual absl::Status Step(const int64_t* u, const int64_t* positions, const int64_t* slots,
                             int64_t s, PixelKvCache* cache, float* logits) const = 0;
+  // Positions 0..t-1 of one sequence (u: t host tokens) into `slot`, with every row's arithmetic
+  // exactly that of t single-sequence Steps at positions 0, 1, ..., t-1: the same cache contents
+  // and the same logits [t, 256] bit for bit, so a sequence prefilled from a prefix continues
+  // exactly as the uninterrupted sequence did. InvalidArgument as Step; nothing written then.
+  virtual absl::Status Prefill(const int64_t* u, int64_t t, int64_t slot, PixelKvCache* cache,
+                               float* logits) const = 0;
 };
 
 // What every decode step of a model reuses, made once by PackForDecode (engine/cpu_decoder.h):
@@ -85,8 +91,12 @@ class PixelModel {
   // Prefill: runs u [T] (positions 0..T-1) for one sequence, stores their keys/values in `slot`
   // and returns logits [T, 256]. A conditional model runs with the class the cache holds for
   // the slot (PixelKvCache::SetClass), as DecodeStep does. `impl`: the attention's (as Forward).
+  // With `packed` from the CPU (and impl kAuto or kFusedCpu), the packed prefill
+  // (PackedDecodeStep::Prefill): bit for bit what decode steps over the same positions give,
+  // which is what makes a completion of an image's prefix continue it exactly.
   at::Tensor Prefill(const at::Tensor& u, int64_t slot, PixelKvCache* cache,
-                     KrauseImpl impl = KrauseImpl::kAuto) const;
+                     KrauseImpl impl = KrauseImpl::kAuto,
+                     const PixelDecodeWeights* packed = nullptr) const;
   // One step for S sequences: u [S] is each sequence's token at its position positions[s] (the
   // cache holds its positions before). u, positions and slots are host (CPU) tensors whatever the
   // model's device. Appends to the cache; returns logits [S, 256] on the model's device. With

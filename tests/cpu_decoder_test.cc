@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -260,6 +261,49 @@ TEST_P(CpuDecoderTest, BadEntriesAreRefusedByNameAndChangeNothing) {
   auto other_classes = PixelKvCache::Create(flipped, 3).value();
   EXPECT_THAT(decoder_->Step(&u, &p, &s, 1, &other_classes, logits.data()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("class conditioning")));
+}
+
+// The packed prefill of t positions equals t single-sequence Steps bit for bit: the same logits
+// and the same cache contents (every length up to the whole image, across the ring's wraps),
+// with the other slots untouched; the LibTorch prefill agrees within rounding only.
+TEST_P(CpuDecoderTest, PrefillIsBitForBitTheStepsOverTheSamePositions) {
+  const PixelModelConfig& c = model_->config();
+  const int64_t n = c.seq_len();
+  std::mt19937 rng(9);
+  std::vector<int64_t> u = {c.start_token ? PixelModel::kStartToken : 200};
+  for (int64_t p = 1; p < n; ++p) u.push_back(static_cast<int64_t>(rng() % 256));
+  at::NoGradGuard no_grad;
+  for (int64_t t : {int64_t{1}, c.window - 1, c.window, c.window + 1, 2 * c.window + 5, n}) {
+    SCOPED_TRACE(t);
+    auto stepped = PixelKvCache::Create(c, 3).value();
+    auto prefilled = PixelKvCache::Create(c, 3).value();
+    if (c.conditional()) {
+      for (PixelKvCache* k : {&stepped, &prefilled}) {
+        k->SetClass(1, 2);
+        k->SetClass(0, c.null_class());
+      }
+    }
+    std::vector<float> want(t * 256), got(t * 256);
+    const int64_t slot = 1;
+    for (int64_t p = 0; p < t; ++p)
+      ASSERT_TRUE(decoder_->Step(&u[p], &p, &slot, 1, &stepped, &want[p * 256]).ok());
+    ASSERT_TRUE(decoder_->Prefill(u.data(), t, slot, &prefilled, got.data()).ok());
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+    for (int64_t l = 0; l < c.depth; ++l) {
+      const auto a = stepped.layer(l).Storage(), b = prefilled.layer(l).Storage();
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i])) << l << " " << i;
+    }
+  }
+  // Refusals name what is wrong and write nothing.
+  auto cache = PixelKvCache::Create(c, 2).value();
+  std::vector<float> logits(2 * 256);
+  EXPECT_THAT(decoder_->Prefill(u.data(), 2, 2, &cache, logits.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slot 2 is outside [0, 2)")));
+  EXPECT_THAT(decoder_->Prefill(u.data(), n + 1, 0, &cache, logits.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("between 1 and")));
+  std::vector<int64_t> bad = {u[0], 300};
+  EXPECT_THAT(decoder_->Prefill(bad.data(), 2, 0, &cache, logits.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("u[1] = 300")));
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -250,7 +250,8 @@ void CpuDecoder::RunRows(const int64_t* u, const int64_t* positions, const int64
 }
 
 void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const int64_t* slots,
-                             int64_t s, PixelKvCache* cache, float* logits) const {
+                             int64_t s, PixelKvCache* cache, float* logits,
+                             bool one_sequence) const {
   // The same arithmetic as RunRows, op by op over all s rows; each op is split over the
   // threads where a task gets enough work, and runs inline otherwise.
   const int64_t d = d_;
@@ -280,10 +281,19 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
       LayerNormRow(b.x + r * d, d, L.ln1_w.data() + o, L.ln1_b.data() + o, b.h + r * d);
     });
     linear(L.qkv, b.h, b.qkv);
-    at::parallel_for(0, s * heads_, grain(keys * 4.0 * head_dim_), [&](int64_t w0, int64_t w1) {
-      Attention(l, b.qkv, L.qkv.out_pad, positions, slots, w0 / heads_, (w1 - 1) / heads_ + 1,
-                w0 % heads_, (w1 - 1) % heads_ + 1, cache, b.att, d);
-    });
+    if (one_sequence) {
+      // Rows of one sequence: each row's attention reads what the rows before it appended, so
+      // the rows go in order; heads are independent (disjoint cache memory).
+      at::parallel_for(0, heads_, grain(s * keys * 4.0 * head_dim_), [&](int64_t h0, int64_t h1) {
+        for (int64_t r = 0; r < s; ++r)
+          Attention(l, b.qkv, L.qkv.out_pad, positions, slots, r, r + 1, h0, h1, cache, b.att, d);
+      });
+    } else {
+      at::parallel_for(0, s * heads_, grain(keys * 4.0 * head_dim_), [&](int64_t w0, int64_t w1) {
+        Attention(l, b.qkv, L.qkv.out_pad, positions, slots, w0 / heads_, (w1 - 1) / heads_ + 1,
+                  w0 % heads_, (w1 - 1) % heads_ + 1, cache, b.att, d);
+      });
+    }
     linear(L.out, b.att, b.tmp);
     rows(8.0 * d, [&](int64_t r) {
       for (int64_t i = 0; i < d; ++i) b.x[r * d + i] += b.tmp[r * L.out.out_pad + i];
@@ -305,12 +315,8 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
   linear(head_, b.h, logits);
 }
 
-absl::Status CpuDecoder::Step(const int64_t* u, const int64_t* positions, const int64_t* slots,
-                              int64_t s, PixelKvCache* cache, float* logits,
-                              std::optional<CpuStepPlan::Mode> force) const {
+absl::Status CpuDecoder::CheckCache(const PixelKvCache* cache) const {
   if (cache == nullptr) return absl::InvalidArgumentError("cache is null");
-  if (s < 0) return absl::InvalidArgumentError(absl::StrCat("s must be >= 0, got ", s));
-  if (s == 0) return absl::OkStatus();
   // The cache must be this model's, on the CPU, fp32.
   if (cache->kind() != kind_ || cache->layers() != depth_) {
     return absl::InvalidArgumentError("cache was made for another kind of model");
@@ -323,11 +329,53 @@ absl::Status CpuDecoder::Step(const int64_t* u, const int64_t* positions, const 
           "cache must be an fp32 CPU cache made for this model's config");
     }
   }
-  const int64_t cache_slots = cache->slots();
   if (cache->conditional() != !class_emb_.empty()) {
     return absl::InvalidArgumentError(
         "the cache and the decoder disagree on class conditioning (a cache of another model)");
   }
+  return absl::OkStatus();
+}
+
+absl::Status CpuDecoder::CheckToken(const int64_t* u, int64_t i) const {
+  const bool start = start_token_ && u[i] == PixelModel::kStartToken;
+  if (!start && (u[i] < 0 || u[i] > 255)) {
+    return absl::InvalidArgumentError(absl::StrCat("u[", i, "] = ", u[i], " is not a pixel value",
+                                                   start_token_ ? " or the start token (256)" : "",
+                                                   ""));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuDecoder::Prefill(const int64_t* u, int64_t t, int64_t slot, PixelKvCache* cache,
+                                 float* logits) const {
+  RETURN_IF_ERROR(CheckCache(cache));
+  if (t < 1 || t > seq_len_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a prefill of ", t, " positions; between 1 and ", seq_len_, " (N)"));
+  }
+  if (slot < 0 || slot >= cache->slots()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot ", slot, " is outside [0, ", cache->slots(), ")"));
+  }
+  for (int64_t i = 0; i < t; ++i) RETURN_IF_ERROR(CheckToken(u, i));
+  std::vector<int64_t> positions(t), slots(t, slot);
+  for (int64_t i = 0; i < t; ++i) positions[i] = i;
+  try {
+    at::NoGradGuard no_grad;
+    RunLayerOps(u, positions.data(), slots.data(), t, cache, logits, /*one_sequence=*/true);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("prefill failed: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuDecoder::Step(const int64_t* u, const int64_t* positions, const int64_t* slots,
+                              int64_t s, PixelKvCache* cache, float* logits,
+                              std::optional<CpuStepPlan::Mode> force) const {
+  RETURN_IF_ERROR(CheckCache(cache));
+  if (s < 0) return absl::InvalidArgumentError(absl::StrCat("s must be >= 0, got ", s));
+  if (s == 0) return absl::OkStatus();
+  const int64_t cache_slots = cache->slots();
   std::vector<char>& seen = Scratch().seen;
   seen.assign(static_cast<size_t>(cache_slots), 0);
   for (int64_t i = 0; i < s; ++i) {
@@ -344,12 +392,7 @@ absl::Status CpuDecoder::Step(const int64_t* u, const int64_t* positions, const 
       return absl::InvalidArgumentError(
           absl::StrCat("positions[", i, "] = ", positions[i], " is outside [0, ", seq_len_, ")"));
     }
-    const bool start = start_token_ && u[i] == PixelModel::kStartToken;
-    if (!start && (u[i] < 0 || u[i] > 255)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("u[", i, "] = ", u[i], " is not a pixel value",
-                       start_token_ ? " or the start token (256)" : "", ""));
-    }
+    RETURN_IF_ERROR(CheckToken(u, i));
   }
   const CpuStepPlan plan = Plan(s);
   const CpuStepPlan::Mode mode = force.value_or(plan.mode);

@@ -91,6 +91,15 @@ class CpuDecoder final : public PackedDecodeStep {
                     PixelKvCache* cache, float* logits,
                     std::optional<CpuStepPlan::Mode> force) const;
 
+  // PackedDecodeStep::Prefill: the t positions of one sequence as t rows of one pass, op by op
+  // over the rows (linear layers split over the threads where big enough), each layer's
+  // attention row by row in position order (a row reads what the rows before it appended),
+  // heads in parallel. Every row's arithmetic is a single-sequence Step's, so the cache and the
+  // logits are bit for bit those of t Steps. (The LibTorch prefill, PixelModel::Prefill without
+  // packed weights, agrees within rounding only.)
+  absl::Status Prefill(const int64_t* u, int64_t t, int64_t slot, PixelKvCache* cache,
+                       float* logits) const override;
+
   // The plan Step would use for s sequences with the current intra-op threads.
   CpuStepPlan Plan(int64_t s) const;
   double flops_per_sequence() const { return flops_per_sequence_; }
@@ -111,8 +120,12 @@ class CpuDecoder final : public PackedDecodeStep {
   struct Rows;  // a task's scratch rows
   void RunRows(const int64_t* u, const int64_t* positions, const int64_t* slots, int64_t begin,
                int64_t end, PixelKvCache* cache, float* logits) const;
+  // one_sequence: the rows are consecutive positions of one sequence (Prefill): attention row
+  // by row in order, heads in parallel.
   void RunLayerOps(const int64_t* u, const int64_t* positions, const int64_t* slots, int64_t s,
-                   PixelKvCache* cache, float* logits) const;
+                   PixelKvCache* cache, float* logits, bool one_sequence = false) const;
+  absl::Status CheckCache(const PixelKvCache* cache) const;  // Step's and Prefill's checks
+  absl::Status CheckToken(const int64_t* u, int64_t i) const;
   // Row r's input: token (or start) embedding + position embedding (+ the slot's class
   // embedding of a conditional model), into out [D].
   void EmbedRow(int64_t u, int64_t position, int64_t slot, const PixelKvCache& cache,

@@ -143,8 +143,11 @@ absl::Status DecodeEngine::Admit(Sequence* s, StepOutput* out) {
   try {
     if (prefix > 0) {
       const at::Tensor known = at::tensor(std::vector<int64_t>(u.begin(), u.end() - 1), at::kLong);
-      model_->Prefill(known, s->slot, &cache_, forward_impl_);
-      if (s->guide_slot >= 0) model_->Prefill(known, s->guide_slot, &cache_, forward_impl_);
+      // On the CPU the packed prefill: bit for bit what decode steps over the same positions
+      // give, so a completion from an image's first subpixels continues it exactly.
+      model_->Prefill(known, s->slot, &cache_, forward_impl_, &packed_);
+      if (s->guide_slot >= 0)
+        model_->Prefill(known, s->guide_slot, &cache_, forward_impl_, &packed_);
     }
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("prefill failed: ", e.what()));

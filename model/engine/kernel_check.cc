@@ -234,7 +234,9 @@ KernelCheck CheckGenerator(const PixelModel& model, const PixelModel& reference,
       if (c.conditional()) cache->SetClass(s, s == 0 ? 0 : c.null_class());
       logits[s]
           .narrow(0, 0, prefill[s])
-          .copy_(model.Prefill(u[s].narrow(0, 0, prefill[s]), s, &*cache, ForwardImpl(choice.impl))
+          .copy_(model
+                     .Prefill(u[s].narrow(0, 0, prefill[s]), s, &*cache, ForwardImpl(choice.impl),
+                              &packed)
                      .to(at::kCPU));
     }
     int64_t position[2] = {prefill[0], prefill[1]};
