@@ -65,6 +65,10 @@ struct CallObserver {
   // A Generate message was sent: `first`: seconds since the call arrived; else since the
   // previous message.
   virtual void OnStreamChunk(const std::string& model, bool first, double seconds) {}
+  // A call that failed with a google.rpc.ErrorInfo reason (server/status.h: QUEUE_FULL,
+  // DRAINING, ...), after its OnCallDone.
+  virtual void OnRefused(const std::string& rpc, const std::string& protocol,
+                         const std::string& model, const std::string& reason) {}
 };
 
 class CallBook {
@@ -135,10 +139,15 @@ class CallBook {
   template <typename Reactor>
   void Finish(Reactor* reactor, const absl::Status& st) {
     if (finished_.exchange(true)) return;  // a barrier's error after a normal finish
-    const grpc::Status g = ToGrpcStatus(st);
+    const grpc::Status g = ToGrpcStatus(WithModel(st, model_));
     const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
-    if (observer_ != nullptr)
+    if (observer_ != nullptr) {
       observer_->OnCallDone(rpc_, protocol_, model_, version_, g.error_code(), seconds);
+      if (!st.ok()) {
+        const ErrorDetails d = DetailsOf(st);
+        if (!d.reason.empty()) observer_->OnRefused(rpc_, protocol_, model_, d.reason);
+      }
+    }
     if (log_ != nullptr) {
       CallRecord r;
       r.rpc = rpc_;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/engine/device_context.h"
 #include "server/scheduling.h"
+#include "server/status.h"
 
 namespace krause::server {
 
@@ -32,11 +33,12 @@ absl::Status ClassifyBatcher::Enqueue(ClassifyJob job) {
   bool here = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return absl::UnavailableError("the server is shutting down");
+    if (stopping_) return Refusal("the server is shutting down", reason::kDraining);
     if (queued_images_ + n > options_.max_queued_images)
-      return absl::UnavailableError(absl::StrCat("classify queue is full (", queued_images_,
-                                                 " images queued, limit ",
-                                                 options_.max_queued_images, "); retry later"));
+      return Refusal(
+          absl::StrCat("classify queue is full (", queued_images_, " images queued, limit ",
+                       options_.max_queued_images, "); retry later"),
+          reason::kQueueFull);
     ClassifyArrival arrival;
     arrival.queue_empty = queue_.empty();
     arrival.batch_running = running_;

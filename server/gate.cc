@@ -1,6 +1,7 @@
 #include "server/gate.h"
 
 #include "absl/strings/match.h"
+#include "server/status.h"
 
 namespace krause::server {
 
@@ -34,8 +35,9 @@ absl::Status Gate::Enter(std::optional<std::string_view> authorization, bool adm
           "missing or invalid token: send \"authorization: Bearer <token>\" (gRPC metadata or an "
           "HTTP header)");
   }
-  if (draining_.load()) return absl::UnavailableError("the server is shutting down");
-  if (registry_.load() == nullptr) return absl::UnavailableError("the models are still loading");
+  if (draining_.load()) return Refusal("the server is shutting down", reason::kDraining);
+  if (registry_.load() == nullptr)
+    return Refusal("the models are still loading", reason::kModelLoading);
   std::lock_guard<std::mutex> lock(mu_);
   ++in_flight_;
   return absl::OkStatus();

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "model/data/png.h"
 #include "server/requests.h"
@@ -49,7 +50,11 @@ absl::Status GenerateCall::Begin(grpc::CallbackServerContext* ctx, const v1::Gen
     stream_.emplace(std::move(so));
   }
   book_.set_images(p.images);
-  return model_->worker().Submit(ImageRequests(p), shared_from_this());
+  // The engine's own checks (a prompt too long for the model, guidance on an engine with one
+  // cache slot) name the request field they are about.
+  const absl::Status st = model_->worker().Submit(ImageRequests(p), shared_from_this());
+  if (!absl::IsInvalidArgument(st)) return st;
+  return WithField(st, absl::StartsWith(st.message(), "guidance") ? "guidance" : "prompt_rows");
 }
 
 void GenerateCall::OnUpdate(const CallUpdate& u) {
@@ -160,6 +165,15 @@ void GenerateCall::BuildMessage(GenerateStream::Chunk& c) {
     m->set_pixels(r.pixels.data(), r.pixels.size());
   }
   const ImageShape& shape = model_->info().shape;
+  if (c.first) {
+    v1::GenerateStart* s = message_.mutable_start();
+    s->set_model(model_->name());
+    s->set_model_version(std::to_string(model_->info().version));
+    s->set_seed(c.seed);
+    s->set_height(static_cast<uint32_t>(shape.height));
+    s->set_width(static_cast<uint32_t>(shape.width));
+    s->set_channels(static_cast<uint32_t>(shape.channels));
+  }
   for (GenerateStream::FinishedImage& im : c.images) {
     const at::Tensor hwc =
         at::from_blob(im.pixels.data(), {shape.height, shape.width, shape.channels}, at::kByte);

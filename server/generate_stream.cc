@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "server/status.h"
+
 namespace krause::server {
 namespace {
 
@@ -80,7 +82,7 @@ absl::Status GenerateStream::FinalStatus(bool engine_stopping) const {
   if (deadline_hit_) return absl::DeadlineExceededError("deadline exceeded; generation stopped");
   if (client_cancelled_ || write_failed_) return absl::CancelledError("cancelled by the client");
   if (engine_stopping)
-    return absl::UnavailableError("the server is shutting down; generation was cancelled");
+    return Refusal("the server is shutting down; generation was cancelled", reason::kDraining);
   return cancelled.ok() ? absl::CancelledError("cancelled") : cancelled;
 }
 
@@ -151,6 +153,7 @@ GenerateStream::Action GenerateStream::Flush(Clock::time_point now, bool engine_
   a.kind = Action::kWrite;
   write_in_flight_ = true;
   c.first = !sent_any_;
+  c.seed = o_.seed;
   c.seconds_since_previous = Seconds(now - (sent_any_ ? last_send_ : o_.start));
   sent_any_ = true;
   last_send_ = now;

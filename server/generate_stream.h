@@ -68,6 +68,7 @@ class GenerateStream {
     bool has_summary = false;  // the last chunk
     Summary summary;
     bool first = false;             // the call's first chunk
+    uint64_t seed = 0;              // the call's seed (image 0's)
     double seconds_since_previous;  // since the previous chunk (the first: since the start)
   };
   struct Action {

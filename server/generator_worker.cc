@@ -8,6 +8,7 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "server/status.h"
 
 namespace krause::server {
 
@@ -50,16 +51,17 @@ absl::Status GeneratorWorker::Submit(std::vector<GenerationRequest> images,
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return absl::UnavailableError("the server is shutting down");
+    if (stopping_) return Refusal("the server is shutting down", reason::kDraining);
     const int64_t n = static_cast<int64_t>(images.size());
     // Every image not yet holding a slot counts as waiting, including this call's.
     const int64_t waiting = static_cast<int64_t>(images_.size()) - active_.load();
     const int64_t free_slots = slots_ - slots_in_use_.load();
     if (waiting + n - free_slots > options_.max_waiting)
-      return absl::UnavailableError(
+      return Refusal(
           absl::StrCat("generator queue is full (", std::max<int64_t>(waiting, 0),
                        " images waiting, ", active_.load(), " of ", slots_,
-                       " slots busy, waiting limit ", options_.max_waiting, "); retry later"));
+                       " slots busy, waiting limit ", options_.max_waiting, "); retry later"),
+          reason::kQueueFull);
     if (receiver == nullptr || call_of_.count(receiver.get()))
       return absl::InvalidArgumentError("a call needs a receiver of its own");
     const int64_t seq = next_call_++;
@@ -101,11 +103,12 @@ void GeneratorWorker::Cancel(const GenerationReceiver* receiver) {
 absl::Status GeneratorWorker::EnqueueScore(ScoreJob job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return absl::UnavailableError("the server is shutting down");
+    if (stopping_) return Refusal("the server is shutting down", reason::kDraining);
     // Jobs queued or being scored, until their `done`.
     if (score_jobs_.load() >= options_.max_waiting + 1)
-      return absl::UnavailableError(absl::StrCat("score queue is full (", score_jobs_.load(),
-                                                 " requests queued); retry later"));
+      return Refusal(absl::StrCat("score queue is full (", score_jobs_.load(),
+                                  " requests queued); retry later"),
+                     reason::kQueueFull);
     score_jobs_.fetch_add(1);
     job.done = [this, done = std::move(job.done)](absl::StatusOr<std::vector<double>> r) {
       score_jobs_.fetch_sub(1);
@@ -134,7 +137,7 @@ void GeneratorWorker::DropScores(std::deque<RunningScore>* scores, bool stopping
   for (auto it = scores->begin(); it != scores->end();) {
     absl::Status why;
     if (stopping) {
-      why = absl::UnavailableError("the server is shutting down");
+      why = Refusal("the server is shutting down", reason::kDraining);
     } else if (now >= it->job.deadline) {
       why = absl::DeadlineExceededError("deadline exceeded while scoring");
     } else if (it->job.cancelled && it->job.cancelled()) {

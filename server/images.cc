@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/data/png.h"
 #include "server/raw_image.h"
+#include "server/status.h"
 
 namespace krause::server {
 namespace {
@@ -20,22 +21,22 @@ absl::Status CheckBounds(int64_t h, int64_t w, int64_t c, const std::string& fie
   const ImageShape& s = b.shape;
   if (!b.prompt) {
     if (h == s.height && w == s.width && c == s.channels) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(field, ": image is ", ShapeString(h, w, c),
-                                                   " (HxWxC) but model ", b.model, " takes ",
-                                                   ShapeString(s.height, s.width, s.channels)));
+    return InvalidField(
+        field, absl::StrCat(field, ": image is ", ShapeString(h, w, c), " (HxWxC) but model ",
+                            b.model, " takes ", ShapeString(s.height, s.width, s.channels)));
   }
   if (w == s.width && c == s.channels && h >= 1 && h <= s.height) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": image is ", ShapeString(h, w, c), " (HxWxC) but model ", b.model,
-                   " takes prompts of width ", s.width, ", ", s.channels,
-                   " channel(s) and at most ", s.height, " rows"));
+  return InvalidField(
+      field, absl::StrCat(field, ": image is ", ShapeString(h, w, c), " (HxWxC) but model ",
+                          b.model, " takes prompts of width ", s.width, ", ", s.channels,
+                          " channel(s) and at most ", s.height, " rows"));
 }
 
 }  // namespace
 
 absl::StatusOr<at::Tensor> DecodePngImage(std::string_view png, const std::string& field,
                                           const ImageBounds& bounds) {
-  if (png.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
+  if (png.empty()) return InvalidField(field, absl::StrCat(field, " is empty"));
   // The bounds' errors name the field without ".png".
   const std::string image =
       absl::EndsWith(field, ".png") ? field.substr(0, field.size() - 4) : field;
@@ -45,8 +46,9 @@ absl::StatusOr<at::Tensor> DecodePngImage(std::string_view png, const std::strin
   if (!t.ok()) {
     if (absl::IsInvalidArgument(t.status()) && absl::StartsWith(t.status().message(), image + ":"))
       return t.status();  // the bounds: already names the field
-    return absl::Status(t.status().code(),
-                        absl::StrCat(field, " is not a readable PNG: ", t.status().message()));
+    const absl::Status st(t.status().code(),
+                          absl::StrCat(field, " is not a readable PNG: ", t.status().message()));
+    return absl::IsInvalidArgument(st) ? WithField(st, field) : st;
   }
   return *t;
 }
@@ -59,22 +61,25 @@ absl::StatusOr<at::Tensor> DecodeImage(const v1::Image& image, const std::string
     case v1::Image::kRaw: {
       const v1::RawImage& r = image.raw();
       if (r.channels() != 1 && r.channels() != 3)
-        return absl::InvalidArgumentError(
+        return InvalidField(
+            field + ".raw.channels",
             absl::StrCat(field, ".raw.channels must be 1 or 3, got ", r.channels()));
       absl::Status st = CheckBounds(r.height(), r.width(), r.channels(), field, bounds);
       if (!st.ok()) return st;
       const int64_t want = int64_t{r.height()} * r.width() * r.channels();
       if (static_cast<int64_t>(r.pixels().size()) != want)
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, ".raw.pixels has ", r.pixels().size(), " bytes but height*width*channels = ",
-            ShapeString(r.height(), r.width(), r.channels()), " = ", want));
+        return InvalidField(
+            field + ".raw.pixels",
+            absl::StrCat(field, ".raw.pixels has ", r.pixels().size(),
+                         " bytes but height*width*channels = ",
+                         ShapeString(r.height(), r.width(), r.channels()), " = ", want));
       at::Tensor t =
           at::empty({int64_t{r.height()}, int64_t{r.width()}, int64_t{r.channels()}}, at::kByte);
       std::memcpy(t.data_ptr<uint8_t>(), r.pixels().data(), static_cast<size_t>(want));
       return t;
     }
     default:
-      return absl::InvalidArgumentError(absl::StrCat(field, " has neither png nor raw data"));
+      return InvalidField(field, absl::StrCat(field, " has neither png nor raw data"));
   }
 }
 

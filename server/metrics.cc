@@ -155,6 +155,12 @@ Metrics::Metrics()
                     .Name("krause_requests_total")
                     .Help("Finished calls by rpc, protocol, model, version and gRPC status code.")
                     .Register(*prom_)),
+      refusals_(BuildCounter()
+                    .Name("krause_refusals_total")
+                    .Help("Failed calls by the google.rpc.ErrorInfo reason they carried "
+                          "(QUEUE_FULL, DRAINING, MODEL_LOADING, MODEL_UNLOADED), by rpc, "
+                          "protocol and model; each is also in krause_requests_total.")
+                    .Register(*prom_)),
       latency_(BuildHistogram()
                    .Name("krause_request_duration_seconds")
                    .Help("Call latency from arrival to the final status, by rpc, protocol, model "
@@ -266,6 +272,12 @@ void Metrics::OnCallDone(const std::string& rpc, const std::string& protocol,
       .Add({{"rpc", rpc}, {"protocol", protocol}, {"model", model}, {"version", version}},
            SecondsBuckets())
       .Observe(seconds);
+}
+
+void Metrics::OnRefused(const std::string& rpc, const std::string& protocol,
+                        const std::string& model, const std::string& reason) {
+  refusals_.Add({{"rpc", rpc}, {"protocol", protocol}, {"model", model}, {"reason", reason}})
+      .Increment();
 }
 
 void Metrics::OnQueued(const std::string& rpc, const std::string& model, double seconds) {

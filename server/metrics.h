@@ -49,6 +49,8 @@ class Metrics : public CallObserver {
                double dense) override;
   void OnImages(const std::string& rpc, const std::string& model, int64_t images) override;
   void OnStreamChunk(const std::string& model, bool first, double seconds) override;
+  void OnRefused(const std::string& rpc, const std::string& protocol, const std::string& model,
+                 const std::string& reason) override;
 
  private:
   class Gauges;
@@ -56,6 +58,7 @@ class Metrics : public CallObserver {
   std::shared_ptr<Gauges> gauges_;
   std::unique_ptr<class HttpEndpoint> http_;
   prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Counter>& refusals_;
   prometheus::Family<prometheus::Histogram>& latency_;
   prometheus::Family<prometheus::Histogram>& queue_;
   prometheus::Family<prometheus::Histogram>& compute_;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/status.h"
 
 namespace krause::server {
 namespace {
@@ -16,8 +17,8 @@ absl::StatusOr<int64_t> ParseRequestVersion(const std::string& text) {
   if (text.empty()) return 0;
   int64_t v = 0;
   if (!ParseVersion(text, &v))
-    return absl::InvalidArgumentError(absl::StrCat("version: \"", text.substr(0, 32),
-                                                   "\" is not a version (a positive integer)"));
+    return InvalidField("version", absl::StrCat("version: \"", text.substr(0, 32),
+                                                "\" is not a version (a positive integer)"));
   return v;
 }
 
@@ -253,13 +254,13 @@ void ModelControl::Load(const std::string& name, const std::string& version_text
                      options_.mode == ModelControlMode::kPoll
                          ? ": the repository decides; add or remove version folders)"
                          : ")")));
-  if (name.empty()) return done(absl::InvalidArgumentError("name is required"));
+  if (name.empty()) return done(InvalidField("name", "name is required"));
   auto version = ParseRequestVersion(version_text);
   if (!version.ok()) return done(version.status());
   Post([this, name, v = *version, done = std::move(done)] {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stop_) return done(absl::UnavailableError("the server is shutting down"));
+      if (stop_) return done(Refusal("the server is shutting down", reason::kDraining));
     }
     const absl::Status st = Apply(name, v, true);
     if (!st.ok()) return done(st);
@@ -272,13 +273,13 @@ void ModelControl::Unload(const std::string& name, const std::string& version_te
     return done(absl::FailedPreconditionError(
         absl::StrCat("UnloadModel needs --model_control explicit (this server runs ",
                      ModelControlModeName(options_.mode), ")")));
-  if (name.empty()) return done(absl::InvalidArgumentError("name is required"));
+  if (name.empty()) return done(InvalidField("name", "name is required"));
   auto version = ParseRequestVersion(version_text);
   if (!version.ok()) return done(version.status());
   Post([this, name, v = *version, done = std::move(done)] {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stop_) return done(absl::UnavailableError("the server is shutting down"));
+      if (stop_) return done(Refusal("the server is shutting down", reason::kDraining));
     }
     std::vector<int64_t> versions = registry_->Versions(name);
     if (v != 0) versions.assign(1, v);

@@ -330,7 +330,8 @@ class Collector final : public GenerationReceiver, public std::enable_shared_fro
         if (s.ok()) continue;
         if (!why_.ok()) return why_;
         if (stopping_)
-          return absl::UnavailableError("the server is shutting down; generation was cancelled");
+          return Refusal("the server is shutting down; generation was cancelled",
+                         reason::kDraining);
         return s;
       }
       Report(ctx_, *m_, static_cast<int64_t>(status_.size()));

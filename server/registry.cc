@@ -10,6 +10,7 @@
 #include "model/util/status_macros.h"
 #include "server/served_classifier.h"
 #include "server/served_generator.h"
+#include "server/status.h"
 
 namespace krause::server {
 namespace {
@@ -328,8 +329,8 @@ absl::StatusOr<ModelRef> Registry::FindAny(const std::string& name,
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (removed_names_.count(name) > 0)
-      return absl::UnavailableError(
-          absl::StrCat("model ", name, " is unloaded: no version of it is served now"));
+      return Refusal(absl::StrCat("model ", name, " is unloaded: no version of it is served now"),
+                     reason::kModelUnloaded, name);
   }
   std::vector<std::string> names;
   for (const auto& m : *t)

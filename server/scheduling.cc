@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "server/status.h"
+
 namespace krause::server {
 
 bool RunOnArrival(const ClassifyArrival& a) {
@@ -19,7 +21,7 @@ ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::
   for (size_t i = 0; i < queue.size(); ++i) {
     const QueuedClassify& q = queue[i];
     if (stopping) {
-      plan.drop.push_back({i, absl::UnavailableError("the server is shutting down")});
+      plan.drop.push_back({i, Refusal("the server is shutting down", reason::kDraining)});
     } else if (now >= q.deadline) {
       plan.drop.push_back(
           {i, absl::DeadlineExceededError("deadline exceeded while queued for a batch")});

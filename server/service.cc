@@ -115,7 +115,7 @@ grpc::ServerUnaryReactor* KrauseService::GetModel(grpc::CallbackServerContext* c
   NativeCall call(this, ctx, "GetModel");
   if (!call.Enter(ctx)) return call.reactor();
   call.Finish(Guarded("GetModel", [&]() -> absl::Status {
-    if (request->name().empty()) return absl::InvalidArgumentError("name is required");
+    if (request->name().empty()) return InvalidField("name", "name is required");
     auto m = gate_->registry()->FindAny(request->name(), request->version());
     if (!m.ok()) return m.status();
     call.set_model(*m);

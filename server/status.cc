@@ -2,7 +2,111 @@
 
 #include <string>
 
+#include "absl/strings/cord.h"
+#include "google/rpc/error_details.pb.h"
+#include "google/rpc/status.pb.h"
+
 namespace krause::server {
+namespace {
+
+constexpr char kTypePrefix[] = "type.googleapis.com/";
+
+template <typename Message>
+std::string TypeUrl() {
+  return std::string(kTypePrefix) + Message::descriptor()->full_name();
+}
+
+template <typename Message>
+void SetDetail(absl::Status* status, const Message& m) {
+  status->SetPayload(TypeUrl<Message>(), absl::Cord(m.SerializeAsString()));
+}
+
+// Decodes one detail (type URL and bytes) into `out`; unknown types are skipped.
+void Decode(absl::string_view type_url, const std::string& bytes, ErrorDetails* out) {
+  if (type_url == TypeUrl<google::rpc::ErrorInfo>()) {
+    google::rpc::ErrorInfo e;
+    if (!e.ParseFromString(bytes)) return;
+    out->reason = e.reason();
+    out->domain = e.domain();
+    out->metadata.insert(e.metadata().begin(), e.metadata().end());
+  } else if (type_url == TypeUrl<google::rpc::RetryInfo>()) {
+    google::rpc::RetryInfo r;
+    if (!r.ParseFromString(bytes)) return;
+    out->retry_delay = std::chrono::milliseconds(r.retry_delay().seconds() * 1000 +
+                                                 r.retry_delay().nanos() / 1000000);
+  } else if (type_url == TypeUrl<google::rpc::BadRequest>()) {
+    google::rpc::BadRequest b;
+    if (!b.ParseFromString(bytes)) return;
+    for (const auto& v : b.field_violations()) out->fields.emplace_back(v.field(), v.description());
+  }
+}
+
+}  // namespace
+
+absl::Status WithErrorInfo(absl::Status status, absl::string_view reason, absl::string_view model,
+                           std::optional<std::chrono::milliseconds> retry_delay) {
+  if (status.ok()) return status;
+  google::rpc::ErrorInfo e;
+  e.set_reason(std::string(reason));
+  e.set_domain(kErrorDomain);
+  if (!model.empty()) (*e.mutable_metadata())["model"] = std::string(model);
+  SetDetail(&status, e);
+  if (retry_delay) {
+    google::rpc::RetryInfo r;
+    r.mutable_retry_delay()->set_seconds(retry_delay->count() / 1000);
+    r.mutable_retry_delay()->set_nanos(static_cast<int32_t>(retry_delay->count() % 1000) * 1000000);
+    SetDetail(&status, r);
+  }
+  return status;
+}
+
+absl::Status Refusal(absl::string_view message, absl::string_view reason, absl::string_view model) {
+  std::chrono::milliseconds delay = kDrainingRetryDelay;
+  if (reason == reason::kQueueFull) delay = kQueueFullRetryDelay;
+  if (reason == reason::kModelLoading || reason == reason::kModelUnloaded)
+    delay = kLoadingRetryDelay;
+  return WithErrorInfo(absl::UnavailableError(message), reason, model, delay);
+}
+
+absl::Status WithModel(absl::Status status, absl::string_view model) {
+  const std::string url = TypeUrl<google::rpc::ErrorInfo>();
+  const absl::optional<absl::Cord> payload = status.GetPayload(url);
+  if (!payload || model.empty()) return status;
+  google::rpc::ErrorInfo e;
+  if (!e.ParseFromString(std::string(*payload)) || e.metadata().count("model") > 0) return status;
+  (*e.mutable_metadata())["model"] = std::string(model);
+  SetDetail(&status, e);
+  return status;
+}
+
+absl::Status InvalidField(absl::string_view field, absl::string_view message) {
+  return WithField(absl::InvalidArgumentError(message), field);
+}
+
+absl::Status WithField(absl::Status status, absl::string_view field) {
+  if (status.ok()) return status;
+  google::rpc::BadRequest b;
+  auto* v = b.add_field_violations();
+  v->set_field(std::string(field));
+  v->set_description(std::string(status.message()));
+  SetDetail(&status, b);
+  return status;
+}
+
+ErrorDetails DetailsOf(const grpc::Status& status) {
+  ErrorDetails d;
+  google::rpc::Status s;
+  if (status.error_details().empty() || !s.ParseFromString(status.error_details())) return d;
+  for (const auto& any : s.details()) Decode(any.type_url(), any.value(), &d);
+  return d;
+}
+
+ErrorDetails DetailsOf(const absl::Status& status) {
+  ErrorDetails d;
+  status.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& value) { Decode(url, std::string(value), &d); });
+  return d;
+}
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -10,7 +114,20 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   const int code = static_cast<int>(status.code());
   const grpc::StatusCode g =
       (code >= 0 && code <= 16) ? static_cast<grpc::StatusCode>(code) : grpc::StatusCode::UNKNOWN;
-  return grpc::Status(g, std::string(status.message()));
+  std::string message(status.message());
+  // The payloads (each a google.rpc detail, keyed by its type URL) become google.rpc.Status's
+  // details, which gRPC sends in the "grpc-status-details-bin" trailer.
+  google::rpc::Status details;
+  status.ForEachPayload([&](absl::string_view url, const absl::Cord& value) {
+    if (url.substr(0, sizeof(kTypePrefix) - 1) != kTypePrefix) return;
+    google::protobuf::Any* any = details.add_details();
+    any->set_type_url(std::string(url));
+    any->set_value(std::string(value));
+  });
+  if (details.details_size() == 0) return grpc::Status(g, std::move(message));
+  details.set_code(static_cast<int32_t>(g));
+  details.set_message(message);
+  return grpc::Status(g, std::move(message), details.SerializeAsString());
 }
 
 int HttpStatus(grpc::StatusCode code) {

@@ -285,34 +285,35 @@ TEST_F(ServerTest, ClassifyValidationNamesTheFieldAndLimit) {
     std::function<void(v1::ClassifyRequest*)> make;
     grpc::StatusCode code;
     std::string message;
+    std::string field = "";  // google.rpc.BadRequest's field (INVALID_ARGUMENT)
   };
   const at::Tensor ok = RandomImages(1, 8, 8, 1, 1)[0];
   const std::vector<Case> cases = {
-      {[](v1::ClassifyRequest*) {}, grpc::StatusCode::INVALID_ARGUMENT, "images is empty"},
+      {[](v1::ClassifyRequest*) {}, grpc::StatusCode::INVALID_ARGUMENT, "images is empty", "images"},
       {[&](v1::ClassifyRequest* r) {
          for (int i = 0; i < 9; ++i) *r->add_images() = RawImage(ok);
        },
-       grpc::StatusCode::INVALID_ARGUMENT, "at most 8 per request"},
+       grpc::StatusCode::INVALID_ARGUMENT, "at most 8 per request", "images"},
       {[&](v1::ClassifyRequest* r) { *r->add_images() = RawImage(RandomImages(1, 9, 8, 1, 1)[0]); },
        grpc::StatusCode::INVALID_ARGUMENT,
-       "images[0]: image is 9x8x1 (HxWxC) but model vit takes 8x8x1"},
+       "images[0]: image is 9x8x1 (HxWxC) but model vit takes 8x8x1", "images[0]"},
       {[&](v1::ClassifyRequest* r) {
          *r->add_images() = RawImage(ok);
          r->add_images()->set_png("not a png at all");
        },
-       grpc::StatusCode::INVALID_ARGUMENT, "images[1].png is not a readable PNG"},
+       grpc::StatusCode::INVALID_ARGUMENT, "images[1].png is not a readable PNG", "images[1].png"},
       {[&](v1::ClassifyRequest* r) {
          *r->add_images() = RawImage(ok);
          r->mutable_images(0)->mutable_raw()->mutable_pixels()->pop_back();
        },
-       grpc::StatusCode::INVALID_ARGUMENT, "images[0].raw.pixels has 63 bytes"},
+       grpc::StatusCode::INVALID_ARGUMENT, "images[0].raw.pixels has 63 bytes", "images[0].raw.pixels"},
       {[&](v1::ClassifyRequest* r) {
          *r->add_images() = RawImage(ok);
          r->mutable_images(0)->mutable_raw()->set_channels(2);
        },
-       grpc::StatusCode::INVALID_ARGUMENT, "images[0].raw.channels must be 1 or 3"},
+       grpc::StatusCode::INVALID_ARGUMENT, "images[0].raw.channels must be 1 or 3", "images[0].raw.channels"},
       {[&](v1::ClassifyRequest* r) { r->add_images(); }, grpc::StatusCode::INVALID_ARGUMENT,
-       "images[0] has neither png nor raw"},
+       "images[0] has neither png nor raw", "images[0]"},
       {[&](v1::ClassifyRequest* r) {
          r->set_model("nope");
          *r->add_images() = RawImage(ok);
@@ -332,6 +333,14 @@ TEST_F(ServerTest, ClassifyValidationNamesTheFieldAndLimit) {
     const grpc::Status st = stub_->Classify(&ctx, req, &r);
     EXPECT_EQ(st.error_code(), cases[i].code) << i << ": " << st.error_message();
     EXPECT_THAT(st.error_message(), ::testing::HasSubstr(cases[i].message)) << i;
+    const server::ErrorDetails d = server::DetailsOf(st);
+    if (cases[i].code == grpc::StatusCode::INVALID_ARGUMENT) {
+      ASSERT_EQ(d.fields.size(), 1u) << i;
+      EXPECT_EQ(d.fields[0].first, cases[i].field) << i;
+      EXPECT_EQ(d.fields[0].second, st.error_message()) << i;
+    } else {
+      EXPECT_TRUE(d.fields.empty()) << i;
+    }
   }
   // Bad requests changed nothing: a good one still works.
   v1::ClassifyRequest req;
@@ -436,6 +445,15 @@ TEST_F(ServerTest, FullClassifyQueueIsUnavailableAndDeadlineIsHonoured) {
   const grpc::Status st = classify(6, 0);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(st.error_message(), ::testing::HasSubstr("classify queue is full"));
+  // What a program acts on: the reason, the model, and when to try again.
+  const server::ErrorDetails d = server::DetailsOf(st);
+  EXPECT_EQ(d.reason, "QUEUE_FULL");
+  EXPECT_EQ(d.domain, "krause-serve");
+  EXPECT_EQ(d.metadata.at("model"), "vit");
+  EXPECT_EQ(d.retry_delay, server::kQueueFullRetryDelay);
+  EXPECT_THAT(server_->metrics().Scrape(),
+              ::testing::HasSubstr("krause_refusals_total{model=\"vit\",protocol=\"krause.v1\","
+                                   "reason=\"QUEUE_FULL\",rpc=\"Classify\"} 1"));
   {
     std::lock_guard<std::mutex> l(mu);
     release = true;
@@ -547,34 +565,35 @@ TEST_F(ServerTest, GenerateValidation) {
     std::function<void(v1::GenerateRequest*)> make;
     grpc::StatusCode code;
     std::string message;
+    std::string field = "";  // google.rpc.BadRequest's field (INVALID_ARGUMENT)
   };
   const at::Tensor wide = RandomImages(1, 6, 7, 1, 1)[0];
   const at::Tensor ok = RandomImages(1, 6, 6, 1, 1)[0];
   const std::vector<Case> cases = {
       {[](v1::GenerateRequest* r) { r->set_num_images(9); }, grpc::StatusCode::INVALID_ARGUMENT,
-       "num_images is 9; model karm allows at most 8"},
+       "num_images is 9; model karm allows at most 8", "num_images"},
       {[](v1::GenerateRequest* r) { r->set_temperature(-1); }, grpc::StatusCode::INVALID_ARGUMENT,
-       "temperature must be in [0, 100]"},
+       "temperature must be in [0, 100]", "temperature"},
       {[](v1::GenerateRequest* r) { r->set_top_p(0); }, grpc::StatusCode::INVALID_ARGUMENT,
-       "top_p must be in (0, 1]"},
+       "top_p must be in (0, 1]", "top_p"},
       {[](v1::GenerateRequest* r) { r->set_top_k(300); }, grpc::StatusCode::INVALID_ARGUMENT,
-       "top_k must be in [0, 256]"},
+       "top_k must be in [0, 256]", "top_k"},
       {[](v1::GenerateRequest* r) { r->set_update_interval_ms(5); },
-       grpc::StatusCode::INVALID_ARGUMENT, "update_interval_ms"},
+       grpc::StatusCode::INVALID_ARGUMENT, "update_interval_ms", "update_interval_ms"},
       {[](v1::GenerateRequest* r) { r->set_prompt_rows(2); }, grpc::StatusCode::INVALID_ARGUMENT,
-       "prompt_rows is 2 but there is no prompt"},
+       "prompt_rows is 2 but there is no prompt", "prompt_rows"},
       {[&](v1::GenerateRequest* r) {
          *r->mutable_prompt() = RawImage(wide);
          r->set_prompt_rows(2);
        },
-       grpc::StatusCode::INVALID_ARGUMENT, "takes prompts of width 6"},
+       grpc::StatusCode::INVALID_ARGUMENT, "takes prompts of width 6", "prompt"},
       {[&](v1::GenerateRequest* r) {
          *r->mutable_prompt() = RawImage(ok);
          r->set_prompt_rows(6);
        },
-       grpc::StatusCode::INVALID_ARGUMENT, "prompt_rows must be in [1, 5]"},
+       grpc::StatusCode::INVALID_ARGUMENT, "prompt_rows must be in [1, 5]", "prompt_rows"},
       {[&](v1::GenerateRequest* r) { r->mutable_prompt()->set_png("junk"); },
-       grpc::StatusCode::INVALID_ARGUMENT, "prompt.png is not a readable PNG"},
+       grpc::StatusCode::INVALID_ARGUMENT, "prompt.png is not a readable PNG", "prompt.png"},
       {[](v1::GenerateRequest* r) { r->set_model("vit"); }, grpc::StatusCode::FAILED_PRECONDITION,
        "not a generator"},
       {[](v1::GenerateRequest* r) { r->set_model("x"); }, grpc::StatusCode::NOT_FOUND,
@@ -587,6 +606,11 @@ TEST_F(ServerTest, GenerateValidation) {
     EXPECT_EQ(s.status.error_code(), cases[i].code) << i << ": " << s.status.error_message();
     EXPECT_THAT(s.status.error_message(), ::testing::HasSubstr(cases[i].message)) << i;
     EXPECT_TRUE(s.messages.empty()) << i;
+    const server::ErrorDetails d = server::DetailsOf(s.status);
+    if (cases[i].code == grpc::StatusCode::INVALID_ARGUMENT) {
+      ASSERT_EQ(d.fields.size(), 1u) << i;
+      EXPECT_EQ(d.fields[0].first, cases[i].field) << i;
+    }
   }
   EXPECT_TRUE(SlotsFree("karm"));
 }
@@ -1026,6 +1050,13 @@ TEST_F(ServerTest, ShutdownCancelsStreamsAfterTheGrace) {
   auto reader = stub_->Generate(&ctx, req);
   v1::GenerateResponse m;
   ASSERT_TRUE(reader->Read(&m));
+  // The first message says what a resume needs: the model version, the seed, the shape.
+  ASSERT_TRUE(m.has_start());
+  EXPECT_EQ(m.start().model(), "karm-big");
+  EXPECT_EQ(m.start().model_version(), "1");
+  EXPECT_EQ(m.start().height(), 16u);
+  EXPECT_EQ(m.start().width(), 16u);
+  EXPECT_EQ(m.start().channels(), 3u);
   std::thread stopper([&] { server_->Shutdown(); });
   // Draining: health says NOT_SERVING and new calls are refused.
   EXPECT_TRUE(Eventually([&] { return server_->gate().draining(); }));
@@ -1038,13 +1069,20 @@ TEST_F(ServerTest, ShutdownCancelsStreamsAfterTheGrace) {
     EXPECT_TRUE(!st.ok() || hr.status() == grpc::health::v1::HealthCheckResponse::NOT_SERVING);
     grpc::ClientContext lc;
     v1::ListModelsResponse lr;
-    EXPECT_EQ(stub_->ListModels(&lc, {}, &lr).error_code(), grpc::StatusCode::UNAVAILABLE);
+    const grpc::Status refused = stub_->ListModels(&lc, {}, &lr);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_EQ(server::DetailsOf(refused).reason, "DRAINING");
+    EXPECT_EQ(server::DetailsOf(refused).retry_delay, std::chrono::milliseconds(0));
   }
-  while (reader->Read(&m)) {
-  }
+  bool later_start = false;
+  while (reader->Read(&m)) later_start = later_start || m.has_start();
+  EXPECT_FALSE(later_start) << "only the first message carries the start";
   const grpc::Status st = reader->Finish();
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(st.error_message(), ::testing::HasSubstr("shutting down"));
+  // The stream's end says DRAINING (retry elsewhere at once), with the model.
+  EXPECT_EQ(server::DetailsOf(st).reason, "DRAINING");
+  EXPECT_EQ(server::DetailsOf(st).metadata.at("model"), "karm-big");
   stopper.join();
 }
 
