@@ -77,8 +77,18 @@ void PrepareContext(const ConnectionOptions& o, grpc::ClientContext* ctx) {
 std::string Explain(const grpc::Status& status, const ConnectionOptions& o) {
   std::string s =
       absl::StrCat(server::GrpcCodeName(status.error_code()), ": ", status.error_message());
+  // The server's error details say which field, and why a refusal happened.
+  const server::ErrorDetails d = server::DetailsOf(status);
+  for (const auto& [field, description] : d.fields)
+    absl::StrAppend(&s, "\n  (the request's field: ", field, ")");
+  if (!d.reason.empty()) {
+    absl::StrAppend(&s, "\n  (reason ", d.reason);
+    if (d.retry_delay) absl::StrAppend(&s, "; retry after ", d.retry_delay->count(), " ms");
+    absl::StrAppend(&s, ")");
+  }
   switch (status.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
+      if (!d.reason.empty()) break;
       absl::StrAppend(&s, "\n  (the server at ", o.server,
                       " is not reachable, still loading, shutting down or full: retry later)");
       break;

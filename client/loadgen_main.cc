@@ -43,6 +43,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/connection.h"
 #include "client/http_get.h"
+#include "client/resume.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "krause/v1/krause.grpc.pb.h"
 #include "model/data/idx.h"
@@ -56,6 +57,10 @@ ABSL_FLAG(std::string, server, "localhost:50051",
 ABSL_FLAG(bool, retry, false,
           "retry UNAVAILABLE up to 4 attempts (off by default: the report counts what the "
           "servers answered)");
+ABSL_FLAG(bool, resume, false,
+          "Generate: resume a broken stream on the next address from the rows received "
+          "(client/resume.h, as krause-client does; off by default: the report counts what the "
+          "servers answered). The report counts resumed streams and rows recomputed");
 ABSL_FLAG(std::string, token, "", "bearer token");
 ABSL_FLAG(std::string, tls_ca, "", "PEM roots to verify the server with (enables TLS)");
 ABSL_FLAG(std::string, protocol, "krause",
@@ -106,6 +111,8 @@ struct Stats {
   std::map<std::string, std::map<std::string, int64_t>> codes;  // rpc -> code -> calls
   int64_t images = 0;
   int64_t measured_done = 0;
+  // --resume: breaks survived, calls made to continue them, rows sampled again.
+  int64_t resumed_streams = 0, resume_calls = 0, rows_recomputed = 0;
   Clock::time_point last_done{};  // when the last measured call ended
 };
 
@@ -174,7 +181,11 @@ class LoadGen {
                                   [&stub](auto&&... a) { stub.async()->Classify(a...); });
     } else {
       const v1::Image* prompt = w == "complete" ? &images_[n % images_.size()] : nullptr;
-      new GenerateCall(this, stub, n, measured, prompt, std::move(done));
+      if (absl::GetFlag(FLAGS_resume)) {
+        ResumedGenerate(stub, n, measured, prompt, std::move(done));
+      } else {
+        new GenerateCall(this, stub, n, measured, prompt, std::move(done));
+      }
     }
   }
 
@@ -248,6 +259,52 @@ class LoadGen {
     stats_.last_done = Clock::now();
   }
 
+  // --resume: the call through client::ResumingGenerate, read on a thread of its own.
+  void ResumedGenerate(v1::KrauseService::Stub& stub, uint64_t n, bool measured,
+                       const v1::Image* prompt, std::function<void()> done) {
+    std::thread([this, &stub, n, measured, req = GenerateRequest(n, prompt),
+                 done = std::move(done)] {
+      krause::client::ResumeOptions ro;
+      ro.deadline_seconds = conn_.timeout_seconds;
+      const Clock::time_point start = Clock::now();
+      krause::client::ResumingGenerate call(&stub, conn_, req, ro);
+      v1::GenerateResponse m;
+      double first = -1, first_pixel = -1;
+      while (call.Read(&m)) {
+        if (first < 0) first = Seconds(Clock::now() - start);
+        if (first_pixel < 0 && m.progress().pixels_done() > 0)
+          first_pixel = Seconds(Clock::now() - start);
+      }
+      const grpc::Status st = call.Finish();
+      const krause::client::ResumeStats rs = call.stats();
+      Record("Generate", measured, st, Seconds(Clock::now() - start),
+             st.ok() ? req.num_images() : 0);
+      if (measured) {
+        std::lock_guard<std::mutex> l(stats_.mu);
+        stats_.resumed_streams += static_cast<int64_t>(rs.breaks.size());
+        stats_.resume_calls += rs.resumed_calls;
+        stats_.rows_recomputed += rs.rows_recomputed;
+        if (st.ok() && first >= 0) stats_.first_chunk.push_back(first);
+        if (st.ok() && first_pixel >= 0) stats_.first_pixel.push_back(first_pixel);
+      }
+      done();  // before the count drops (see Unary)
+      in_flight_.fetch_sub(1);
+    }).detach();
+  }
+
+  static v1::GenerateRequest GenerateRequest(uint64_t n, const v1::Image* prompt) {
+    v1::GenerateRequest req;
+    req.set_model(absl::GetFlag(FLAGS_generate_model));
+    req.set_num_images(static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_generate_images))));
+    req.set_seed(n * 1000);
+    req.set_update_interval_ms(static_cast<uint32_t>(absl::GetFlag(FLAGS_update_interval_ms)));
+    if (prompt != nullptr) {
+      *req.mutable_prompt() = *prompt;
+      req.set_prompt_rows(static_cast<uint32_t>(absl::GetFlag(FLAGS_prompt_rows)));
+    }
+    return req;
+  }
+
   Stats& stats() { return stats_; }
   int64_t in_flight() const { return in_flight_.load(); }
 
@@ -258,14 +315,7 @@ class LoadGen {
                  const v1::Image* prompt, std::function<void()> done)
         : g_(g), measured_(measured), done_(std::move(done)) {
       krause::client::PrepareContext(g->conn_, &ctx_);
-      req_.set_model(absl::GetFlag(FLAGS_generate_model));
-      req_.set_num_images(static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_generate_images))));
-      req_.set_seed(n * 1000);
-      req_.set_update_interval_ms(static_cast<uint32_t>(absl::GetFlag(FLAGS_update_interval_ms)));
-      if (prompt != nullptr) {
-        *req_.mutable_prompt() = *prompt;
-        req_.set_prompt_rows(static_cast<uint32_t>(absl::GetFlag(FLAGS_prompt_rows)));
-      }
+      req_ = GenerateRequest(n, prompt);
       start_ = last_ = Clock::now();
       stub.async()->Generate(&ctx_, &req_, this);
       StartRead(&msg_);
@@ -586,6 +636,11 @@ int main(int argc, char** argv) {
   report["generate_first_chunk_seconds"] = Percentiles(s.first_chunk);
   report["generate_first_pixel_seconds"] = Percentiles(s.first_pixel);
   report["generate_chunk_gap_seconds"] = Percentiles(s.chunk_gap);
+  if (absl::GetFlag(FLAGS_resume)) {
+    report["resumed_streams"] = s.resumed_streams;
+    report["resume_calls"] = s.resume_calls;
+    report["rows_recomputed"] = s.rows_recomputed;
+  }
   if (!metrics.empty()) {
     auto after = krause::client::HttpGet(metrics, "/metrics");
     if (after.ok()) report["server"] = ServerView(before, *after);
@@ -619,6 +674,10 @@ int main(int argc, char** argv) {
   for (auto& [rpc, codes] : s.codes)
     for (auto& [code, n] : codes)
       std::printf("  %s %s: %lld\n", rpc.c_str(), code.c_str(), static_cast<long long>(n));
+  if (absl::GetFlag(FLAGS_resume))
+    std::printf("  Generate  resumed streams: %lld (on %lld calls), rows recomputed: %lld\n",
+                static_cast<long long>(s.resumed_streams), static_cast<long long>(s.resume_calls),
+                static_cast<long long>(s.rows_recomputed));
   if (report.contains("server")) {
     const json& v = report["server"];
     std::printf(

@@ -34,6 +34,7 @@
 #include "absl/strings/strip.h"
 #include "client/connection.h"
 #include "client/models.h"
+#include "client/resume.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "krause/v1/krause.grpc.pb.h"
 #include "model/data/idx.h"
@@ -93,6 +94,14 @@ ABSL_FLAG(int32_t, rows, 0, "complete: prompt rows to keep");
 ABSL_FLAG(std::string, out, ".", "generate/complete: folder for the PNG files");
 ABSL_FLAG(std::string, prefix, "sample", "generate/complete: file names PREFIX-I.png");
 ABSL_FLAG(bool, progress, true, "generate/complete: live progress bar on stderr");
+ABSL_FLAG(bool, resume, true,
+          "generate/complete: when the stream breaks (the replica died, drained, or an attempt "
+          "passed --attempt_timeout), ask the unfinished images again as completions from the "
+          "rows received, on the next address; the images are the same byte for byte");
+ABSL_FLAG(int32_t, max_resumes, 8, "generate/complete: breaks survived per call");
+ABSL_FLAG(double, attempt_timeout, 0,
+          "generate/complete: deadline of one attempt in seconds, after which it is resumed "
+          "elsewhere (0: none; --timeout bounds the whole call)");
 
 namespace {
 
@@ -390,15 +399,18 @@ int Generate(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_
   const std::string out_dir = absl::GetFlag(FLAGS_out);
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
-  grpc::ClientContext ctx;
-  krause::client::PrepareContext(o, &ctx);
-  auto reader = stub.Generate(&ctx, req);
+  krause::client::ResumeOptions ro;
+  ro.resume = absl::GetFlag(FLAGS_resume);
+  ro.max_resumes = std::max(0, absl::GetFlag(FLAGS_max_resumes));
+  ro.deadline_seconds = o.timeout_seconds;
+  ro.attempt_timeout_seconds = absl::GetFlag(FLAGS_attempt_timeout);
+  krause::client::ResumingGenerate reader(&stub, o, req, ro);
   v1::GenerateResponse msg;
   std::vector<std::string> written;
   v1::GenerateSummary summary;
   const bool progress = absl::GetFlag(FLAGS_progress) && !as_json;
   const auto start = std::chrono::steady_clock::now();
-  while (reader->Read(&msg)) {
+  while (reader.Read(&msg)) {
     for (const auto& im : msg.images()) {
       const std::string path = (std::filesystem::path(out_dir) /
                                 absl::StrCat(absl::GetFlag(FLAGS_prefix), "-", im.image(), ".png"))
@@ -422,7 +434,10 @@ int Generate(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_
     if (msg.has_summary()) summary = msg.summary();
   }
   if (progress) std::fprintf(stderr, "\n");
-  const grpc::Status st = reader->Finish();
+  const grpc::Status st = reader.Finish();
+  const krause::client::ResumeStats rs = reader.stats();
+  for (const std::string& b : rs.breaks)
+    std::fprintf(stderr, "stream broke (%s)%s\n", b.c_str(), ro.resume ? "; resuming" : "");
   if (!st.ok()) return FailRpc(prompt_file.empty() ? "generate" : "complete", st, o);
   if (as_json) {
     std::cout << json{{"model", summary.model()},
@@ -433,7 +448,12 @@ int Generate(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_
                       {"seconds_to_first_pixel", summary.seconds_to_first_pixel()},
                       {"seed", summary.seed()},
                       {"flops_executed", summary.flops_executed()},
-                      {"flops_dense_equivalent", summary.flops_dense_equivalent()}}
+                      {"flops_dense_equivalent", summary.flops_dense_equivalent()},
+                      {"model_version", summary.model_version()},
+                      {"resumed_streams", rs.resumed_calls},
+                      {"images_resumed", rs.images_resumed},
+                      {"rows_kept", rs.rows_kept},
+                      {"rows_recomputed", rs.rows_recomputed}}
                      .dump(2)
               << "\n";
   } else {
@@ -447,6 +467,13 @@ int Generate(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_
                 summary.flops_dense_equivalent() > 0
                     ? 100.0 * (1 - summary.flops_executed() / summary.flops_dense_equivalent())
                     : 0.0);
+    if (rs.resumed_calls > 0)
+      std::printf(
+          "resumed: %lld stream(s) broke; %lld image(s) continued on %lld call(s), "
+          "%lld row(s) kept, %lld row(s) recomputed\n",
+          static_cast<long long>(rs.breaks.size()), static_cast<long long>(rs.images_resumed),
+          static_cast<long long>(rs.resumed_calls), static_cast<long long>(rs.rows_kept),
+          static_cast<long long>(rs.rows_recomputed));
   }
   return 0;
 }
