@@ -108,6 +108,7 @@ class CallBook {
       (key[0] == 'x' ? request_id_ : traceparent_) = std::move(value);
     }
     if (log_ != nullptr) peer_ = ctx->peer();
+    ctx_ = ctx;
     std::optional<std::string_view> authorization;
     if (const auto it = md.find("authorization"); it != md.end())
       authorization = std::string_view(it->second.data(), it->second.size());
@@ -140,6 +141,13 @@ class CallBook {
   void Finish(Reactor* reactor, const absl::Status& st) {
     if (finished_.exchange(true)) return;  // a barrier's error after a normal finish
     const grpc::Status g = ToGrpcStatus(WithModel(st, model_));
+    // A refusal's RetryInfo also as gRPC's own pushback, which the clients' retry policy
+    // honours: retry at once on another replica when draining, after the delay when full.
+    if (ctx_ != nullptr && !st.ok()) {
+      const ErrorDetails d = DetailsOf(st);
+      if (d.retry_delay)
+        ctx_->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(d.retry_delay->count()));
+    }
     const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
     if (observer_ != nullptr) {
       observer_->OnCallDone(rpc_, protocol_, model_, version_, g.error_code(), seconds);
@@ -182,6 +190,7 @@ class CallBook {
   std::string model_, version_;  // "" until the call resolved a model
   std::shared_ptr<const ServedModel> model_ref_;
   std::string peer_, request_id_, traceparent_;
+  grpc::CallbackServerContext* ctx_ = nullptr;  // gRPC calls: set by Enter, valid until Finish
   bool entered_ = false;
   std::atomic<bool> finished_{false};
   std::mutex mu_;  // guards the two below (set from model threads)

@@ -289,7 +289,8 @@ TEST_F(ServerTest, ClassifyValidationNamesTheFieldAndLimit) {
   };
   const at::Tensor ok = RandomImages(1, 8, 8, 1, 1)[0];
   const std::vector<Case> cases = {
-      {[](v1::ClassifyRequest*) {}, grpc::StatusCode::INVALID_ARGUMENT, "images is empty", "images"},
+      {[](v1::ClassifyRequest*) {}, grpc::StatusCode::INVALID_ARGUMENT, "images is empty",
+       "images"},
       {[&](v1::ClassifyRequest* r) {
          for (int i = 0; i < 9; ++i) *r->add_images() = RawImage(ok);
        },
@@ -306,12 +307,14 @@ TEST_F(ServerTest, ClassifyValidationNamesTheFieldAndLimit) {
          *r->add_images() = RawImage(ok);
          r->mutable_images(0)->mutable_raw()->mutable_pixels()->pop_back();
        },
-       grpc::StatusCode::INVALID_ARGUMENT, "images[0].raw.pixels has 63 bytes", "images[0].raw.pixels"},
+       grpc::StatusCode::INVALID_ARGUMENT, "images[0].raw.pixels has 63 bytes",
+       "images[0].raw.pixels"},
       {[&](v1::ClassifyRequest* r) {
          *r->add_images() = RawImage(ok);
          r->mutable_images(0)->mutable_raw()->set_channels(2);
        },
-       grpc::StatusCode::INVALID_ARGUMENT, "images[0].raw.channels must be 1 or 3", "images[0].raw.channels"},
+       grpc::StatusCode::INVALID_ARGUMENT, "images[0].raw.channels must be 1 or 3",
+       "images[0].raw.channels"},
       {[&](v1::ClassifyRequest* r) { r->add_images(); }, grpc::StatusCode::INVALID_ARGUMENT,
        "images[0] has neither png nor raw", "images[0]"},
       {[&](v1::ClassifyRequest* r) {
@@ -1073,6 +1076,11 @@ TEST_F(ServerTest, ShutdownCancelsStreamsAfterTheGrace) {
     EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
     EXPECT_EQ(server::DetailsOf(refused).reason, "DRAINING");
     EXPECT_EQ(server::DetailsOf(refused).retry_delay, std::chrono::milliseconds(0));
+    // ... and as gRPC's retry pushback, which the clients' retry policy honours.
+    const auto& trailers = lc.GetServerTrailingMetadata();
+    const auto pushback = trailers.find("grpc-retry-pushback-ms");
+    ASSERT_NE(pushback, trailers.end());
+    EXPECT_EQ(std::string(pushback->second.data(), pushback->second.size()), "0");
   }
   bool later_start = false;
   while (reader->Read(&m)) later_start = later_start || m.has_start();
