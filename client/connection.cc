@@ -25,7 +25,7 @@ std::string ServiceConfigJson(bool retry) {
     }
     json += R"(], "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.05s", )"
             R"("maxBackoff": "1s", "backoffMultiplier": 2, )"
-            R"("retryableStatusCodes": ["UNAVAILABLE"]}}])";
+            R"("retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"]}}])";
   }
   return json + "}";
 }

@@ -226,6 +226,13 @@ TEST(ResumeState, GivesUpOnAnErrorABreakCannotCureOrTooManyBreaks) {
     ASSERT_TRUE(s.done());
     EXPECT_EQ(s.status().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   }
+  {  // CANCELLED reaching the state is the server's (the client's own cancel ends the call
+     // before): resumed.
+    ResumeState s(Request(1), ResumeOptions{}, 7, t0);
+    const grpc::Status cancelled(grpc::StatusCode::CANCELLED, "CANCELLED");
+    EXPECT_EQ(s.OnEnd(s.First().id, cancelled, "p", false, t0).size(), 1u);
+    EXPECT_FALSE(s.done());
+  }
   {  // resume off: the break is the call's status.
     ResumeOptions o;
     o.resume = false;

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/resume.h"
 #include "model/data/png.h"
 #include "model/engine/decode_engine.h"
 #include "model/util/threads.h"
@@ -1092,6 +1093,68 @@ TEST_F(ServerTest, ShutdownCancelsStreamsAfterTheGrace) {
   EXPECT_EQ(server::DetailsOf(st).reason, "DRAINING");
   EXPECT_EQ(server::DetailsOf(st).metadata.at("model"), "karm-big");
   stopper.join();
+}
+
+// The resuming client (client/resume.h) in process, two replicas behind one target: the replica
+// serving the stream drains (0.05 s grace) after rows have arrived; the stream continues on the
+// other from the rows received and ends with the image an undisturbed call gives. (chaos_test
+// does this with processes and kill -9; here it also runs under TSan.)
+TEST_F(ServerTest, ResumingClientContinuesAStreamOnAnotherReplica) {
+  server_->Shutdown();
+  server::ServerOptions o = LoopbackOptions(models_.manifest);
+  o.drain_seconds = 0.05;
+  StartServer(o, {}, milliseconds(2));  // karm-big: >= 768 * 2 ms per image
+  server::WorkerHooks slow;
+  slow.on_decode_step = [](const std::string& model, const server::DecodeEvent&) {
+    if (model == "karm-big") std::this_thread::sleep_for(milliseconds(2));
+  };
+  auto other = server::KrauseServer::Start(o, slow);
+  ASSERT_TRUE(other.ok()) << other.status();
+  v1::GenerateRequest req;
+  req.set_model("karm-big");
+  req.set_seed(7);
+  req.set_temperature(0.9f);
+  req.set_update_interval_ms(10);
+  // Undisturbed, on the second replica alone.
+  auto direct = Stub(ClientFor((*other)->port()));
+  const Stream calm = RunGenerate(*direct, req);
+  ASSERT_TRUE(calm.status.ok()) << calm.status.error_message();
+  const std::string want = calm.messages.back().images(0).png();
+
+  client::ConnectionOptions both;
+  both.server = absl::StrCat("ipv4:127.0.0.1:", server_->port(), ",127.0.0.1:", (*other)->port());
+  both.retry = true;
+  auto ch = client::MakeChannel(both);
+  ASSERT_TRUE(ch.ok());
+  auto stub = v1::KrauseService::NewStub(*ch);
+  client::ResumingGenerate g(stub.get(), both, req, client::ResumeOptions{});
+  v1::GenerateResponse m;
+  std::string rows, png;
+  std::thread stopper;
+  while (g.Read(&m)) {
+    for (const auto& r : m.rows()) rows += r.pixels();
+    for (const auto& im : m.images()) png = im.png();
+    if (!stopper.joinable() && rows.size() >= 2 * 16 * 3) {
+      // Drain whichever replica runs the stream (its one cache slot is busy).
+      server::KrauseServer* serving =
+          server_->registry().Find<server::ServedGenerator>("karm-big").value()->worker().active()
+              ? server_.get()
+              : other->get();
+      stopper = std::thread([serving] { serving->Shutdown(); });
+    }
+  }
+  ASSERT_TRUE(stopper.joinable()) << "the stream ended before rows arrived";
+  stopper.join();
+  const grpc::Status st = g.Finish();
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(png, want) << "the resumed image is the undisturbed one";
+  EXPECT_EQ(rows.size(), 16u * 16 * 3) << "every row once";
+  const client::ResumeStats stats = g.stats();
+  ASSERT_EQ(stats.breaks.size(), 1u);
+  EXPECT_THAT(stats.breaks[0], ::testing::HasSubstr("UNAVAILABLE: the server is shutting down"));
+  EXPECT_EQ(stats.resumed_calls, 1);
+  EXPECT_GE(stats.rows_kept, 2);
+  (*other)->Shutdown();
 }
 
 TEST_F(ServerTest, ShutdownLetsInFlightStreamsFinishWithinTheGrace) {
