@@ -115,7 +115,10 @@ GenerateStream::Action GenerateStream::Flush(Clock::time_point now, bool engine_
   bool news = false;
   for (int64_t i = 0; i < Total(); ++i) {
     Image& im = images_[i];
-    if (o_.stream_rows && (due || all_done)) {
+    // A finished image's last rows go out with it, whatever the interval: a client holding an
+    // image's PNG holds all of its rows (what a resume after a break relies on).
+    const bool finishing = im.done && im.status.ok() && !im.png_sent;
+    if (o_.stream_rows && (due || all_done || finishing)) {
       const int64_t rows = im.known / row_len;
       if (rows > im.rows_sent) {
         Rows r;

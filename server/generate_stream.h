@@ -9,7 +9,7 @@
 //   - one write at a time: nothing is written while a write is in flight;
 //   - progress (and, with stream_rows, the rows completed since the last chunk) at most once per
 //     `interval`, and only when pixels advanced; a finished image goes out at the next flush
-//     whatever the interval;
+//     whatever the interval, with the rows of it not sent yet;
 //   - once every image is done, one last chunk carries the summary; the call finishes after it
 //     has been written, or at once if an image failed or the call was cancelled;
 //   - the final status: the first image error; else DEADLINE_EXCEEDED if the deadline stopped

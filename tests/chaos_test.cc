@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -72,6 +73,30 @@ int FreePort() {
   return port;
 }
 
+// gRPC 1.51 (Debian 12) runs the callback API on one shared completion queue, created by the
+// first callback call and torn down when the last channel that used it goes. Tearing it down and
+// creating it again in one process double-frees it now and then (ASan here: "attempting
+// double-free" in grpc_cq_internal_unref on its polling thread, in about 1 run of 10 of the
+// Generate cases, which make a channel per load). A channel kept for the whole process, after one
+// callback call, keeps that queue alive: one queue per process, as in krause-client and
+// krause-loadgen.
+void PinCallbackQueue() {
+  static const bool pinned = [] {
+    auto* channel = new std::shared_ptr<grpc::Channel>(
+        grpc::CreateChannel("127.0.0.1:1", grpc::InsecureChannelCredentials()));
+    auto stub = v1::KrauseService::NewStub(*channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::ListModelsRequest req;
+    v1::ListModelsResponse resp;
+    std::promise<void> done;
+    stub->async()->ListModels(&ctx, &req, &resp, [&](grpc::Status) { done.set_value(); });
+    done.get_future().wait();
+    return true;
+  }();
+  (void)pinned;
+}
+
 struct Replica {
   pid_t pid = -1;
   int port = 0, metrics_port = 0;
@@ -82,6 +107,7 @@ struct Replica {
 class Cluster {
  public:
   explicit Cluster(double drain_seconds) {
+    PinCallbackQueue();
     dir_ = "/tmp/krause-chaos-XXXXXX";
     if (mkdtemp(dir_.data()) == nullptr) return;
     const std::string models = std::string(KRAUSE_SOURCE_DIR) + "/models";
