@@ -28,7 +28,7 @@ void Decode(absl::string_view type_url, const std::string& bytes, ErrorDetails* 
     if (!e.ParseFromString(bytes)) return;
     out->reason = e.reason();
     out->domain = e.domain();
-    out->metadata.insert(e.metadata().begin(), e.metadata().end());
+    for (const auto& m : e.metadata()) out->metadata.emplace(m.key(), m.value());
   } else if (type_url == TypeUrl<google::rpc::RetryInfo>()) {
     google::rpc::RetryInfo r;
     if (!r.ParseFromString(bytes)) return;
@@ -49,7 +49,11 @@ absl::Status WithErrorInfo(absl::Status status, absl::string_view reason, absl::
   google::rpc::ErrorInfo e;
   e.set_reason(std::string(reason));
   e.set_domain(kErrorDomain);
-  if (!model.empty()) (*e.mutable_metadata())["model"] = std::string(model);
+  if (!model.empty()) {
+    auto* m = e.add_metadata();
+    m->set_key("model");
+    m->set_value(std::string(model));
+  }
   SetDetail(&status, e);
   if (retry_delay) {
     google::rpc::RetryInfo r;
@@ -73,8 +77,12 @@ absl::Status WithModel(absl::Status status, absl::string_view model) {
   const absl::optional<absl::Cord> payload = status.GetPayload(url);
   if (!payload || model.empty()) return status;
   google::rpc::ErrorInfo e;
-  if (!e.ParseFromString(std::string(*payload)) || e.metadata().count("model") > 0) return status;
-  (*e.mutable_metadata())["model"] = std::string(model);
+  if (!e.ParseFromString(std::string(*payload))) return status;
+  for (const auto& m : e.metadata())
+    if (m.key() == "model") return status;
+  auto* m = e.add_metadata();
+  m->set_key("model");
+  m->set_value(std::string(model));
   SetDetail(&status, e);
   return status;
 }
