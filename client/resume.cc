@@ -299,21 +299,30 @@ class ResumingGenerate::AttemptCall final : public grpc::ClientReadReactor<v1::G
     owner->stub_->async()->Generate(&ctx_, &request_, this);
   }
   void Go() {
+    { std::lock_guard<std::mutex> published(mu_); }  // see mu_
     StartRead(&message_);
     StartCall();
   }
   void OnReadDone(bool ok) override {
+    { std::lock_guard<std::mutex> published(mu_); }
     if (!ok) return;
     owner_->OnMessage(id_, message_);
     StartRead(&message_);
   }
-  void OnDone(const grpc::Status& status) override { owner_->OnEnd(this, status); }
+  void OnDone(const grpc::Status& status) override {
+    { std::lock_guard<std::mutex> published(mu_); }
+    owner_->OnEnd(this, status);
+  }
   void Cancel() { ctx_.TryCancel(); }
   int id() const { return id_; }
   std::string peer() { return ctx_.peer(); }
   bool timed_out() const { return deadline_ && ResumeState::Clock::now() >= *deadline_; }
 
  private:
+  // Taken by Go and then by each reaction: what the constructor wrote is visibly published to
+  // gRPC's threads (gRPC orders StartCall before the reactions inside its uninstrumented library,
+  // which ThreadSanitizer cannot see).
+  std::mutex mu_;
   ResumingGenerate* const owner_;
   const int id_;
   grpc::ClientContext ctx_;
