@@ -143,18 +143,13 @@ class CallBook {
     const grpc::Status g = ToGrpcStatus(WithModel(st, model_));
     // A refusal's RetryInfo also as gRPC's own pushback, which the clients' retry policy
     // honours: retry at once on another replica when draining, after the delay when full.
-    if (ctx_ != nullptr && !st.ok()) {
-      const ErrorDetails d = DetailsOf(st);
-      if (d.retry_delay)
-        ctx_->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(d.retry_delay->count()));
-    }
+    const ErrorDetails d = st.ok() ? ErrorDetails{} : DetailsOf(st);
+    if (ctx_ != nullptr && d.retry_delay)
+      ctx_->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(d.retry_delay->count()));
     const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
     if (observer_ != nullptr) {
       observer_->OnCallDone(rpc_, protocol_, model_, version_, g.error_code(), seconds);
-      if (!st.ok()) {
-        const ErrorDetails d = DetailsOf(st);
-        if (!d.reason.empty()) observer_->OnRefused(rpc_, protocol_, model_, d.reason);
-      }
+      if (!d.reason.empty()) observer_->OnRefused(rpc_, protocol_, model_, d.reason);
     }
     if (log_ != nullptr) {
       CallRecord r;
