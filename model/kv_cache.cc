@@ -10,6 +10,7 @@
 #include "model/attention/cpu_kernels.h"
 #include "model/nn/packed.h"
 #include "model/util/status_macros.h"
+#include "model/util/tensor_checks.h"
 
 namespace krause {
 
@@ -21,8 +22,7 @@ absl::StatusOr<std::unique_ptr<KrauseLayerCache>> KrauseLayerCache::Create(
   if (top_k < 1) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 1, got ", top_k));
   auto ring = KrauseRingCache::Create(slots, heads, head_dim, window, device, dtype);
   if (!ring.ok()) return ring.status();
-  return std::unique_ptr<KrauseLayerCache>(
-      new KrauseLayerCache(std::move(ring).value(), top_k, device));
+  return std::unique_ptr<KrauseLayerCache>(new KrauseLayerCache(std::move(ring).value(), top_k));
 }
 
 void KrauseLayerCache::WritePrefix(int64_t slot, const at::Tensor& k, const at::Tensor& v) {
@@ -104,10 +104,12 @@ std::vector<at::Tensor> KrauseLayerCache::Storage() {
 
 // ---- SoftmaxLayerCache
 
-SoftmaxLayerCache::SoftmaxLayerCache(at::Tensor keys, at::Tensor values, const at::Device& device)
+SoftmaxLayerCache::SoftmaxLayerCache(at::Tensor keys, at::Tensor values)
     : keys_(std::move(keys)),
       values_(std::move(values)),
-      device_(device),
+      // The storage's device: "cuda" names the current GPU, the tensors say which (cuda:0), and
+      // the decode step's arguments are compared with it (a cache made on "cuda" refused them).
+      device_(keys_.device()),
       scale_(1.0 / std::sqrt(static_cast<double>(keys_.size(3)))) {}
 
 absl::StatusOr<std::unique_ptr<SoftmaxLayerCache>> SoftmaxLayerCache::Create(
@@ -120,7 +122,7 @@ absl::StatusOr<std::unique_ptr<SoftmaxLayerCache>> SoftmaxLayerCache::Create(
   const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
   return std::unique_ptr<SoftmaxLayerCache>(
       new SoftmaxLayerCache(at::zeros({slots, heads, seq_len, head_dim}, opts),
-                            at::zeros({slots, heads, seq_len, head_dim}, opts), device));
+                            at::zeros({slots, heads, seq_len, head_dim}, opts)));
 }
 
 void SoftmaxLayerCache::WritePrefix(int64_t slot, const at::Tensor& k, const at::Tensor& v) {
@@ -162,7 +164,7 @@ absl::StatusOr<at::Tensor> SoftmaxLayerCache::Attend(const at::Tensor& q, const 
         -1);                              // [S, H, 1, L]
     return at::matmul(w, vp).squeeze(2);  // [S, H, d]
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("softmax decode step failed: ", e.what()));
+    return absl::InternalError(absl::StrCat("softmax decode step failed: ", ExceptionMessage(e)));
   }
 }
 
@@ -230,7 +232,8 @@ absl::StatusOr<PixelKvCache> PixelKvCache::Create(const PixelModelConfig& c, int
           at::full({slots}, c.null_class(), at::TensorOptions().dtype(at::kLong).device(device));
     }
   } catch (const std::exception& e) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the KV cache: ", e.what()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate the KV cache: ", ExceptionMessage(e)));
   }
   return cache;
 }

@@ -113,8 +113,10 @@ class KrauseLayerCache final : public LayerKvCache {
   KrauseRingCache& ring() { return ring_; }  // tests
 
  private:
-  KrauseLayerCache(KrauseRingCache ring, int64_t top_k, const at::Device& device)
-      : ring_(std::move(ring)), top_k_(top_k), device_(device) {}
+  // The device is the storage's: "cuda" names the current GPU, the tensors say which (cuda:0),
+  // and the decode step's arguments are compared with it.
+  KrauseLayerCache(KrauseRingCache ring, int64_t top_k)
+      : ring_(std::move(ring)), top_k_(top_k), device_(ring_.keys_t().device()) {}
   KrauseRingCache ring_;
   int64_t top_k_;
   at::Device device_;
@@ -148,7 +150,7 @@ class SoftmaxLayerCache final : public LayerKvCache {
   std::vector<at::Tensor> Storage() override { return {keys_, values_}; }
 
  private:
-  SoftmaxLayerCache(at::Tensor keys, at::Tensor values, const at::Device& device);
+  SoftmaxLayerCache(at::Tensor keys, at::Tensor values);
   at::Tensor keys_, values_;  // [slots, H, N, d]
   at::Device device_;
   double scale_;  // 1 / sqrt(d)

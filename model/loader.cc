@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/checkpoint/safetensors.h"
 #include "model/util/status_macros.h"
+#include "model/util/tensor_checks.h"
 
 namespace krause {
 namespace {
@@ -85,7 +86,7 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string
           absl::StrCat(path, ": config.model must be \"vit\" or \"arm\", got \"", kind, "\""));
     }
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(path, ": ", e.what()));
+    return absl::InternalError(absl::StrCat(path, ": ", ExceptionMessage(e)));
   }
   return out;
 }

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "model/util/status_macros.h"
+#include "model/util/tensor_checks.h"
 
 namespace krause {
 
@@ -50,7 +51,7 @@ absl::StatusOr<PixelModelConfig> PixelModelConfig::FromJson(const std::string& t
     c.labels = j.value("labels", c.labels);
     c.class_norm = j.value("class_norm", c.class_norm);
   } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("config: ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat("config: ", ExceptionMessage(e)));
   }
   RETURN_IF_ERROR(c.Validate());
   return c;

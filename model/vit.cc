@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/nn/layers.h"
 #include "model/util/status_macros.h"
+#include "model/util/tensor_checks.h"
 
 namespace krause {
 
@@ -78,7 +79,7 @@ absl::StatusOr<ViTConfig> ViTConfig::FromJson(const std::string& text) {
     c.mean = j.value("mean", c.mean);
     c.std = j.value("std", c.std);
   } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("config: ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat("config: ", ExceptionMessage(e)));
   }
   RETURN_IF_ERROR(c.Validate());
   return c;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/attention/cpu_kernels.h"
 #include "model/attention/decode.h"
+#include "model/util/tensor_checks.h"
 #include "model/util/threads.h"
 
 namespace krause {
@@ -80,7 +81,7 @@ absl::StatusOr<std::unique_ptr<CpuViT>> CpuViT::Create(const ViT& model) {
     }
     v->flops_per_image_ = model.FlopsPerImage().executed_flops;
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("cannot pack the classifier: ", e.what()));
+    return absl::InternalError(absl::StrCat("cannot pack the classifier: ", ExceptionMessage(e)));
   }
   return v;
 }
@@ -226,7 +227,7 @@ absl::Status CpuViT::Forward(const uint8_t* pixels, int64_t images, float* probs
                          Image(pixels + i * image_bytes, probs + i * classes_);
                      });
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("classifier forward failed: ", e.what()));
+    return absl::InternalError(absl::StrCat("classifier forward failed: ", ExceptionMessage(e)));
   }
   return absl::OkStatus();
 }

@@ -15,8 +15,10 @@
 #   scripts/device-check.sh            (from the repository root)
 # model/ also needs Abseil, GoogleTest, nlohmann-json, libpng and zlib: where the machine lacks
 # them, run scripts/fetch-device-deps.sh here first and carry .devdeps.
-# Logs, JSON results and summary.txt (appended after every phase) go to $OUT when it is set (the
-# device tool's folder that comes back), else to $BUILD-logs: a cut-off run keeps them.
+# Logs and JSON results go to $BUILD-logs, summary.txt (appended after every phase, so that a
+# cut-off run keeps it) beside them. When $OUT is set (the device tool's folder that comes back,
+# at most 8 files): summary.txt is written there as it goes, and on exit the JSON results and
+# logs.tgz (every log) join it.
 # On the device tool: scripts/fetch-device-deps.sh (here), then run: scripts/device-check.sh,
 # carry [".devdeps"].
 set -uo pipefail
@@ -24,10 +26,15 @@ cd "$(dirname "$0")/.." || exit 1
 t0=$(date +%s)
 DEADLINE=${DEADLINE:-540}
 BUILD=${BUILD_DIR:-build-gpu}
-LOGS=${OUT:-$BUILD-logs}
+LOGS=$BUILD-logs
+rm -rf "$LOGS"
 mkdir -p "$LOGS"
-SUMMARY=$LOGS/summary.txt
+SUMMARY=${OUT:-$LOGS}/summary.txt
 : > "$SUMMARY"
+if [ -n "${OUT:-}" ]; then
+  pack() { cp "$LOGS"/*.json "$OUT"/ 2> /dev/null; tar czf "$OUT/logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")"; }
+  trap pack EXIT
+fi
 say() { echo "device-check [$(($(date +%s) - t0)) s]: $*"; }
 # report LINE: to the console and to summary.txt at once.
 report() { say "$*" | tee -a "$SUMMARY"; }
@@ -213,7 +220,7 @@ if [ "$gpu_rc" != - ] && [ "$gpu_rc" -ne 0 ]; then
   unset KRAUSE_CUDA_KERNEL
 fi
 # -LE gpu: the name filter also matches GPU tests (CudaDecode...DecodeStep...).
-phase 90 "cpu parity tests" cpu-tests.log ctest --test-dir "$BUILD" -LE gpu \
+phase 150 "cpu parity tests" cpu-tests.log ctest --test-dir "$BUILD" -LE gpu \
   -R "AttentionValidation|AttentionParity|DecodeStep|IncrementalDecode|DecodeEngine" -j "$(nproc)" \
   --timeout 80 --no-tests=error
 cpu_rc=$?

@@ -202,7 +202,7 @@ void ClassifyBatcher::RunBatch(std::vector<Entry>& batch, const DeviceContext& c
                   .contiguous();
     }
   } catch (const std::exception& e) {
-    probs = absl::InternalError(absl::StrCat("classifier forward failed: ", e.what()));
+    probs = absl::InternalError(absl::StrCat("classifier forward failed: ", ExceptionMessage(e)));
   }
   const double compute = std::chrono::duration<double>(Clock::now() - start).count();
   int64_t images = 0;

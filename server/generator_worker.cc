@@ -8,6 +8,7 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "model/util/tensor_checks.h"
 #include "server/status.h"
 
 namespace krause::server {
@@ -214,7 +215,8 @@ void GeneratorWorker::Deliver(const StepOutput& out, Clock::time_point step_star
     try {
       call->receiver->OnUpdate(u);
     } catch (const std::exception& e) {  // a receiver must not throw; if it does, its call ends
-      std::fprintf(stderr, "krause-server: a generate call's update failed: %s\n", e.what());
+      std::fprintf(stderr, "krause-server: a generate call's update failed: %s\n",
+                   ExceptionMessage(e).c_str());
       Cancel(call->receiver.get());
     }
     u.Clear();

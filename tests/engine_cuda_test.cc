@@ -86,7 +86,12 @@ TEST_P(EngineCuda, PrefillAndDecodeStepsMatchTheCpu) {
   const PixelModelConfig& c = m.cpu.config();
   const int64_t n = c.seq_len(), seqs = 3;
   auto cpu_cache = PixelKvCache::Create(c, 4).value();
+  // Made on "cuda" (no index), as krause-check and the benchmarks name the device: the cache
+  // takes its tensors' device (cuda:0), the one the model's steps are on. (The first GPU run
+  // refused every ARM step here: "q must be fp32 on cuda (the cache's device)".)
   auto gpu_cache = PixelKvCache::Create(c, 4, at::Device(at::kCUDA)).value();
+  for (int64_t l = 0; l < gpu_cache.layers(); ++l)
+    ASSERT_EQ(gpu_cache.layer(l).device(), m.gpu.device()) << "layer " << l;
   at::manual_seed(11);
   const at::Tensor tokens = at::randint(0, 256, {seqs, n}, at::kLong);
   const std::vector<int64_t> prefix = {1, 5, 40}, slot = {3, 0, 2};

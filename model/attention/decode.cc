@@ -61,7 +61,8 @@ absl::StatusOr<KrauseRingCache> KrauseRingCache::Create(int64_t slots, int64_t h
     c.values_ = at::zeros({slots, heads, window, head_dim}, opts);
     c.bias_ = at::zeros({slots, heads, c.ring_stride_}, opts.dtype(at::kFloat));
   } catch (const std::exception& e) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the ring cache: ", e.what()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate the ring cache: ", ExceptionMessage(e)));
   }
   return c;
 }
@@ -190,10 +191,12 @@ absl::StatusOr<DecodeIndex> DecodeIndex::Create(const at::Tensor& slots,
     } else {
       index.device_slots_ = index.host_slots_.to(device, /*non_blocking=*/true);
       index.device_positions_ = index.host_positions_.to(device, /*non_blocking=*/true);
+      // "cuda" names the current GPU; the copies say which (cuda:0), as the caches' tensors do.
+      index.device_ = index.device_slots_.device();
     }
     return index;
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("decode index: ", e.what()));
+    return absl::InternalError(absl::StrCat("decode index: ", ExceptionMessage(e)));
   }
 }
 
@@ -234,7 +237,7 @@ absl::StatusOr<DecodeScale> DecodeScale::Create(const at::Tensor& log_sigma, int
     scale.inv_var_ = at::exp(-2.0 * log_sig).contiguous();
     return scale;
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("decode scale: ", e.what()));
+    return absl::InternalError(absl::StrCat("decode scale: ", ExceptionMessage(e)));
   }
 }
 
@@ -334,7 +337,7 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
     });
     return out;
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("krause decode step failed: ", e.what()));
+    return absl::InternalError(absl::StrCat("krause decode step failed: ", ExceptionMessage(e)));
   }
 }
 
@@ -387,7 +390,8 @@ absl::StatusOr<at::Tensor> KrauseDecodeStepLibTorch(const at::Tensor& q, const a
         values.gather(2, kept_cols.unsqueeze(-1).expand({s, h, kept, d}));  // [S, H, K, d]
     return (weights.unsqueeze(-1) * kept_values).sum(2);
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("krause decode step (LibTorch) failed: ", e.what()));
+    return absl::InternalError(
+        absl::StrCat("krause decode step (LibTorch) failed: ", ExceptionMessage(e)));
   }
 }
 

@@ -140,7 +140,7 @@ absl::StatusOr<KrauseResult> KrauseAttention(const at::Tensor& q, const at::Tens
     }
     return absl::InvalidArgumentError("impl is not a known implementation");
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("krause attention failed: ", e.what()));
+    return absl::InternalError(absl::StrCat("krause attention failed: ", ExceptionMessage(e)));
   }
 }
 

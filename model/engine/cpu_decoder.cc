@@ -14,6 +14,7 @@
 #include "model/nn/packed.h"
 #include "model/pixel_model.h"
 #include "model/util/status_macros.h"
+#include "model/util/tensor_checks.h"
 #include "model/util/threads.h"
 
 namespace krause {
@@ -138,7 +139,8 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const PixelModel&
     dec->flops_per_sequence_ =
         2 * linear_macs + c.depth * c.heads * keys * 4.0 * static_cast<double>(dec->head_dim_);
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("cannot pack the decode weights: ", e.what()));
+    return absl::InternalError(
+        absl::StrCat("cannot pack the decode weights: ", ExceptionMessage(e)));
   }
   return dec;
 }
@@ -364,7 +366,7 @@ absl::Status CpuDecoder::Prefill(const int64_t* u, int64_t t, int64_t slot, Pixe
     at::NoGradGuard no_grad;
     RunLayerOps(u, positions.data(), slots.data(), t, cache, logits, /*one_sequence=*/true);
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("prefill failed: ", e.what()));
+    return absl::InternalError(absl::StrCat("prefill failed: ", ExceptionMessage(e)));
   }
   return absl::OkStatus();
 }
@@ -417,7 +419,7 @@ absl::Status CpuDecoder::Step(const int64_t* u, const int64_t* positions, const 
         break;
     }
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("decode step failed: ", e.what()));
+    return absl::InternalError(absl::StrCat("decode step failed: ", ExceptionMessage(e)));
   }
   return absl::OkStatus();
 }

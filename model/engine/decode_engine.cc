@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/engine/cpu_decoder.h"
 #include "model/util/status_macros.h"
+#include "model/util/tensor_checks.h"
 
 namespace krause {
 
@@ -42,7 +43,8 @@ absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(const PixelMo
   try {  // packing the weights, pinned host buffers
     return std::unique_ptr<DecodeEngine>(new DecodeEngine(model, std::move(cache), slots, options));
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("cannot set up the decode engine: ", e.what()));
+    return absl::InternalError(
+        absl::StrCat("cannot set up the decode engine: ", ExceptionMessage(e)));
   }
 }
 
@@ -122,7 +124,7 @@ absl::Status DecodeEngine::Admit(Sequence* s, StepOutput* out) {
       cache_.SetClass(s->slot, *c.ClassRow(s->request.label));  // validated by Submit
       if (s->guide_slot >= 0) cache_.SetClass(s->guide_slot, c.null_class());
     } catch (const std::exception& e) {
-      return absl::InternalError(absl::StrCat("setting the class failed: ", e.what()));
+      return absl::InternalError(absl::StrCat("setting the class failed: ", ExceptionMessage(e)));
     }
   }
   s->pixels = s->request.prompt;
@@ -150,7 +152,7 @@ absl::Status DecodeEngine::Admit(Sequence* s, StepOutput* out) {
         model_->Prefill(known, s->guide_slot, &cache_, forward_impl_, &packed_);
     }
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("prefill failed: ", e.what()));
+    return absl::InternalError(absl::StrCat("prefill failed: ", ExceptionMessage(e)));
   }
   s->position = prefix;
   s->input = u.back();
@@ -340,7 +342,8 @@ StepOutput DecodeEngine::Run(const AdmissionPlan* given) {
       }
     });
   } catch (const std::exception& e) {
-    const absl::Status st = absl::InternalError(absl::StrCat("decode step failed: ", e.what()));
+    const absl::Status st =
+        absl::InternalError(absl::StrCat("decode step failed: ", ExceptionMessage(e)));
     for (auto& s : active_) Finish(s.get(), st, &out);
     active_.clear();
     return out;
@@ -429,7 +432,7 @@ absl::StatusOr<std::vector<double>> ScoreBitsPerDimUnguarded(const PixelModel& m
                                .contiguous();
     return std::vector<double>(bpd.data_ptr<float>(), bpd.data_ptr<float>() + bpd.numel());
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("scoring failed: ", e.what()));
+    return absl::InternalError(absl::StrCat("scoring failed: ", ExceptionMessage(e)));
   }
 }
 
@@ -444,7 +447,7 @@ absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const PixelModel& model,
   try {
     return ScoreBitsPerDimUnguarded(model, images, labels, impl);
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("scoring failed: ", e.what()));
+    return absl::InternalError(absl::StrCat("scoring failed: ", ExceptionMessage(e)));
   }
 }
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "model/util/tensor_checks.h"
 
 // Graphs need LibTorch 2.x's thread-local capture mode (see Supported()) and, for the clean-up
 // of a failed capture, the allocator's pool calls of 2.1 and later.
@@ -156,7 +157,8 @@ at::Tensor DecodeGraphs::Step(const at::Tensor& u, const at::Tensor& positions,
     EndFailedCapture(graph->graph, *static_cast<const PoolId*>(pool_.get()));
     graph.reset();
     enabled_ = false;
-    reason_ = absl::StrCat("capturing the decode step of ", s, " sequences failed: ", e.what());
+    reason_ = absl::StrCat("capturing the decode step of ", s,
+                           " sequences failed: ", ExceptionMessage(e));
     graphs_.clear();
     ++eager_steps_;
     return model_->DecodeStep(u_d, *index, cache_, packed_);

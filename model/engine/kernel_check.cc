@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "model/engine/decode_engine.h"
 #include "model/kv_cache.h"
+#include "model/util/tensor_checks.h"
 #include "model/vit_cpu.h"
 
 namespace krause {
@@ -83,7 +84,7 @@ KernelCheck Run(const ServingChoice& choice, const Body& body) {
   } catch (const std::exception& e) {
     check.outcome = CheckOutcome::kError;
     check.max_abs_diff = 0;
-    check.where = e.what();
+    check.where = ExceptionMessage(e);
   }
   check.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return check;

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -10,6 +11,12 @@ namespace krause {
 
 std::string ShapeString(at::IntArrayRef sizes) {
   return absl::StrCat("[", absl::StrJoin(sizes.vec(), ", "), "]");
+}
+
+std::string ExceptionMessage(const std::exception& e) {
+  if (const auto* error = dynamic_cast<const c10::Error*>(&e))
+    return error->what_without_backtrace();
+  return e.what();
 }
 
 absl::Status CheckDefined(const at::Tensor& t, const char* name) {

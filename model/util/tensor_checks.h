@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <exception>
 #include <string>
 
 #include "absl/status/status.h"
@@ -12,6 +13,10 @@
 namespace krause {
 
 std::string ShapeString(at::IntArrayRef sizes);
+
+// An exception's message for a status or a log line: a c10::Error (TORCH_CHECK and LibTorch's own
+// checks) without the C++ backtrace that LibTorch appends to what(); any other exception's what().
+std::string ExceptionMessage(const std::exception& e);
 
 absl::Status CheckDefined(const at::Tensor& t, const char* name);
 absl::Status CheckRank(const at::Tensor& t, int64_t rank, const char* name, const char* layout);
