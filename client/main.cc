@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -33,6 +34,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/connection.h"
+#include "client/inspect.h"
 #include "client/models.h"
 #include "client/resume.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -89,10 +91,19 @@ ABSL_FLAG(double, temperature, -1,
 ABSL_FLAG(double, top_p, -1,
           "generate/complete: nucleus mass in (0, 1] (-1: the model's default, else 1: off)");
 ABSL_FLAG(int32_t, top_k, 0,
-          "generate/complete: keep the k most likely values (0: the model's default, else off)");
+          "generate/complete: keep the k most likely values (0: the model's default, else off); "
+          "inspect: keys listed per query of a softmax model (0: the model's k)");
 ABSL_FLAG(int32_t, rows, 0, "complete: prompt rows to keep");
-ABSL_FLAG(std::string, out, ".", "generate/complete: folder for the PNG files");
+ABSL_FLAG(std::string, out, ".", "generate/complete/inspect: folder for the PNG files");
 ABSL_FLAG(std::string, prefix, "sample", "generate/complete: file names PREFIX-I.png");
+ABSL_FLAG(std::string, layer, "", "inspect: layers, e.g. 0,2 (empty: every layer)");
+ABSL_FLAG(std::string, head, "", "inspect: heads drawn, e.g. 1 (empty: every head)");
+ABSL_FLAG(std::string, query, "",
+          "inspect: token indices, e.g. 0,12 (classifiers: 0 = CLS, 1.. = patches; generators: "
+          "input positions); empty: the centre token");
+ABSL_FLAG(bool, summary, false,
+          "inspect: print the per-layer, per-head figures (sink share, mean distance, effective "
+          "neighbours) instead of heatmaps");
 ABSL_FLAG(bool, progress, true, "generate/complete: live progress bar on stderr");
 ABSL_FLAG(bool, resume, true,
           "generate/complete: when the stream breaks (the replica died, drained, or an attempt "
@@ -530,6 +541,33 @@ int Score(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_jso
   return 0;
 }
 
+int Inspect(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_json,
+            const std::string& file) {
+  auto inputs = ReadInputs({file});
+  if (!inputs.ok()) return Fail(inputs.status().ToString());
+  if (inputs->size() != 1)
+    return Fail(absl::StrCat(file, ": inspect takes one image (choose it with --index I)"));
+  auto cls = ChosenClass();
+  if (!cls.ok()) return Fail(cls.status().ToString());
+  krause::client::InspectArgs a;
+  a.model = absl::GetFlag(FLAGS_model);
+  a.version = absl::GetFlag(FLAGS_model_version);
+  for (auto [flag, text, out] : {std::tuple{"layer", absl::GetFlag(FLAGS_layer), &a.layers},
+                                 std::tuple{"head", absl::GetFlag(FLAGS_head), &a.heads},
+                                 std::tuple{"query", absl::GetFlag(FLAGS_query), &a.queries}}) {
+    auto list = krause::client::ParseIndexList(text, flag);
+    if (!list.ok()) return Fail(list.status().ToString());
+    *out = std::move(*list);
+  }
+  a.top_k = absl::GetFlag(FLAGS_top_k);
+  a.label = cls->label;
+  a.class_index = cls->index;
+  a.out = absl::GetFlag(FLAGS_out);
+  a.summary = absl::GetFlag(FLAGS_summary);
+  a.as_json = as_json;
+  return krause::client::Inspect(stub, o, (*inputs)[0].image, (*inputs)[0].name, a);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -542,6 +580,8 @@ int main(int argc, char** argv) {
       "  krause-client generate [--num 4] [--seed 1] [--label Sneaker] [--out DIR]\n"
       "  krause-client complete PROMPT.png --rows 14 [--num 4] [--label Sneaker] [--out DIR]\n"
       "  krause-client score FILE... [--index A:B] [--label NAME | --labels_file IDX]\n"
+      "  krause-client inspect FILE [--index I] [--layer L] [--head H] [--query Q] [--out DIR]\n"
+      "                [--summary] [--top_k K]   (what the attention keeps: PNG heatmaps)\n"
       "  krause-client models index [--ready]    (model control; an admin token with auth)\n"
       "  krause-client models load NAME [--model_version V]\n"
       "  krause-client models unload NAME [--model_version V]\n"
@@ -554,7 +594,7 @@ int main(int argc, char** argv) {
   if (args.size() < 2) {
     std::fprintf(stderr,
                  "krause-client: a command is required (list, health, classify, generate, "
-                 "complete, score, models); see --help\n");
+                 "complete, score, inspect, models); see --help\n");
     return 2;
   }
   const std::string cmd = args[1];
@@ -583,6 +623,7 @@ int main(int argc, char** argv) {
   if (cmd == "health" && rest.empty()) return Health(*channel, o, as_json);
   if (cmd == "classify" && !rest.empty()) return Classify(*stub, o, as_json, rest);
   if (cmd == "score" && !rest.empty()) return Score(*stub, o, as_json, rest);
+  if (cmd == "inspect" && rest.size() == 1) return Inspect(*stub, o, as_json, rest[0]);
   if (cmd == "generate" && rest.empty()) return Generate(*stub, o, as_json, "");
   if (cmd == "complete" && rest.size() == 1) return Generate(*stub, o, as_json, rest[0]);
   if (cmd == "models" && !rest.empty())

@@ -62,7 +62,8 @@ absl::StatusOr<PixelModel> PixelModel::Create(const PixelModelConfig& config, ui
 }
 
 at::Tensor PixelModel::Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl,
-                                 std::vector<std::pair<at::Tensor, at::Tensor>>* kv) const {
+                                 std::vector<std::pair<at::Tensor, at::Tensor>>* kv,
+                                 AttentionTrace* trace) const {
   // x: [B, T, D] -> [B, T, D]
   const std::string a = absl::StrCat("layers.", layer, ".attn.");
   const bool krause = config_.attention == AttentionKind::kKrause;
@@ -73,19 +74,42 @@ at::Tensor PixelModel::Attention(int64_t layer, const at::Tensor& x, KrauseImpl 
   const at::Tensor v =
       nn::SplitHeads(nn::Linear(params_, a + (krause ? "W_v" : "v_proj"), x), config_.heads);
   if (kv != nullptr) kv->push_back({k.detach(), v.detach()});
+  AttentionTrace::Layer* record = nullptr;
+  if (trace != nullptr && trace->Wants(layer)) {
+    record = &trace->recorded.emplace_back();
+    record->layer = layer;
+    if (trace->keep_inputs) record->q = q, record->k = k, record->v = v;
+  }
   at::Tensor out;
   if (!krause) {
     auto r = CausalSoftmaxAttention(q, k, v, impl);
     TORCH_CHECK(r.ok(), r.status().ToString());
     out = *r;
+    if (record != nullptr) {
+      // The probabilities in the reference form: scores q.k / sqrt(d), the causal mask, softmax.
+      const int64_t t = q.size(2);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+      const at::Tensor future =
+          at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1);
+      record->probs = at::softmax(
+          (at::matmul(q, k.transpose(-1, -2)) * scale).masked_fill(future, -INFINITY), -1);
+    }
   } else {
     KrauseOptions o;
     o.neighbourhood = Neighbourhood::Causal(config_.window);
     o.top_k = config_.top_k;
     o.impl = impl;
-    auto r = KrauseAttention(q, k, v, params_.Get(a + "log_sigma"), o);
+    o.return_selection = record != nullptr;
+    const at::Tensor& log_sigma = params_.Get(a + "log_sigma");
+    auto r = KrauseAttention(q, k, v, log_sigma, o);
     TORCH_CHECK(r.ok(), r.status().ToString());
     out = r->out;
+    if (record != nullptr) {
+      record->indices = r->indices;
+      record->weights = r->weights.detach();
+      record->sigma = log_sigma.detach().reshape({-1}).exp().expand({config_.heads}).contiguous();
+      record->top_k = o.top_k;
+    }
   }
   return nn::Linear(params_, a + "out_proj", nn::MergeHeads(out));
 }
@@ -123,14 +147,14 @@ at::Tensor PixelModel::Norm(const std::string& name, const at::Tensor& x,
 
 at::Tensor PixelModel::ForwardTokens(const at::Tensor& u, KrauseImpl impl,
                                      std::vector<std::pair<at::Tensor, at::Tensor>>* kv,
-                                     const at::Tensor& classes) const {
+                                     const at::Tensor& classes, AttentionTrace* trace) const {
   const int64_t t = u.size(1);
   const at::Tensor rows = ClassRows(classes, u.size(0));
   at::Tensor x = Embed(u) + params_.Get("pos_emb.weight").narrow(0, 0, t);  // [B, T, D]
   if (rows.defined()) x = x + at::embedding(params_.Get("class_emb.weight"), rows).unsqueeze(1);
   for (int64_t l = 0; l < config_.depth; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
-    x = x + Attention(l, Norm(p + "ln1", x, rows), impl, kv);
+    x = x + Attention(l, Norm(p + "ln1", x, rows), impl, kv, trace);
     const at::Tensor h = Norm(p + "ln2", x, rows);
     x = x + nn::Linear(params_, p + "mlp.2", nn::Gelu(nn::Linear(params_, p + "mlp.0", h)));
   }

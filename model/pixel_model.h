@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/attention/attention_trace.h"
 #include "model/attention/decode.h"
 #include "model/attention/flops.h"
 #include "model/attention/krause_attention.h"
@@ -82,10 +83,11 @@ class PixelModel {
   // Model inputs u: [B, T] int64 tokens (pixels 0..255, or kStartToken at position 0 of a
   // start-token model). Returns logits [B, T, 256]: with a start token position t predicts x_t,
   // without one x_{t+1}. If `kv` is given, it receives each layer's keys and values [B, H, T, d].
-  // `classes` as for Forward.
+  // `classes` as for Forward. `trace`: records the attention of the layers it names
+  // (attention_trace.h; the ARM's probabilities are computed for it in the reference form).
   at::Tensor ForwardTokens(const at::Tensor& u, KrauseImpl impl = KrauseImpl::kAuto,
                            std::vector<std::pair<at::Tensor, at::Tensor>>* kv = nullptr,
-                           const at::Tensor& classes = {}) const;
+                           const at::Tensor& classes = {}, AttentionTrace* trace = nullptr) const;
 
   // Incremental decoding over a KV cache (inference only).
   // Prefill: runs u [T] (positions 0..T-1) for one sequence, stores their keys/values in `slot`
@@ -140,7 +142,8 @@ class PixelModel {
   // shift[rows] for each row's class (rows [B] or [S]).
   at::Tensor Norm(const std::string& name, const at::Tensor& x, const at::Tensor& rows) const;
   at::Tensor Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl,
-                       std::vector<std::pair<at::Tensor, at::Tensor>>* kv) const;
+                       std::vector<std::pair<at::Tensor, at::Tensor>>* kv,
+                       AttentionTrace* trace) const;
 
   PixelModelConfig config_;
   ParameterStore params_;

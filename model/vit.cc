@@ -152,34 +152,51 @@ absl::StatusOr<ViT> ViT::Create(const ViTConfig& config, uint64_t seed) {
   return m;
 }
 
-at::Tensor ViT::Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl) const {
+at::Tensor ViT::Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl,
+                          AttentionTrace* trace) const {
   // x: [B, N, D] -> [B, N, D]
   const std::string a = absl::StrCat("blocks.", layer, ".attention.");
   const at::Tensor q = nn::SplitHeads(nn::Linear(params_, a + "W_q", x), config_.heads);
   const at::Tensor k = nn::SplitHeads(nn::Linear(params_, a + "W_k", x), config_.heads);
   const at::Tensor v = nn::SplitHeads(nn::Linear(params_, a + "W_v", x), config_.heads);
   at::Tensor out;
+  AttentionTrace::Layer* record = nullptr;
+  if (trace != nullptr && trace->Wants(layer)) {
+    record = &trace->recorded.emplace_back();
+    record->layer = layer;
+    if (trace->keep_inputs) record->q = q, record->k = k, record->v = v;
+  }
   if (config_.attention == AttentionKind::kSoftmax) {
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-    out = at::matmul(at::softmax(at::matmul(q, k.transpose(-1, -2)) * scale, -1), v);
+    const at::Tensor probs = at::softmax(at::matmul(q, k.transpose(-1, -2)) * scale, -1);
+    if (record != nullptr) record->probs = probs.detach();
+    out = at::matmul(probs, v);
   } else {
     KrauseOptions o;
     o.neighbourhood = Neighbourhood::Grid(config_.grid(), config_.grid(), config_.radius,
                                           config_.metric, config_.cls);
     o.top_k = config_.TopKSchedule()[layer];
     o.impl = impl;
-    auto r = KrauseAttention(q, k, v, params_.Get(a + "log_sigma"), o);
+    o.return_selection = record != nullptr;
+    const at::Tensor& log_sigma = params_.Get(a + "log_sigma");
+    auto r = KrauseAttention(q, k, v, log_sigma, o);
     TORCH_CHECK(r.ok(), r.status().ToString());  // shapes are ours: a failure is a bug
     out = r->out;
+    if (record != nullptr) {
+      record->indices = r->indices;
+      record->weights = r->weights.detach();
+      record->sigma = log_sigma.detach().reshape({-1}).exp().expand({config_.heads}).contiguous();
+      record->top_k = o.top_k;
+    }
   }
   return nn::Linear(params_, a + "out_proj", nn::MergeHeads(out));
 }
 
-at::Tensor ViT::Forward(const at::Tensor& images, KrauseImpl impl) const {
-  return nn::Linear(params_, "head", Features(images, impl));
+at::Tensor ViT::Forward(const at::Tensor& images, KrauseImpl impl, AttentionTrace* trace) const {
+  return nn::Linear(params_, "head", Features(images, impl, trace));
 }
 
-at::Tensor ViT::Features(const at::Tensor& images, KrauseImpl impl) const {
+at::Tensor ViT::Features(const at::Tensor& images, KrauseImpl impl, AttentionTrace* trace) const {
   const int64_t b = images.size(0);
   at::Tensor x = at::conv2d(images, params_.Get("patch_embed.proj.weight"),
                             params_.Get("patch_embed.proj.bias"), {config_.patch, config_.patch});
@@ -188,7 +205,7 @@ at::Tensor ViT::Features(const at::Tensor& images, KrauseImpl impl) const {
   x = x + params_.Get("pos_embed");
   for (int64_t l = 0; l < config_.depth; ++l) {
     const std::string p = absl::StrCat("blocks.", l, ".");
-    x = nn::LayerNorm(params_, p + "norm1", x + Attention(l, x, impl));
+    x = nn::LayerNorm(params_, p + "norm1", x + Attention(l, x, impl, trace));
     const at::Tensor f =
         nn::Linear(params_, p + "ffn.3", nn::Gelu(nn::Linear(params_, p + "ffn.0", x)));
     x = nn::LayerNorm(params_, p + "norm2", x + f);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/attention/attention_trace.h"
 #include "model/attention/flops.h"
 #include "model/attention/krause_attention.h"
 #include "model/attention_kind.h"
@@ -55,10 +56,13 @@ class ViT {
 
   // images: [B, C, H, W] float, normalised. Returns logits [B, classes].
   // `impl` forces an attention implementation (tests); kAuto otherwise.
-  at::Tensor Forward(const at::Tensor& images, KrauseImpl impl = KrauseImpl::kAuto) const;
+  // `trace`: records the attention of the layers it names (attention_trace.h).
+  at::Tensor Forward(const at::Tensor& images, KrauseImpl impl = KrauseImpl::kAuto,
+                     AttentionTrace* trace = nullptr) const;
   // The head's input [B, D]: the final LayerNorm's CLS token (or token mean without CLS);
   // Forward is head(Features). Sample-quality metrics compare these (model/eval/).
-  at::Tensor Features(const at::Tensor& images, KrauseImpl impl = KrauseImpl::kAuto) const;
+  at::Tensor Features(const at::Tensor& images, KrauseImpl impl = KrauseImpl::kAuto,
+                      AttentionTrace* trace = nullptr) const;
 
   // Executed and dense-equivalent FLOPs per image (docs/operator.md, section 3).
   AttentionCost FlopsPerImage() const;
@@ -70,7 +74,8 @@ class ViT {
   static const std::set<std::string>& IgnoredCheckpointNames();
 
  private:
-  at::Tensor Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl) const;
+  at::Tensor Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl,
+                       AttentionTrace* trace) const;
 
   ViTConfig config_;
   ParameterStore params_;

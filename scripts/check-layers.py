@@ -20,6 +20,7 @@ FILES = {
     "model/util/files": "util",
     "model/util/status_macros": "util",
     "model/util/help": "util",
+    "model/util/png_pixels": "util",
     "model/data/idx": "util",
     "model/util/tensor_checks": "tensor_util",
     "model/util/threads": "tensor_util",

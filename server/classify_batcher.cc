@@ -4,10 +4,12 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "model/engine/device_context.h"
+#include "model/util/tensor_checks.h"
 #include "server/scheduling.h"
 #include "server/status.h"
 
@@ -40,7 +42,7 @@ absl::Status ClassifyBatcher::Enqueue(ClassifyJob job) {
                        options_.max_queued_images, "); retry later"),
           reason::kQueueFull);
     ClassifyArrival arrival;
-    arrival.queue_empty = queue_.empty();
+    arrival.queue_empty = queue_.empty() && side_.empty();
     arrival.batch_running = running_;
     arrival.stopping = stopping_;
     arrival.caller_may_run = packed_cpu_;
@@ -82,6 +84,20 @@ absl::Status ClassifyBatcher::Enqueue(ClassifyJob job) {
   return absl::OkStatus();
 }
 
+absl::Status ClassifyBatcher::EnqueueSide(SideJob job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return Refusal("the server is shutting down", reason::kDraining);
+    if (side_.size() >= kMaxSideJobs)
+      return Refusal(
+          absl::StrCat("inspect queue is full (", side_.size(), " requests queued); retry later"),
+          reason::kQueueFull);
+    side_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+  return absl::OkStatus();
+}
+
 void ClassifyBatcher::Stop() {
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -109,6 +125,8 @@ void ClassifyBatcher::Loop() {
   for (;;) {
     std::vector<Entry> batch, dropped;
     std::vector<absl::Status> drop_status;
+    std::vector<std::pair<SideJob, absl::Status>> side_dropped;
+    std::optional<SideJob> side_job;
     bool stop = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -125,8 +143,32 @@ void ClassifyBatcher::Loop() {
           snapshot.push_back({e.job.images.size(0), e.enqueued, e.job.deadline,
                               e.job.cancelled && e.job.cancelled()});
         }
-        const ClassifyPlan plan = PlanClassifyBatch(
-            snapshot, Clock::now(), {options_.max_batch_size, options_.max_queue_delay}, stopping_);
+        const Clock::time_point now = Clock::now();
+        ClassifyPlan plan = PlanClassifyBatch(
+            snapshot, now, {options_.max_batch_size, options_.max_queue_delay}, stopping_);
+        // Side work takes turns with the batches (PlanSideWork).
+        std::vector<QueuedSide> side_snapshot;
+        side_snapshot.reserve(side_.size());
+        for (const SideJob& j : side_)
+          side_snapshot.push_back({j.deadline, j.cancelled && j.cancelled()});
+        const SidePlan side_plan =
+            PlanSideWork(side_snapshot, now, !plan.take.empty(), last_was_side_, stopping_);
+        if (!side_plan.drop.empty() || side_plan.run) {
+          std::vector<char> out(side_.size(), 0);
+          for (const ClassifyPlan::Drop& d : side_plan.drop) {
+            out[d.index] = 1;
+            side_dropped.emplace_back(std::move(side_[d.index]), d.why);
+          }
+          if (side_plan.run) {
+            out[side_plan.index] = 1;
+            side_job = std::move(side_[side_plan.index]);
+            plan.take.clear();  // the batch runs after it
+          }
+          std::deque<SideJob> rest;
+          for (size_t i = 0; i < side_.size(); ++i)
+            if (!out[i]) rest.push_back(std::move(side_[i]));
+          side_.swap(rest);
+        }
         std::vector<char> leaves(queue_.size(), 0);
         for (const ClassifyPlan::Drop& d : plan.drop) {
           leaves[d.index] = 1;
@@ -145,9 +187,11 @@ void ClassifyBatcher::Loop() {
           for (const Entry& e : dropped) queued_images_ -= e.job.images.size(0);
           for (const Entry& e : batch) queued_images_ -= e.job.images.size(0);
         }
-        if (!dropped.empty() || !batch.empty() || stopping_) {
-          stop = stopping_;
-          if (!batch.empty()) running_ = true;
+        if (!dropped.empty() || !batch.empty() || side_job || !side_dropped.empty() || stopping_) {
+          stop = stopping_ && side_.empty();
+          if (!batch.empty() || side_job) running_ = true;
+          if (!batch.empty()) last_was_side_ = false;
+          if (side_job) last_was_side_ = true;
           break;
         }
         if (plan.wake_at == Clock::time_point::max()) {
@@ -158,6 +202,19 @@ void ClassifyBatcher::Loop() {
       }
     }
     for (size_t i = 0; i < dropped.size(); ++i) dropped[i].job.done(drop_status[i], 0.0);
+    for (auto& [job, why] : side_dropped) job.done(why);
+    if (side_job) {
+      absl::Status st;
+      try {
+        st = side_job->work(*model_);
+      } catch (const std::exception& e) {
+        st = absl::InternalError(ExceptionMessage(e));
+      }
+      side_job->done(st);
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = false;
+      continue;
+    }
     if (batch.empty()) {
       if (stop) return;
       continue;

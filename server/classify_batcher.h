@@ -45,6 +45,17 @@ struct ClassifyJob {
   std::function<void(absl::StatusOr<at::Tensor>, double queue_seconds)> done;
 };
 
+// Work beside the batches (the Inspect RPC): one forward of its own on the batcher thread (the
+// model's device and stream), between two batches as PlanSideWork (scheduling.h) decides.
+struct SideJob {
+  Clock::time_point deadline = Clock::time_point::max();
+  std::function<bool()> cancelled;  // polled while the job waits (may be empty)
+  std::function<absl::Status(const ViT& model)> work;
+  // `work`'s status, or the reason it did not run (UNAVAILABLE stopping, DEADLINE_EXCEEDED,
+  // CANCELLED, INTERNAL when it threw). On the batcher thread.
+  std::function<void(absl::Status)> done;
+};
+
 struct BatchingOptions {
   int64_t max_batch_size = defaults::kMaxBatchSize;
   std::chrono::microseconds max_queue_delay{0};  // 0: natural batching only
@@ -74,6 +85,10 @@ class ClassifyBatcher {
 
   // Queues the job, or returns UNAVAILABLE (queue full / stopped) without calling `done`.
   absl::Status Enqueue(ClassifyJob job);
+  // Queues a side job (at most kMaxSideJobs waiting), or returns UNAVAILABLE without calling
+  // `done`.
+  absl::Status EnqueueSide(SideJob job);
+  static constexpr size_t kMaxSideJobs = 64;
   void Stop();
 
   int64_t queued_images() const;
@@ -99,6 +114,8 @@ class ClassifyBatcher {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Entry> queue_;
+  std::deque<SideJob> side_;
+  bool last_was_side_ = false;  // the batcher thread's previous unit of work (under mu_)
   int64_t queued_images_ = 0;
   bool stopping_ = false;
   bool running_ = false;     // a batch is running (on the batcher thread or an arriving one)

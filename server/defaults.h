@@ -20,6 +20,10 @@ inline constexpr int64_t kMaxSequences = 64;
 inline constexpr int64_t kMaxWaiting = 256;
 // Generators: images per Generate / Score request when the manifest sets none.
 inline constexpr int64_t kGeneratorImagesPerRequest = 16;
+// Inspect: the most keys a reply lists (queries x heads x keys per query, over its layers; about
+// 6 bytes each on the wire). A whole image of the bundled KARM (784 positions, 3 layers, 2 heads,
+// 40 keys) is 188,160.
+inline constexpr int64_t kInspectMaxEntries = 262144;
 
 }  // namespace krause::server::defaults
 

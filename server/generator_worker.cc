@@ -157,6 +157,25 @@ void GeneratorWorker::ScoreChunk(std::deque<RunningScore>* scores, int64_t image
                                  WorkerLedger* ledger, DecodeEvent* e) {
   RunningScore& r = scores->front();
   const auto t0 = Clock::now();
+  if (r.job.work) {
+    const int64_t n = r.job.images.size(0);  // the whole job: one chunk
+    absl::Status st;
+    try {
+      st = r.job.work(*model_, options_.engine.attention_impl);
+    } catch (const std::exception& ex) {
+      st = absl::InternalError(ExceptionMessage(ex));
+    }
+    e->score_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    e->score_images = n;
+    ledger->OnScore(e->score_seconds, n, decoding);
+    if (st.ok()) {
+      r.job.done(std::vector<double>());
+    } else {
+      r.job.done(st);
+    }
+    scores->pop_front();
+    return;
+  }
   const std::vector<int64_t> labels =
       r.job.labels.empty() ? std::vector<int64_t>()
                            : std::vector<int64_t>(r.job.labels.begin() + r.done,

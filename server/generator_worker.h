@@ -73,6 +73,10 @@ struct ScoreJob {
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   std::function<bool()> cancelled;
   std::function<void(absl::StatusOr<std::vector<double>> bits_per_dim)> done;
+  // Instead of bits/dim (the Inspect RPC): this work, run as one chunk of the job's images (their
+  // time counted as Score images' against the side-work budget), with the model and its serving
+  // implementation; `done` then gets its status and no bits.
+  std::function<absl::Status(const PixelModel& model, KrauseImpl impl)> work;
 };
 
 // One engine step, as the worker saw it (for metrics).

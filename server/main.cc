@@ -85,6 +85,9 @@ ABSL_FLAG(int, http_timeout_ms, kDefaults.http_timeout_ms,
 ABSL_FLAG(std::string, metrics_tokens, "",
           "file of bearer tokens, one per line: scrapes need 'Authorization: Bearer <token>' "
           "(separate from --auth_tokens)");
+ABSL_FLAG(int64_t, inspect_max_entries, kDefaults.inspect_max_entries,
+          "the most keys an Inspect reply lists (queries x heads x keys per query, over its "
+          "layers); a request for more is INVALID_ARGUMENT");
 ABSL_FLAG(std::string, request_log, "",
           "one JSON line per finished call (rpc, model, code, images, queue and run seconds, "
           "peer, the caller's x-request-id / traceparent) to this file, '-' for stderr; empty: "
@@ -146,6 +149,7 @@ int main(int argc, char** argv) {
   o.keepalive_seconds = absl::GetFlag(FLAGS_keepalive_seconds);
   o.keepalive_timeout_seconds = absl::GetFlag(FLAGS_keepalive_timeout_seconds);
   o.request_log = absl::GetFlag(FLAGS_request_log);
+  o.inspect_max_entries = absl::GetFlag(FLAGS_inspect_max_entries);
   o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key = absl::GetFlag(FLAGS_tls_key);
   o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
@@ -169,6 +173,11 @@ int main(int argc, char** argv) {
   if (o.reply_threads < 1 || o.reply_threads > 64) {
     std::fprintf(stderr, "krause-server: --reply_threads must be in [1, 64], got %d\n",
                  o.reply_threads);
+    return 2;
+  }
+  if (o.inspect_max_entries < 1) {
+    std::fprintf(stderr, "krause-server: --inspect_max_entries must be >= 1, got %lld\n",
+                 static_cast<long long>(o.inspect_max_entries));
     return 2;
   }
   krause::SetCpuThreads(o.threads);

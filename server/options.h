@@ -130,6 +130,8 @@ struct ServerOptions {
   // One JSON line per finished call (server/request_log.h) to this file, "-" for stderr;
   // empty: none.
   std::string request_log;
+  // The most keys an Inspect reply lists (queries x heads x keys per query, over its layers).
+  int64_t inspect_max_entries = defaults::kInspectMaxEntries;
   // Before a model serves: check its implementation against the reference (KernelCheckMode).
   KernelCheckMode kernel_check = KernelCheckMode::kFallback;
   bool quiet = false;

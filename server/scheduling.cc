@@ -54,6 +54,26 @@ ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::
   return plan;
 }
 
+SidePlan PlanSideWork(const std::vector<QueuedSide>& side, Clock::time_point now, bool batch_due,
+                      bool last_was_side, bool stopping) {
+  SidePlan plan;
+  bool found = false;
+  for (size_t i = 0; i < side.size(); ++i) {
+    if (stopping) {
+      plan.drop.push_back({i, Refusal("the server is shutting down", reason::kDraining)});
+    } else if (now >= side[i].deadline) {
+      plan.drop.push_back({i, absl::DeadlineExceededError("deadline exceeded while queued")});
+    } else if (side[i].cancelled) {
+      plan.drop.push_back({i, absl::CancelledError("cancelled by the client")});
+    } else if (!found) {
+      found = true;
+      plan.index = i;
+    }
+  }
+  plan.run = found && (!batch_due || !last_was_side);
+  return plan;
+}
+
 SideWorkCredit::SideWorkCredit(const GeneratorSchedulingOptions& o)
     : ratio_(o.side_share >= 1.0 ? std::numeric_limits<double>::infinity()
                                  : o.side_share / (1.0 - o.side_share)),

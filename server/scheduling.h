@@ -86,6 +86,28 @@ struct ClassifyArrival {
 };
 bool RunOnArrival(const ClassifyArrival& arrival);
 
+// A batcher's side work (the Inspect RPC: one forward of its own, never batched). Side jobs
+// queue apart from the batches and run one at a time on the batcher thread, taking turns with
+// the batches: after a batch, a waiting side job runs before the next batch; after a side job,
+// a due batch runs before the next side job; with no batch due, side jobs run back to back. So a
+// Classify request waits for at most one side job's compute, and a side job for at most one
+// batch. Expired and cancelled side jobs are dropped, as requests are.
+struct QueuedSide {
+  Clock::time_point deadline = Clock::time_point::max();
+  bool cancelled = false;
+};
+
+struct SidePlan {
+  std::vector<ClassifyPlan::Drop> drop;  // indices into the side-job snapshot
+  bool run = false;                      // run the oldest live side job now (instead of a batch)
+  size_t index = 0;                      // ... this one
+};
+
+// `batch_due`: the classify plan took a batch; `last_was_side`: the batcher's previous unit of
+// work was a side job. `stopping`: every side job is dropped with UNAVAILABLE.
+SidePlan PlanSideWork(const std::vector<QueuedSide>& side, Clock::time_point now, bool batch_due,
+                      bool last_was_side, bool stopping = false);
+
 // ---------------------------------------------------------------------------------------------
 // Generator worker
 

@@ -26,6 +26,7 @@ class ServedClassifier final : public ServedModel {
   static absl::StatusOr<int64_t> ImagesPerRequest(const ModelSpec& spec);
 
   const ViTConfig& config() const { return vit_->config(); }
+  const ViT& vit() const { return *vit_; }
   ClassifyBatcher& batcher() const { return *batcher_; }
 
   ModelGauges Gauges() const override;

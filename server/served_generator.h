@@ -33,6 +33,7 @@ class ServedGenerator final : public ServedModel {
   static absl::StatusOr<SamplingDefaults> Defaults(const ModelSpec& spec, const LoadedModel& model);
 
   const PixelModelConfig& config() const { return pixel_->config(); }
+  const PixelModel& pixel() const { return *pixel_; }
   GeneratorWorker& worker() const { return *worker_; }
 
   ModelGauges Gauges() const override;

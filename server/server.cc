@@ -158,6 +158,7 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
     s->request_log_ = std::move(*log);
     s->service_->SetRequestLog(s->request_log_.get());
   }
+  s->service_->SetInspectMaxEntries(options.inspect_max_entries);
   s->oip_service_ = std::make_unique<OipService>(s->service_.get());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, *creds, &s->port_);

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/generate_call.h"
+#include "server/images.h"
 #include "server/model_info_proto.h"
 #include "server/served_classifier.h"
 #include "server/served_generator.h"
@@ -93,6 +94,49 @@ void FillScoreResponse(const std::vector<double>& bits_per_dim, int64_t scored_p
   }
   response->set_mean_bits_per_dim(sum / static_cast<double>(bits_per_dim.size()));
   response->set_scored_subpixels_per_image(static_cast<uint32_t>(scored_per_image));
+}
+
+// The Inspect reply from an inspection.
+void FillInspectResponse(const Inspection& in, const ServedModel& m, v1::InspectResponse* r) {
+  r->set_model(m.name());
+  r->set_model_version(std::to_string(m.info().version));
+  r->set_attention(in.krause ? v1::ModelInfo::KRAUSE : v1::ModelInfo::SOFTMAX);
+  r->set_kind(m.kind() == ModelKind::kClassifier ? v1::ModelInfo::CLASSIFIER
+                                                 : v1::ModelInfo::GENERATOR);
+  r->set_implementation(m.info().implementation);
+  r->set_tokens(static_cast<uint32_t>(in.tokens));
+  for (int64_t q : in.queries) r->add_queries(static_cast<uint32_t>(q));
+  int64_t rows = 0, columns = 0;
+  for (const auto& [row, column] : in.positions) {
+    r->add_token_rows(static_cast<int32_t>(row));
+    r->add_token_columns(static_cast<int32_t>(column));
+    rows = std::max(rows, row + 1);
+    columns = std::max(columns, column + 1);
+  }
+  r->set_grid_height(static_cast<uint32_t>(rows));
+  r->set_grid_width(static_cast<uint32_t>(columns));
+  for (const LayerAttention& layer : in.layers) {
+    v1::LayerAttention* l = r->add_layers();
+    l->set_layer(static_cast<uint32_t>(layer.layer));
+    l->set_keys_per_query(static_cast<uint32_t>(layer.k));
+    for (const HeadAttention& head : layer.heads) {
+      v1::HeadAttention* h = l->add_heads();
+      h->set_head(static_cast<uint32_t>(head.head));
+      h->set_sigma(static_cast<float>(head.sigma));
+      h->set_sink_share(head.sink_share);
+      h->set_mean_distance(head.mean_distance);
+      h->set_effective_neighbours(head.effective_neighbours);
+      h->set_busiest_key(static_cast<uint32_t>(head.busiest_key));
+      h->set_busiest_key_share(head.busiest_key_share);
+      for (const QueryAttention& qa : head.queries) {
+        v1::QueryAttention* q = h->add_queries();
+        q->set_query(static_cast<uint32_t>(qa.query));
+        for (int64_t key : qa.keys) q->add_keys(static_cast<uint32_t>(key));
+        q->mutable_weights()->Add(qa.weights.begin(), qa.weights.end());
+        q->set_outside(qa.outside);
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -222,6 +266,98 @@ grpc::ServerUnaryReactor* KrauseService::Score(grpc::CallbackServerContext* ctx,
       replies_.Post([reply, bpd = std::move(bpd)] { reply(bpd); });
     };
     return m->worker().EnqueueScore(std::move(job));
+  });
+  if (!st.ok()) call->Finish(st);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KrauseService::Inspect(grpc::CallbackServerContext* ctx,
+                                                 const v1::InspectRequest* request,
+                                                 v1::InspectResponse* response) {
+  auto call = std::make_shared<NativeCall>(this, ctx, "Inspect");
+  grpc::ServerUnaryReactor* reactor = call->reactor();
+  if (!call->Enter(ctx)) return reactor;
+  const absl::Status st = Guarded("Inspect", [&]() -> absl::Status {
+    // Any classifier or generator; the default classifier when the name is empty.
+    auto found = request->model().empty()
+                     ? gate()->registry()->Find("", ModelKind::kClassifier, request->version())
+                     : gate()->registry()->FindAny(request->model(), request->version());
+    if (!found.ok()) return found.status();
+    const std::shared_ptr<const ServedModel> m = *found;
+    call->set_model(m);
+    call->set_images(1);
+    Fault("decode");
+    auto image = DecodeImage(request->image(), "image", ImageBounds{m->info().shape, m->name()});
+    if (!image.ok()) return image.status();
+    InspectOptions o;
+    o.layers.assign(request->layers().begin(), request->layers().end());
+    o.queries.assign(request->queries().begin(), request->queries().end());
+    o.top_k = request->top_k();
+    o.max_entries = inspect_max_entries_;
+    const bool by_name = request->condition_case() == v1::InspectRequest::kLabel;
+    const bool has_class = request->condition_case() != v1::InspectRequest::CONDITION_NOT_SET;
+    const char* class_field = by_name ? "label" : "class_index";
+    // The work and its result: computed on the model's thread, replied from the reply pool.
+    auto result = std::make_shared<absl::StatusOr<Inspection>>(absl::UnknownError("not run"));
+    auto reply = [this, call, response, m, result](const absl::Status& st) {
+      call->Finish(Guarded("Inspect", [&]() -> absl::Status {
+        Fault("reply");
+        if (!st.ok()) return st;
+        FillInspectResponse(**result, *m, response);
+        return absl::OkStatus();
+      }));
+    };
+    auto done = [this, reply = std::move(reply)](absl::Status st) {
+      replies_.Post([reply, st = std::move(st)] { reply(st); });
+    };
+    std::string field;
+    if (m->kind() == ModelKind::kClassifier) {
+      auto* c = static_cast<const ServedClassifier*>(m.get());
+      if (has_class) {
+        return InvalidField(class_field, absl::StrCat(class_field, ": model ", m->name(),
+                                                      " is a classifier; a class is for "
+                                                      "conditional generators"));
+      }
+      o.impl = c->batcher().options().attention_impl;
+      if (absl::Status bad = CheckInspectOptions(InspectShapeOf(c->vit()), o, &field); !bad.ok())
+        return InvalidField(field, bad.message());
+      SideJob job;
+      job.deadline = SteadyDeadline(ctx);
+      job.cancelled = [ctx] { return ctx->IsCancelled(); };
+      job.work = [o, result, pixels = image->permute({2, 0, 1}).contiguous()](const ViT& vit) {
+        *result = InspectClassifier(vit, pixels, o);
+        return result->status();
+      };
+      job.done = std::move(done);  // the work's status, or why it did not run
+      return c->batcher().EnqueueSide(std::move(job));
+    }
+    auto* g = static_cast<const ServedGenerator*>(m.get());
+    const PixelModelConfig& pc = g->config();
+    int64_t class_row = -1;
+    if (has_class) {
+      auto cls = by_name ? pc.ClassOfLabel(request->label()) : pc.ClassRow(request->class_index());
+      if (!cls.ok()) {
+        return InvalidField(class_field, absl::StrCat(class_field, ": model ", m->name(), ": ",
+                                                      cls.status().message()));
+      }
+      class_row = *cls;
+    }
+    if (absl::Status bad = CheckInspectOptions(InspectShapeOf(g->pixel()), o, &field); !bad.ok())
+      return InvalidField(field, bad.message());
+    ScoreJob job;
+    job.images = image->reshape({1, -1}).contiguous();  // the raster order, as Score
+    job.deadline = SteadyDeadline(ctx);
+    job.cancelled = [ctx] { return ctx->IsCancelled(); };
+    job.work = [o, result, class_row, raster = job.images[0]](const PixelModel& model,
+                                                              KrauseImpl impl) mutable {
+      o.impl = impl;
+      *result = InspectGenerator(model, raster, class_row, o);
+      return result->status();
+    };
+    job.done = [done = std::move(done)](absl::StatusOr<std::vector<double>> r) {
+      done(r.status());  // the work's status, or why it did not run
+    };
+    return g->worker().EnqueueScore(std::move(job));
   });
   if (!st.ok()) call->Finish(st);
   return reactor;

@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "krause/v1/krause.grpc.pb.h"
+#include "model/engine/inspect.h"
 #include "server/call_book.h"
 #include "server/gate.h"
 #include "server/model_control.h"
@@ -48,6 +49,11 @@ class KrauseService final : public v1::KrauseService::CallbackService {
       grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) override;
   grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* ctx, const v1::ScoreRequest* request,
                                   v1::ScoreResponse* response) override;
+  // Inspect: the model's attention on one image (model/engine/inspect.h), run by the model's
+  // batcher or worker beside its other work.
+  grpc::ServerUnaryReactor* Inspect(grpc::CallbackServerContext* ctx,
+                                    const v1::InspectRequest* request,
+                                    v1::InspectResponse* response) override;
   // Model control (service_control.cc): admin calls.
   grpc::ServerUnaryReactor* LoadModel(grpc::CallbackServerContext* ctx,
                                       const v1::LoadModelRequest* request,
@@ -72,11 +78,14 @@ class KrauseService final : public v1::KrauseService::CallbackService {
   // Optional: one line per finished call (request_log.h). Set before serving.
   void SetRequestLog(RequestLog* log) { request_log_ = log; }
   RequestLog* request_log() const { return request_log_; }
+  // The bound on an Inspect reply's listed keys (--inspect_max_entries). Set before serving.
+  void SetInspectMaxEntries(int64_t n) { inspect_max_entries_ = n; }
   ReplyPool* replies() { return &replies_; }
 
  private:
   Gate* const gate_;
   CallObserver* const observer_;
+  int64_t inspect_max_entries_ = defaults::kInspectMaxEntries;
   std::atomic<ModelControl*> control_{nullptr};
   RequestLog* request_log_ = nullptr;
   const FaultHook fault_;  // before replies_: its tasks may call it

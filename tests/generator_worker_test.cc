@@ -6,6 +6,7 @@
 // receivers' condition variables (a 20 s bound turns a hang into a failure), never on a sleep.
 #include "server/generator_worker.h"
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -280,6 +281,50 @@ TEST(GeneratorWorker, StopTellsEveryLiveCall) {
   for (const auto& [image, st] : r->done()) EXPECT_TRUE(absl::IsCancelled(st)) << image;
   EXPECT_THAT(worker->Submit({Request(3)}, std::make_shared<Recorder>(1, std::vector<size_t>{0})),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
+}
+
+// An Inspect job (ScoreJob::work) runs on the worker thread beside a running stream, with the
+// model and the serving implementation; the stream's image is unchanged. A cancelled one is
+// dropped with CANCELLED and its work never runs.
+TEST(GeneratorWorker, InspectJobsRunBesideStreamsAndAreDroppedWhenCancelled) {
+  const auto m = TinyModel(16);
+  auto worker = GeneratorWorker::Create(m, Slots(2)).value();
+  auto r = std::make_shared<Recorder>(1, std::vector<size_t>{0});
+  ASSERT_TRUE(worker->Submit({Request(1)}, r).ok());
+  ASSERT_TRUE(r->WaitStarted(0));
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<absl::Status> done;
+  bool ran_on_model = false, cancelled_ran = false;
+  auto job = [&](bool cancelled, bool* ran) {
+    ScoreJob j;
+    j.images = at::zeros({1, m->config().seq_len()}, at::kByte);
+    j.cancelled = [cancelled] { return cancelled; };
+    j.work = [&, ran](const PixelModel& model, KrauseImpl) {
+      std::lock_guard<std::mutex> lock(mu);
+      *ran = &model == m.get();
+      return absl::OkStatus();
+    };
+    j.done = [&](absl::StatusOr<std::vector<double>> bits) {
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_TRUE(!bits.ok() || bits->empty());
+      done.push_back(bits.status());
+      cv.notify_all();
+    };
+    return j;
+  };
+  ASSERT_TRUE(worker->EnqueueScore(job(true, &cancelled_ran)).ok());
+  ASSERT_TRUE(worker->EnqueueScore(job(false, &ran_on_model)).ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return done.size() == 2; }));
+    EXPECT_TRUE(absl::IsCancelled(done[0]));
+    EXPECT_TRUE(done[1].ok());
+    EXPECT_TRUE(ran_on_model);
+    EXPECT_FALSE(cancelled_ran);
+  }
+  ASSERT_TRUE(r->WaitDone());
+  EXPECT_EQ(r->pixels()[0], Alone(*m, Request(1)));
 }
 
 }  // namespace

@@ -281,5 +281,56 @@ TEST(PlanWorkerIteration, OverALongRunSideWorkTakesItsShare) {
   EXPECT_NEAR(side / (side + decode), 0.5, 0.01);
 }
 
+// Side work of a classifier's batcher (Inspect): turns with the batches, drops like requests.
+TEST(PlanSideWork, SideJobsTakeTurnsWithBatches) {
+  const std::vector<QueuedSide> one = {QueuedSide{}};
+  // No batch due: a side job runs, back to back with the previous one.
+  SidePlan p = PlanSideWork(one, kT0, /*batch_due=*/false, /*last_was_side=*/true);
+  EXPECT_TRUE(p.run);
+  EXPECT_EQ(p.index, 0u);
+  // A batch due after a batch: the side job goes first, then the batch.
+  EXPECT_TRUE(PlanSideWork(one, kT0, true, false).run);
+  // A batch due after a side job: the batch goes first (a request waits for one side job at most).
+  EXPECT_FALSE(PlanSideWork(one, kT0, true, true).run);
+  // Nothing queued: nothing to run.
+  EXPECT_FALSE(PlanSideWork({}, kT0, false, false).run);
+}
+
+TEST(PlanSideWork, ExpiredCancelledAndStoppingJobsAreDropped) {
+  const std::vector<QueuedSide> q = {QueuedSide{kT0 + ms(1), false}, QueuedSide{kT0 + ms(9), true},
+                                     QueuedSide{kT0 + ms(9), false}};
+  SidePlan p = PlanSideWork(q, kT0 + ms(2), false, false);
+  ASSERT_EQ(p.drop.size(), 2u);
+  EXPECT_EQ(p.drop[0].index, 0u);
+  EXPECT_EQ(p.drop[0].why.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(p.drop[1].index, 1u);
+  EXPECT_EQ(p.drop[1].why.code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(p.run);
+  EXPECT_EQ(p.index, 2u);  // the oldest live one
+  p = PlanSideWork(q, kT0, false, false, /*stopping=*/true);
+  EXPECT_EQ(p.drop.size(), 3u);
+  EXPECT_EQ(p.drop[2].why.code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(p.run);
+}
+
+// A generator's Inspect is a Score job of one image: while sequences decode it runs only on
+// credit, so a running stream is delayed by at most its own compute per decode step's share.
+TEST(PlanWorkerIteration, AnInspectIsOneScoreImageUnderTheBudget) {
+  GeneratorSchedulingOptions o;
+  WorkerState s;
+  s.decoding = 3;
+  s.free_slots = 61;
+  s.score_images_left = 1;
+  s.seconds_per_score_image = 0.050;  // far over the slice and the credit
+  s.credit_seconds = 0;
+  WorkerPlan p = PlanWorkerIteration(s, o);
+  EXPECT_EQ(p.score_images, 0);  // no credit: decode only
+  EXPECT_TRUE(p.step);
+  s.credit_seconds = 1e-4;
+  p = PlanWorkerIteration(s, o);
+  EXPECT_EQ(p.score_images, 1);  // any credit: the one image, then decode steps repay it
+  EXPECT_TRUE(p.step);
+}
+
 }  // namespace
 }  // namespace krause::server

@@ -88,6 +88,16 @@ TEST(ServerMetrics, ScrapeMatchesAKnownWorkload) {
     v1::ScoreResponse r;
     ASSERT_TRUE(stub->Score(&ctx, req, &r).ok());
   }
+  // 1 inspect call (counted like the others; it classifies, generates and scores nothing).
+  {
+    v1::InspectRequest req;
+    req.set_model("karm");
+    *req.mutable_image() = Raw(6, 6, 20);
+    req.add_queries(5);
+    grpc::ClientContext ctx;
+    v1::InspectResponse r;
+    ASSERT_TRUE(stub->Inspect(&ctx, req, &r).ok());
+  }
 
   auto text = client::HttpGet("127.0.0.1:" + std::to_string((*server)->metrics_port()), "/metrics");
   ASSERT_TRUE(text.ok()) << text.status();
@@ -133,7 +143,17 @@ TEST(ServerMetrics, ScrapeMatchesAKnownWorkload) {
                                              {"version", "1"},
                                              {"code", "OK"}}),
             1);
-  EXPECT_EQ(client::PrometheusSum(*text, "krause_requests_total"), 3 + 1 + 1 + 2 + 1 + 1);
+  EXPECT_EQ(sample("krause_requests_total", {{"rpc", "Inspect"},
+                                             {"protocol", "krause.v1"},
+                                             {"model", "karm"},
+                                             {"version", "1"},
+                                             {"code", "OK"}}),
+            1);
+  EXPECT_EQ(
+      sample("krause_request_duration_seconds_count",
+             {{"rpc", "Inspect"}, {"protocol", "krause.v1"}, {"model", "karm"}, {"version", "1"}}),
+      1);
+  EXPECT_EQ(client::PrometheusSum(*text, "krause_requests_total"), 3 + 1 + 1 + 2 + 1 + 1 + 1);
   EXPECT_EQ(
       sample("krause_request_duration_seconds_count",
              {{"rpc", "Classify"}, {"protocol", "krause.v1"}, {"model", "vit"}, {"version", "1"}}),

@@ -1,13 +1,13 @@
 #include "model/data/png.h"
 
 #include <ATen/ATen.h>
-#include <png.h>
 
 #include <cstring>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "model/util/files.h"
+#include "model/util/png_pixels.h"
 #include "model/util/status_macros.h"
 #include "model/util/tensor_checks.h"
 
@@ -15,48 +15,15 @@ namespace krause {
 
 absl::StatusOr<at::Tensor> DecodePng(std::string_view bytes, int channels,
                                      const PngHeaderCheck& check) {
-  if (channels != 0 && channels != 1 && channels != 3) {
-    return absl::InvalidArgumentError(absl::StrCat("channels must be 0, 1 or 3, got ", channels));
-  }
-  png_image image;
-  std::memset(&image, 0, sizeof(image));
-  image.version = PNG_IMAGE_VERSION;
-  // Reads the signature and the header chunks only: nothing is decompressed yet.
-  if (!png_image_begin_read_from_memory(&image, bytes.data(), bytes.size())) {
-    const std::string msg = image.message;
-    png_image_free(&image);
-    return absl::InvalidArgumentError(absl::StrCat("not a valid PNG: ", msg));
-  }
-  if (channels == 0) channels = (image.format & PNG_FORMAT_FLAG_COLOR) ? 3 : 1;
-  const PngInfo info{static_cast<int64_t>(image.height), static_cast<int64_t>(image.width),
-                     channels};
-  // The caller's check first (its message is the more specific one), then the absolute limit.
-  absl::Status st = check ? check(info) : absl::OkStatus();
-  const int64_t decoded = info.height * info.width * info.channels;  // < 2^64: 32-bit sides
-  if (st.ok() && decoded > kMaxPngDecodedBytes) {
-    st = absl::InvalidArgumentError(
-        absl::StrCat("the PNG header claims ", info.height, "x", info.width, "x", info.channels,
-                     " = ", decoded, " bytes decoded, over the limit of ", kMaxPngDecodedBytes));
-  }
-  if (!st.ok()) {
-    png_image_free(&image);
-    return st;
-  }
-  image.format = channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
-  at::Tensor out;
+  ASSIGN_OR_RETURN(PixelBuffer px, DecodePngPixels(bytes, channels, check));
   try {
-    out = at::empty({info.height, info.width, channels}, at::kByte);
+    at::Tensor out = at::empty({px.height, px.width, px.channels}, at::kByte);
+    std::memcpy(out.data_ptr(), px.pixels.data(), px.pixels.size());
+    return out;
   } catch (const std::exception& e) {
-    png_image_free(&image);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate ", decoded, " bytes for a PNG: ", e.what()));
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", px.pixels.size(),
+                                                     " bytes for a PNG: ", ExceptionMessage(e)));
   }
-  if (!png_image_finish_read(&image, nullptr, out.data_ptr(), 0, nullptr)) {
-    const std::string msg = image.message;
-    png_image_free(&image);
-    return absl::InvalidArgumentError(absl::StrCat("corrupt PNG: ", msg));
-  }
-  return out;
 }
 
 absl::StatusOr<std::string> EncodePng(const at::Tensor& hwc) {
@@ -67,22 +34,9 @@ absl::StatusOr<std::string> EncodePng(const at::Tensor& hwc) {
                      hwc.defined() ? ShapeString(hwc.sizes()) : "undefined"));
   }
   const at::Tensor c = hwc.contiguous().cpu();
-  png_image image;
-  std::memset(&image, 0, sizeof(image));
-  image.version = PNG_IMAGE_VERSION;
-  image.width = static_cast<png_uint_32>(c.size(1));
-  image.height = static_cast<png_uint_32>(c.size(0));
-  image.format = c.size(2) == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
-  png_alloc_size_t size = 0;
-  if (!png_image_write_to_memory(&image, nullptr, &size, 0, c.data_ptr(), 0, nullptr)) {
-    return absl::InternalError(absl::StrCat("PNG encode failed: ", image.message));
-  }
-  std::string out(size, '\0');
-  if (!png_image_write_to_memory(&image, out.data(), &size, 0, c.data_ptr(), 0, nullptr)) {
-    return absl::InternalError(absl::StrCat("PNG encode failed: ", image.message));
-  }
-  out.resize(size);
-  return out;
+  return EncodePngPixels(
+      std::string_view(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel())),
+      c.size(0), c.size(1), static_cast<int>(c.size(2)));
 }
 
 absl::Status WritePng(const std::string& path, const at::Tensor& hwc) {

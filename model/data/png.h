@@ -8,24 +8,10 @@
 #include <string>
 #include <string_view>
 
-#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
+#include "model/util/png_pixels.h"
 
 namespace krause {
-
-// What a PNG's header says, read before anything is decoded.
-struct PngInfo {
-  int64_t height = 0, width = 0;
-  int channels = 0;  // what DecodePng produces: the requested channels, else the file's (1 or 3)
-};
-
-// The most a decode may produce, whatever the caller accepts: 2^26 bytes (64 MiB, e.g. 4096 x
-// 4096 x 3 plus room). A header over it is refused before any allocation.
-inline constexpr int64_t kMaxPngDecodedBytes = int64_t{1} << 26;
-
-// Decides from the header whether to decode at all: a non-OK status is returned as is and nothing
-// is allocated (a small file can claim any size; only the header is trusted to be read).
-using PngHeaderCheck = absl::AnyInvocable<absl::Status(const PngInfo&) const>;
 
 // channels: 1 or 3 converts to that layout; 0 keeps the file's (gray -> 1, anything else -> 3).
 // Corrupt data gives InvalidArgument with libpng's message; `check` (optional) runs on the header
