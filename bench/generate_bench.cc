@@ -50,6 +50,8 @@ struct Options {
   std::string only;  // "mnist" or "cifar"
   std::string device = "cpu";
   std::vector<int64_t> streams;  // empty: {1, 16, 64} ({1, 16} with --quick)
+  // --repeat_step CONFIG,ATTENTION,S,POSITION,STEPS: only that decode step, STEPS times.
+  std::string repeat_step;
 };
 
 struct Record {
@@ -158,6 +160,21 @@ double CopyBytesPerSecond(const at::Device& device) {
   return 2.0 * static_cast<double>(floats) * 4 / t[t.size() / 2];
 }
 
+// The CPU's memory read bandwidth, measured in the same run: ATen's vectorised, multithreaded sum
+// of 1 GiB of floats (far over the caches), median of 5 after a warm-up; bytes read per second.
+double CpuReadBytesPerSecond() {
+  const int64_t floats = int64_t{256} << 20;  // 1 GiB
+  const at::Tensor src = at::ones({floats}, at::kFloat);
+  std::vector<double> t;
+  for (int r = 0; r < 6; ++r) {
+    const auto t0 = Clock::now();
+    (void)src.sum().item<float>();
+    if (r > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return static_cast<double>(floats) * 4 / t[t.size() / 2];
+}
+
 void FillRandom(const PixelModelConfig& c, PixelKvCache* cache) {
   at::NoGradGuard g;
   for (int64_t l = 0; l < c.depth; ++l) {
@@ -188,6 +205,46 @@ double FullRun(const PixelModel& m, int64_t s) {
   return s / secs;
 }
 
+// --repeat_step: one decode step of the engine's kind (packed on the CPU) over caches of random
+// history, repeated; prints the mean step time. Everything else the bench does is left out, so
+// that a profiler sees the step alone.
+int RepeatStep(const std::string& spec, const std::string& device_name) {
+  const std::vector<std::string> f = absl::StrSplit(spec, ',');
+  int64_t s = 0, position = 0, steps = 0;
+  if (f.size() != 5 || (f[0] != "mnist" && f[0] != "cifar") ||
+      (f[1] != "krause" && f[1] != "softmax") || !absl::SimpleAtoi(f[2], &s) || s < 1 ||
+      !absl::SimpleAtoi(f[3], &position) || position < 0 || !absl::SimpleAtoi(f[4], &steps) ||
+      steps < 1) {
+    std::fprintf(
+        stderr,
+        "--repeat_step: CONFIG (mnist|cifar),ATTENTION (krause|softmax),S,POSITION,STEPS\n");
+    return 2;
+  }
+  const PixelModelConfig c = PaperConfig(f[0], f[1]);
+  if (position >= c.seq_len()) {
+    std::fprintf(stderr, "--repeat_step: position must be < %lld\n",
+                 static_cast<long long>(c.seq_len()));
+    return 2;
+  }
+  const at::Device device(device_name);
+  auto model = PixelModel::Create(c, 1);
+  if (!model.ok()) return 1;
+  model->parameters().To(device);
+  const PixelDecodeWeights packed = PackForDecode(*model);
+  auto cache = PixelKvCache::Create(c, s, device);
+  if (!cache.ok()) return 1;
+  FillRandom(c, &*cache);
+  const double t = StepSeconds(
+      [&](const at::Tensor& u, const at::Tensor& pos, const at::Tensor& sl) {
+        return model->DecodeStep(u, pos, sl, &*cache, &packed);
+      },
+      s, position, static_cast<int>(steps));
+  std::printf("%s %s S=%lld position %lld: %.3f ms per step (median of %lld)\n", f[0].c_str(),
+              f[1].c_str(), static_cast<long long>(s), static_cast<long long>(position), t * 1e3,
+              static_cast<long long>(steps));
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -209,6 +266,8 @@ int Main(int argc, char** argv) {
         }
         o.streams.push_back(s);
       }
+    } else if (a == "--repeat_step" && i + 1 < argc) {
+      o.repeat_step = argv[++i];
     } else if (a == "--help") {
       std::printf(
           "krause-generate-bench: KARM vs ARM generation throughput (random weights).\n"
@@ -216,7 +275,10 @@ int Main(int argc, char** argv) {
           "  --only NAME     mnist or cifar\n"
           "  --device D      cpu (default; batch-invariant packed decode weights) or cuda[:N]\n"
           "  --streams LIST  concurrent sequences, e.g. 1,64,200 (default 1,16,64)\n"
-          "  --json FILE     one JSON record per measurement\n");
+          "  --json FILE     one JSON record per measurement\n"
+          "  --repeat_step CONFIG,ATTENTION,S,POSITION,STEPS\n"
+          "                  only one decode step (e.g. mnist,krause,64,700,150), STEPS times,\n"
+          "                  and its mean time: a steady load to profile (perf record -g)\n");
       return 0;
     } else {
       std::fprintf(stderr, "unknown argument %s (see --help)\n", a.c_str());
@@ -225,6 +287,7 @@ int Main(int argc, char** argv) {
   }
   krause::SetCpuThreads(0);
   at::NoGradGuard no_grad;
+  if (!o.repeat_step.empty()) return RepeatStep(o.repeat_step, o.device);
   std::vector<int64_t> streams =
       o.quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64};
   if (!o.streams.empty()) streams = o.streams;
@@ -247,7 +310,9 @@ int Main(int argc, char** argv) {
   for (const auto& cfg : configs) {
     progress.total += 2 * static_cast<int>(streams.size()) * (cfg == "mnist" ? 2 : 1);
   }
-  const double copy_bps = device.is_cuda() ? CopyBytesPerSecond(device) : 0;
+  // What the decode step's bytes per second are measured against: a device-to-device copy on a
+  // GPU, the CPU's read bandwidth on the CPU.
+  const double copy_bps = device.is_cuda() ? CopyBytesPerSecond(device) : CpuReadBytesPerSecond();
   std::vector<Record> records;
   std::vector<std::string> lines;
   std::map<std::string, int64_t> param_bytes;  // per config + model
@@ -435,7 +500,8 @@ int Main(int argc, char** argv) {
                       which.c_str(), att, static_cast<long long>(s), m.label,
                       static_cast<long long>(last->position), bytes / 1e6, bps / 1e9);
           if (copy_bps > 0) {
-            std::printf(" (%.0f%% of the device copy's %.0f GB/s)", 100 * bps / copy_bps,
+            std::printf(" (%.0f%% of the %s %.0f GB/s)", 100 * bps / copy_bps,
+                        device.is_cuda() ? "device copy's" : "CPU's measured read bandwidth,",
                         copy_bps / 1e9);
           }
           std::printf("\n");
