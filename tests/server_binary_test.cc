@@ -143,6 +143,45 @@ TEST_F(ServerBinaryTest, ClassesFromTheClientAndScoreSplitIntoCallsTheModelAccep
   EXPECT_THAT(r.out, ::testing::HasSubstr("unconditional"));
 }
 
+// krause-client inspect: heatmaps (one PNG per query: the image and one tile per head, per layer),
+// the summary table, the raw reply, and the server's field errors.
+TEST_F(ServerBinaryTest, InspectDrawsHeatmapsAndPrintsTheFigures) {
+  const std::string images = models_.dir + "/imgs.idx", out = models_.dir + "/heat";
+  WriteIdxBytes(images, {3, 8, 8}, 256);
+  // The ViT (8x8, patches of 4: a 2x2 grid and CLS): the centre token (row 1, column 1) is 4.
+  ShellRun r = Shell(client_ + "inspect --index 1 --out " + out + " " + images);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("inspect-q4.png: query 4 (row 1, column 1)"));
+  auto png = ReadPng(out + "/inspect-q4.png");
+  ASSERT_TRUE(png.ok()) << png.status();
+  // 1 layer, 2 heads: tiles of the 8x8 image scaled by 24 (192 px), 3 columns, 4-px gaps.
+  EXPECT_EQ(png->size(0), 4 + 192 + 4);
+  EXPECT_EQ(png->size(1), 3 * (192 + 4) + 4);
+  EXPECT_EQ(png->size(2), 3);
+  r = Shell(client_ + "inspect --index 1 --query 0,2 --out " + out + " " + images);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(ReadPng(out + "/inspect-q0.png").ok());
+  EXPECT_TRUE(ReadPng(out + "/inspect-q2.png").ok());
+  r = Shell(client_ + "inspect --index 1 --summary " + images);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("vit (version 1, Krause attention on fused_cpu)"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("busiest_key_share"));
+  // A generator, by class, as JSON.
+  const std::string pixels = models_.dir + "/px.idx";
+  WriteIdxBytes(pixels, {1, 6, 6}, 256);
+  r = Shell(client_ + "inspect --model karm-cond --label two --query 35 --json " + pixels);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("\"kind\": \"GENERATOR\""));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("\"query\": 35"));
+  // The server's errors, with the field.
+  r = Shell(client_ + "inspect --index 1 --layer 3 " + images);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, ::testing::HasSubstr("layers[0] = 3 is out of range"));
+  r = Shell(client_ + "inspect --index 1 --query x " + images);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, ::testing::HasSubstr("--query x: need indices >= 0"));
+}
+
 TEST_F(ServerBinaryTest, ClientSessionAndSigtermExitsZero) {
   ShellRun r = Shell(client_ + "list");
   ASSERT_EQ(r.code, 0) << r.out;
