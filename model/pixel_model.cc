@@ -74,12 +74,7 @@ at::Tensor PixelModel::Attention(int64_t layer, const at::Tensor& x, KrauseImpl 
   const at::Tensor v =
       nn::SplitHeads(nn::Linear(params_, a + (krause ? "W_v" : "v_proj"), x), config_.heads);
   if (kv != nullptr) kv->push_back({k.detach(), v.detach()});
-  AttentionTrace::Layer* record = nullptr;
-  if (trace != nullptr && trace->Wants(layer)) {
-    record = &trace->recorded.emplace_back();
-    record->layer = layer;
-    if (trace->keep_inputs) record->q = q, record->k = k, record->v = v;
-  }
+  AttentionTrace::Layer* const record = AttentionTrace::Begin(trace, layer, q, k, v);
   at::Tensor out;
   if (!krause) {
     auto r = CausalSoftmaxAttention(q, k, v, impl);
@@ -104,12 +99,8 @@ at::Tensor PixelModel::Attention(int64_t layer, const at::Tensor& x, KrauseImpl 
     auto r = KrauseAttention(q, k, v, log_sigma, o);
     TORCH_CHECK(r.ok(), r.status().ToString());
     out = r->out;
-    if (record != nullptr) {
-      record->indices = r->indices;
-      record->weights = r->weights.detach();
-      record->sigma = log_sigma.detach().reshape({-1}).exp().expand({config_.heads}).contiguous();
-      record->top_k = o.top_k;
-    }
+    if (record != nullptr)
+      AttentionTrace::RecordSelection(record, *r, log_sigma, config_.heads, o.top_k);
   }
   return nn::Linear(params_, a + "out_proj", nn::MergeHeads(out));
 }

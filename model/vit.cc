@@ -160,12 +160,7 @@ at::Tensor ViT::Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl,
   const at::Tensor k = nn::SplitHeads(nn::Linear(params_, a + "W_k", x), config_.heads);
   const at::Tensor v = nn::SplitHeads(nn::Linear(params_, a + "W_v", x), config_.heads);
   at::Tensor out;
-  AttentionTrace::Layer* record = nullptr;
-  if (trace != nullptr && trace->Wants(layer)) {
-    record = &trace->recorded.emplace_back();
-    record->layer = layer;
-    if (trace->keep_inputs) record->q = q, record->k = k, record->v = v;
-  }
+  AttentionTrace::Layer* const record = AttentionTrace::Begin(trace, layer, q, k, v);
   if (config_.attention == AttentionKind::kSoftmax) {
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
     const at::Tensor probs = at::softmax(at::matmul(q, k.transpose(-1, -2)) * scale, -1);
@@ -182,12 +177,8 @@ at::Tensor ViT::Attention(int64_t layer, const at::Tensor& x, KrauseImpl impl,
     auto r = KrauseAttention(q, k, v, log_sigma, o);
     TORCH_CHECK(r.ok(), r.status().ToString());  // shapes are ours: a failure is a bug
     out = r->out;
-    if (record != nullptr) {
-      record->indices = r->indices;
-      record->weights = r->weights.detach();
-      record->sigma = log_sigma.detach().reshape({-1}).exp().expand({config_.heads}).contiguous();
-      record->top_k = o.top_k;
-    }
+    if (record != nullptr)
+      AttentionTrace::RecordSelection(record, *r, log_sigma, config_.heads, o.top_k);
   }
   return nn::Linear(params_, a + "out_proj", nn::MergeHeads(out));
 }

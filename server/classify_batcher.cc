@@ -14,6 +14,18 @@
 #include "server/status.h"
 
 namespace krause::server {
+namespace {
+
+// Keeps the entries of `q` not marked in `leaves` (those a plan took out), in order.
+template <typename T>
+void RemoveMarked(std::deque<T>* q, const std::vector<char>& leaves) {
+  std::deque<T> rest;
+  for (size_t i = 0; i < q->size(); ++i)
+    if (!leaves[i]) rest.push_back(std::move((*q)[i]));
+  q->swap(rest);
+}
+
+}  // namespace
 
 ClassifyBatcher::ClassifyBatcher(std::shared_ptr<const ViT> model, std::string device,
                                  BatchingOptions options,
@@ -164,10 +176,7 @@ void ClassifyBatcher::Loop() {
             side_job = std::move(side_[side_plan.index]);
             plan.take.clear();  // the batch runs after it
           }
-          std::deque<SideJob> rest;
-          for (size_t i = 0; i < side_.size(); ++i)
-            if (!out[i]) rest.push_back(std::move(side_[i]));
-          side_.swap(rest);
+          RemoveMarked(&side_, out);
         }
         std::vector<char> leaves(queue_.size(), 0);
         for (const ClassifyPlan::Drop& d : plan.drop) {
@@ -180,10 +189,7 @@ void ClassifyBatcher::Loop() {
           batch.push_back(std::move(queue_[i]));
         }
         if (!plan.drop.empty() || !plan.take.empty()) {
-          std::deque<Entry> rest;
-          for (size_t i = 0; i < queue_.size(); ++i)
-            if (!leaves[i]) rest.push_back(std::move(queue_[i]));
-          queue_.swap(rest);
+          RemoveMarked(&queue_, leaves);
           for (const Entry& e : dropped) queued_images_ -= e.job.images.size(0);
           for (const Entry& e : batch) queued_images_ -= e.job.images.size(0);
         }

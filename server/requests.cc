@@ -83,13 +83,9 @@ absl::StatusOr<ParsedGenerate> ParseGenerate(const v1::GenerateRequest& req,
   }
   const PixelModelConfig& c = m.config();
   if (req.condition_case() != v1::GenerateRequest::CONDITION_NOT_SET) {
-    const bool by_name = req.condition_case() == v1::GenerateRequest::kLabel;
-    auto cls = by_name ? c.ClassOfLabel(req.label()) : c.ClassRow(req.class_index());
-    if (!cls.ok()) {
-      const char* field = by_name ? "label" : "class_index";
-      return InvalidField(field,
-                          absl::StrCat(field, ": model ", m.name(), ": ", cls.status().message()));
-    }
+    auto cls = RequestedClass(m, req.condition_case() == v1::GenerateRequest::kLabel, req.label(),
+                              req.class_index());
+    if (!cls.ok()) return cls.status();
     p.label = *cls;
   }
   // The model's default guidance applies to requests with a class.
@@ -125,6 +121,16 @@ absl::StatusOr<at::Tensor> DecodeImages(const google::protobuf::RepeatedPtrField
     out.push_back(t->permute({2, 0, 1}));
   }
   return at::stack(out, 0).contiguous();
+}
+
+absl::StatusOr<int64_t> RequestedClass(const ServedGenerator& m, bool by_name,
+                                       const std::string& label, int64_t class_index) {
+  const PixelModelConfig& c = m.config();
+  auto cls = by_name ? c.ClassOfLabel(label) : c.ClassRow(class_index);
+  if (cls.ok()) return cls;
+  const char* field = by_name ? "label" : "class_index";
+  return InvalidField(field,
+                      absl::StrCat(field, ": model ", m.name(), ": ", cls.status().message()));
 }
 
 absl::StatusOr<std::vector<int64_t>> ScoreClasses(const v1::ScoreRequest& req,

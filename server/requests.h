@@ -61,4 +61,9 @@ absl::StatusOr<at::Tensor> DecodeImages(const google::protobuf::RepeatedPtrField
 absl::StatusOr<std::vector<int64_t>> ScoreClasses(const v1::ScoreRequest& request,
                                                   const ServedGenerator& model, int64_t images);
 
+// A request's one class (the `label` / `class_index` oneof of Generate and Inspect): its row, or
+// INVALID_ARGUMENT naming the field that was given ("label: model M: ...").
+absl::StatusOr<int64_t> RequestedClass(const ServedGenerator& model, bool by_name,
+                                       const std::string& label, int64_t class_index);
+
 }  // namespace krause::server

@@ -332,14 +332,10 @@ grpc::ServerUnaryReactor* KrauseService::Inspect(grpc::CallbackServerContext* ct
       return c->batcher().EnqueueSide(std::move(job));
     }
     auto* g = static_cast<const ServedGenerator*>(m.get());
-    const PixelModelConfig& pc = g->config();
     int64_t class_row = -1;
     if (has_class) {
-      auto cls = by_name ? pc.ClassOfLabel(request->label()) : pc.ClassRow(request->class_index());
-      if (!cls.ok()) {
-        return InvalidField(class_field, absl::StrCat(class_field, ": model ", m->name(), ": ",
-                                                      cls.status().message()));
-      }
+      auto cls = RequestedClass(*g, by_name, request->label(), request->class_index());
+      if (!cls.ok()) return cls.status();
       class_row = *cls;
     }
     if (absl::Status bad = CheckInspectOptions(InspectShapeOf(g->pixel()), o, &field); !bad.ok())

@@ -21,6 +21,13 @@ void SetDetail(absl::Status* status, const Message& m) {
   status->SetPayload(TypeUrl<Message>(), absl::Cord(m.SerializeAsString()));
 }
 
+// ErrorInfo.metadata["model"] = model (the map's wire form: one more key/value entry).
+void AddModel(google::rpc::ErrorInfo* e, absl::string_view model) {
+  google::rpc::ErrorInfo::MetadataEntry* m = e->add_metadata();
+  m->set_key("model");
+  m->set_value(std::string(model));
+}
+
 // Decodes one detail (type URL and bytes) into `out`; unknown types are skipped.
 void Decode(absl::string_view type_url, const std::string& bytes, ErrorDetails* out) {
   if (type_url == TypeUrl<google::rpc::ErrorInfo>()) {
@@ -49,11 +56,7 @@ absl::Status WithErrorInfo(absl::Status status, absl::string_view reason, absl::
   google::rpc::ErrorInfo e;
   e.set_reason(std::string(reason));
   e.set_domain(kErrorDomain);
-  if (!model.empty()) {
-    auto* m = e.add_metadata();
-    m->set_key("model");
-    m->set_value(std::string(model));
-  }
+  if (!model.empty()) AddModel(&e, model);
   SetDetail(&status, e);
   if (retry_delay) {
     google::rpc::RetryInfo r;
@@ -80,9 +83,7 @@ absl::Status WithModel(absl::Status status, absl::string_view model) {
   if (!e.ParseFromString(std::string(*payload))) return status;
   for (const auto& m : e.metadata())
     if (m.key() == "model") return status;
-  auto* m = e.add_metadata();
-  m->set_key("model");
-  m->set_value(std::string(model));
+  AddModel(&e, model);
   SetDetail(&status, e);
   return status;
 }

@@ -90,9 +90,9 @@ int main(int argc, char** argv) {
                            {"with_class", absl::GetFlag(FLAGS_with_class)},
                            {"models", nlohmann::json::array()}};
   std::vector<std::vector<LayerFigures>> all;
-  std::printf("%-24s %-7s %5s %11s %21s %18s %24s %14s\n", "model", "kind", "layer",
-              "sink_share", "effective_neighbours", "busiest_key_share",
-              "busiest_is_cls_or_start", "mean_distance");
+  std::printf("%-24s %-7s %5s %11s %21s %18s %24s %14s\n", "model", "kind", "layer", "sink_share",
+              "effective_neighbours", "busiest_key_share", "busiest_is_cls_or_start",
+              "mean_distance");
   for (size_t mi = 0; mi < models.size(); ++mi) {
     const krause::LoadedModel& m = models[mi];
     const std::string name = std::filesystem::path(paths[mi]).stem().string();

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/attention/krause_attention.h"
+
 namespace krause {
 
 struct AttentionTrace {
@@ -38,6 +40,15 @@ struct AttentionTrace {
   bool Wants(int64_t layer) const {
     return std::binary_search(layers.begin(), layers.end(), layer);
   }
+
+  // What both models' attention layers call. Begin: the record of `layer` (its inputs kept when
+  // keep_inputs), or null when the trace does not ask for it; `trace` may be null.
+  static Layer* Begin(AttentionTrace* trace, int64_t layer, const at::Tensor& q,
+                      const at::Tensor& k, const at::Tensor& v);
+  // A Krause layer's selection (a KrauseResult made with return_selection), its heads' sigma
+  // (log_sigma: one value or one per head) and k.
+  static void RecordSelection(Layer* record, const KrauseResult& result,
+                              const at::Tensor& log_sigma, int64_t heads, int64_t top_k);
 };
 
 }  // namespace krause

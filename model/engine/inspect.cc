@@ -16,22 +16,19 @@
 namespace krause {
 namespace {
 
-std::vector<int64_t> LayersAsked(const InspectShape& shape, const InspectOptions& o) {
-  if (o.layers.empty()) {
-    std::vector<int64_t> all(shape.layers);
-    std::iota(all.begin(), all.end(), 0);
-    return all;
-  }
-  std::vector<int64_t> layers = o.layers;
-  std::sort(layers.begin(), layers.end());
-  return layers;
-}
-
-std::vector<int64_t> QueriesAsked(const InspectShape& shape, const InspectOptions& o) {
-  if (!o.queries.empty()) return o.queries;
-  std::vector<int64_t> all(shape.tokens);
+// `asked`, or every index 0 .. count-1 when it is empty.
+std::vector<int64_t> AllIfEmpty(const std::vector<int64_t>& asked, int64_t count) {
+  if (!asked.empty()) return asked;
+  std::vector<int64_t> all(count);
   std::iota(all.begin(), all.end(), 0);
   return all;
+}
+
+// The layers to record, ascending (as the forward meets them).
+std::vector<int64_t> LayersAsked(const InspectShape& shape, const InspectOptions& o) {
+  std::vector<int64_t> layers = AllIfEmpty(o.layers, shape.layers);
+  std::sort(layers.begin(), layers.end());
+  return layers;
 }
 
 // Keys listed per query in layer l.
@@ -61,7 +58,6 @@ LayerAttention Summarise(const AttentionTrace::Layer& rec, const InspectShape& s
                          const std::vector<std::pair<int64_t, int64_t>>& positions) {
   LayerAttention out;
   out.layer = rec.layer;
-  out.k = ListedK(shape, o, rec.layer);
   const int64_t n = shape.tokens;
   const bool krause = rec.indices.defined();
   at::Tensor indices, weights, probs, sigma;
@@ -69,11 +65,12 @@ LayerAttention Summarise(const AttentionTrace::Layer& rec, const InspectShape& s
     indices = rec.indices.to(at::kCPU).contiguous();
     weights = rec.weights.to(at::kCPU, at::kFloat).contiguous();
     sigma = rec.sigma.to(at::kCPU, at::kDouble).contiguous();
-    out.k = indices.size(3);
+    out.k = indices.size(3);  // what the layer keeps
   } else {
     probs = rec.probs.to(at::kCPU, at::kFloat).contiguous();
+    out.k = ListedK(shape, o, rec.layer);
   }
-  const int64_t kk = krause ? indices.size(3) : 0;
+  const int64_t kk = out.k;
   std::vector<bool> asked(n, false);
   for (int64_t q : queries) asked[q] = true;
   Row row;
@@ -159,7 +156,7 @@ absl::StatusOr<Inspection> Run(const InspectShape& shape, const InspectOptions& 
   Inspection result;
   result.krause = shape.krause;
   result.tokens = shape.tokens;
-  result.queries = QueriesAsked(shape, o);
+  result.queries = AllIfEmpty(o.queries, shape.tokens);
   result.positions = std::move(positions);
   try {
     const c10::InferenceMode inference;
