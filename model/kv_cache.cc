@@ -86,16 +86,22 @@ absl::Status PixelKvCache::SetDecodeImpl(KrauseImpl impl) {
   return absl::OkStatus();
 }
 
-void KrauseLayerCache::AttendRow(const DecodeRow& row, nn::ThreadScratch& scratch) {
-  cpu::DecodeItem item = ring_.HostItem(row.slot, row.head);
-  item.q = row.q;
-  item.k = row.k;
-  item.v = row.v;
-  item.position = row.position;
-  item.top_k = top_k_;
-  item.inv_var = row.inv_var;
-  item.out = row.out;
-  cpu::CpuKernels().decode(item, scratch.Kernel(ring_.window()));
+void KrauseLayerCache::AttendRows(const DecodeRow* rows, int64_t n, nn::ThreadScratch& scratch) {
+  const cpu::Scratch& kernel_scratch = scratch.Kernel(ring_.window());
+  const cpu::CpuKernelTable& kernels = cpu::CpuKernels();
+  for (int64_t i = 0; i < n; ++i) {
+    const DecodeRow& row = rows[i];
+    cpu::DecodeItem item = ring_.HostItem(row.slot, row.head);
+    item.q = row.q;
+    item.k = row.k;
+    item.v = row.v;
+    item.position = row.position;
+    item.top_k = top_k_;
+    item.inv_var = row.inv_var;
+    item.out = row.out;
+    if (i + 1 < n) ring_.SetNext(rows[i + 1].slot, rows[i + 1].head, &item);
+    kernels.decode(item, kernel_scratch);
+  }
 }
 
 std::vector<at::Tensor> KrauseLayerCache::Storage() {
@@ -168,7 +174,11 @@ absl::StatusOr<at::Tensor> SoftmaxLayerCache::Attend(const at::Tensor& q, const 
   }
 }
 
-void SoftmaxLayerCache::AttendRow(const DecodeRow& row, nn::ThreadScratch& scratch) {
+void SoftmaxLayerCache::AttendRows(const DecodeRow* rows, int64_t n, nn::ThreadScratch& scratch) {
+  for (int64_t i = 0; i < n; ++i) AttendOne(rows[i], scratch);
+}
+
+void SoftmaxLayerCache::AttendOne(const DecodeRow& row, nn::ThreadScratch& scratch) {
   // Softmax over the whole prefix 0..p, in position order.
   const int64_t dh = head_dim(), n = length(), p = row.position;
   const int64_t base = ((row.slot * heads() + row.head) * n) * dh;

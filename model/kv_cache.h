@@ -6,8 +6,8 @@
 //   WritePrefix  stores a prefill's keys and values for one sequence;
 //   Attend       appends S sequences' new keys and values (LibTorch tensors, any device) and
 //                returns their attention over what each sequence has cached;
-//   AttendRow    the same for one (sequence, head) on raw fp32 host memory (the packed CPU step,
-//                engine/cpu_decoder.h, which runs the whole step without LibTorch ops).
+//   AttendRows   the same for (sequence, head) rows on raw fp32 host memory (the packed CPU
+//                step, engine/cpu_decoder.h, which runs the whole step without LibTorch ops).
 // Two implementations:
 //   KrauseLayerCache   a KrauseRingCache (attention/decode.h): the last W keys, values and key
 //                      biases per sequence (memory independent of the image size); attends with
@@ -17,7 +17,7 @@
 //                      positions 0..p.
 // PixelKvCache holds a model's layer caches and, for conditional models, each slot's class.
 //
-// Thread-safety: none; one engine thread owns a cache. AttendRow calls for different
+// Thread-safety: none; one engine thread owns a cache. AttendRows calls for different
 // (slot, head) pairs may run concurrently (they write disjoint memory).
 #pragma once
 
@@ -73,9 +73,12 @@ class LayerKvCache {
   virtual absl::StatusOr<at::Tensor> Attend(const at::Tensor& q, const at::Tensor& k,
                                             const at::Tensor& v, const DecodeIndex& index,
                                             const DecodeScale* scale) = 0;
-  // The same for one (sequence, head) on an fp32 CPU cache, arguments checked by the caller
-  // (CpuDecoder::Step). Same kernels and order as Attend on the CPU for Krause caches.
-  virtual void AttendRow(const DecodeRow& row, nn::ThreadScratch& scratch) = 0;
+  // The same for n (sequence, head) rows on an fp32 CPU cache, in order, arguments checked by
+  // the caller (CpuDecoder::Step); rows must write disjoint memory (distinct (slot, head)
+  // pairs). Same kernels and order as Attend on the CPU for Krause caches, which also fetch
+  // each next row's ring while the current one computes.
+  virtual void AttendRows(const DecodeRow* rows, int64_t n, nn::ThreadScratch& scratch) = 0;
+  void AttendRow(const DecodeRow& row, nn::ThreadScratch& scratch) { AttendRows(&row, 1, scratch); }
   // What Attend runs: kAuto (the default) the decode kernel (the fused one on the CPU, the CUDA
   // one on a GPU), kWindowed LibTorch ops (KrauseDecodeStepLibTorch: the fallback a model is
   // served on when the load-time kernel check finds the kernel wrong). The softmax cache attends
@@ -106,7 +109,7 @@ class KrauseLayerCache final : public LayerKvCache {
   void WritePrefix(int64_t slot, const at::Tensor& k, const at::Tensor& v) override;
   absl::StatusOr<at::Tensor> Attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const DecodeIndex& index, const DecodeScale* scale) override;
-  void AttendRow(const DecodeRow& row, nn::ThreadScratch& scratch) override;
+  void AttendRows(const DecodeRow* rows, int64_t n, nn::ThreadScratch& scratch) override;
   absl::Status SetDecodeImpl(KrauseImpl impl) override;
   std::vector<at::Tensor> Storage() override;
 
@@ -145,12 +148,13 @@ class SoftmaxLayerCache final : public LayerKvCache {
   // masked out. Not batch-invariant (the softmax length is the batch's); AttendRow is.
   absl::StatusOr<at::Tensor> Attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const DecodeIndex& index, const DecodeScale* scale) override;
-  void AttendRow(const DecodeRow& row, nn::ThreadScratch& scratch) override;
+  void AttendRows(const DecodeRow* rows, int64_t n, nn::ThreadScratch& scratch) override;
   absl::Status SetDecodeImpl(KrauseImpl impl) override;
   std::vector<at::Tensor> Storage() override { return {keys_, values_}; }
 
  private:
   SoftmaxLayerCache(at::Tensor keys, at::Tensor values);
+  void AttendOne(const DecodeRow& row, nn::ThreadScratch& scratch);
   at::Tensor keys_, values_;  // [slots, H, N, d]
   at::Device device_;
   double scale_;  // 1 / sqrt(d)

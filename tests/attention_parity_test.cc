@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/attention/cpu_kernels.h"
+#include "model/attention/decode.h"
 #include "model/attention/krause_attention.h"
 #include "tests/test_util.h"
 
@@ -187,15 +188,14 @@ Inputs MakeInputs(const Case& c, uint64_t seed) {
 struct ImplUnderTest {
   std::string name;
   KrauseImpl impl;
-  const char* cpu_variant;  // for fused_cpu
+  const char* cpu_variant;                                 // for fused_cpu
   internal::GridRoute route = internal::GridRoute::kAuto;  // windowed, grids only
 };
 
 std::vector<ImplUnderTest> Impls() {
   std::vector<ImplUnderTest> impls = {
       {"windowed", KrauseImpl::kWindowed, nullptr},
-      {"windowed_grid_table", KrauseImpl::kWindowed, nullptr,
-       internal::GridRoute::kCandidateTable},
+      {"windowed_grid_table", KrauseImpl::kWindowed, nullptr, internal::GridRoute::kCandidateTable},
       {"windowed_grid_dense_rows", KrauseImpl::kWindowed, nullptr,
        internal::GridRoute::kDenseRows}};
   for (int i = 0; i < cpu::NumCpuKernelVariants(); ++i) {
@@ -270,6 +270,52 @@ TEST(AttentionTieRule, EqualScoresKeepTheLargestKeyIndices) {
     const at::Tensor expected =
         at::tensor({0, -1, 1, 0, 2, 1, 3, 2, 4, 3, 5, 4}, at::kLong).view({1, 1, 6, 2});
     EXPECT_TRUE(at::equal(r.indices, expected)) << KrauseImplName(impl) << "\n" << r.indices;
+  }
+}
+
+// Rows longer than the small-row sort (windows of 128, the decode step's) whose scores take a
+// few distinct values, or all distinct: with few, the k-th largest score is shared by many
+// candidates, so the fused kernels' bitwise search for it meets every exit (exactly k at or
+// above a candidate, more than k, all keys equal) and the tie rule decides most of the kept set.
+// The fused prefill and the decode step, position by position, must keep the reference's indices in
+// its order.
+TEST(AttentionTieRule, LongRowsWithFewDistinctScores) {
+  const int64_t n = 300, d = 8, window = 128;
+  // Keys and queries drawn from `distinct` vectors: at most that many scores per query (one
+  // vector: all equal); with n Gaussian vectors, scores as distinct as real ones.
+  for (const int64_t distinct : {int64_t{1}, int64_t{2}, int64_t{4}, n}) {
+    at::manual_seed(distinct);
+    const at::Tensor protos =
+        distinct == n ? at::randn({n, d}) : at::randint(-3, 4, {distinct, d}).to(at::kFloat) * 0.5;
+    const at::Tensor k = protos.index_select(0, at::randint(0, distinct, {n})).view({1, 1, n, d});
+    const at::Tensor q = protos.index_select(0, at::randint(0, distinct, {n})).view({1, 1, n, d});
+    const at::Tensor v = at::randn({1, 1, n, d});
+    for (const int64_t top_k : {int64_t{1}, int64_t{37}, int64_t{96}, int64_t{127}}) {
+      SCOPED_TRACE(absl::StrCat("distinct ", distinct, ", top_k ", top_k));
+      KrauseOptions opts;
+      opts.neighbourhood = Neighbourhood::Causal(window);
+      opts.top_k = top_k;
+      opts.return_selection = true;
+      opts.impl = KrauseImpl::kReference;
+      KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseResult want, KrauseAttention(q, k, v, at::zeros({}), opts));
+      opts.impl = KrauseImpl::kFusedCpu;
+      KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseResult got, KrauseAttention(q, k, v, at::zeros({}), opts));
+      EXPECT_TRUE(at::equal(got.indices, want.indices));
+      EXPECT_LT(RelativeMaxError(got.out, want.out), 1e-5);
+      KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseRingCache cache, KrauseRingCache::Create(1, 1, d, window));
+      const at::Tensor slot = at::zeros({1}, at::kLong);
+      int64_t wrong = 0;
+      for (int64_t p = 0; p < n; ++p) {
+        auto row = [&](const at::Tensor& x) { return x[0].narrow(1, p, 1).transpose(0, 1); };
+        DecodeSelection sel;
+        KRAUSE_ASSERT_OK_AND_ASSIGN(
+            at::Tensor out, KrauseDecodeStep(row(q).contiguous(), row(k).contiguous(),
+                                             row(v).contiguous(), at::zeros({1}), top_k, slot,
+                                             at::full({1}, p, at::kLong), &cache, &sel));
+        wrong += !at::equal(sel.indices[0][0], want.indices[0][0][p]);
+      }
+      EXPECT_EQ(wrong, 0) << "decode positions whose kept indices differ from the reference's";
+    }
   }
 }
 

@@ -73,6 +73,14 @@ struct DecodeItem {
   float* out;          // [d]
   int64_t* sel_index;  // optional [min(top_k, window)]
   float* sel_weight;   // optional
+  // Optional: the ring of the item the caller runs next (same window, stride and d), which the
+  // kernel asks the memory system for (into the core's L2), a few cache lines per step of its
+  // own loops, while this item computes. A step's items each read their own ring (W keys and
+  // values: 32 KB for W 128, d 32) from memory; without the hint most of an item's time was the
+  // wait for it. Changes no result.
+  const float* next_kt;
+  const float* next_v;
+  const float* next_bias;
 };
 
 // A batch-invariant linear layer: out[i, j] = bias[j] + sum_k x[i, k] * wt[k, j], each sum

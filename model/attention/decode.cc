@@ -97,6 +97,13 @@ cpu::DecodeItem KrauseRingCache::HostItem(int64_t slot, int64_t head) {
   return item;
 }
 
+void KrauseRingCache::SetNext(int64_t slot, int64_t head, cpu::DecodeItem* item) {
+  const cpu::DecodeItem next = HostItem(slot, head);
+  item->next_kt = next.ring_kt;
+  item->next_v = next.ring_v;
+  item->next_bias = next.ring_bias;
+}
+
 namespace {
 
 absl::Status CheckStepTensor(const at::Tensor& t, const char* name, int64_t s, int64_t h, int64_t d,
@@ -332,6 +339,7 @@ absl::StatusOr<at::Tensor> KrauseDecodeStep(const at::Tensor& q, const at::Tenso
         item.out = op + w * d;
         item.sel_index = sip ? sip + w * kept : nullptr;
         item.sel_weight = swp ? swp + w * kept : nullptr;
+        if (w + 1 < w1) cache->SetNext(sp[(w + 1) / h], (w + 1) % h, &item);
         kernels.decode(item, scratch);
       }
     });

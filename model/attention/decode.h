@@ -60,6 +60,9 @@ class KrauseRingCache {
   // The decode kernel's work item for (slot, head) of an fp32 CPU ring: ring pointers, window,
   // stride and d filled; the caller fills q, k, v, position, top_k, inv_var and out.
   cpu::DecodeItem HostItem(int64_t slot, int64_t head);
+  // Points `item`'s prefetch hint (DecodeItem::next_kt) at the ring of (slot, head), the item
+  // the caller runs next.
+  void SetNext(int64_t slot, int64_t head, cpu::DecodeItem* item);
 
  private:
   int64_t slots_ = 0, heads_ = 0, head_dim_ = 0, window_ = 0, ring_stride_ = 0;

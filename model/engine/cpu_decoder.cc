@@ -177,7 +177,9 @@ void CpuDecoder::Attention(int64_t layer, const float* qkv, int64_t qkv_stride,
   // row_begin.. of positions / slots; items (row, head) in row-major order between
   // (row_begin, head_begin) and (row_end - 1, head_end - 1).
   const int64_t dh = head_dim_, d = d_;
-  ThreadScratch& scratch = Scratch();
+  // The rows go to the cache together, so that it can fetch each next row's memory early.
+  thread_local std::vector<DecodeRow> items;
+  items.clear();
   for (int64_t r = row_begin; r < row_end; ++r) {
     const int64_t h0 = r == row_begin ? head_begin : 0;
     const int64_t h1 = r == row_end - 1 ? head_end : heads_;
@@ -192,9 +194,10 @@ void CpuDecoder::Attention(int64_t layer, const float* qkv, int64_t qkv_stride,
       item.v = row + 2 * d + hh * dh;
       if (!layers_[layer].inv_var.empty()) item.inv_var = layers_[layer].inv_var[hh];
       item.out = out + r * out_stride + hh * dh;
-      cache->layer(layer).AttendRow(item, scratch);
+      items.push_back(item);
     }
   }
+  cache->layer(layer).AttendRows(items.data(), static_cast<int64_t>(items.size()), Scratch());
 }
 
 int64_t CpuDecoder::NormOffset(const PixelKvCache& cache, int64_t slot) const {
