@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "tests/test_util.h"
 
 namespace krause::server {
@@ -267,8 +268,13 @@ TEST(GeneratorWorker, StopTellsEveryLiveCall) {
   ASSERT_TRUE(worker->Submit({Request(1), Request(2)}, r).ok());
   ASSERT_TRUE(r->WaitStarted(0));
   std::thread stopper([&] { worker->Stop(); });  // returns once every image is done
-  // Stop has begun once a new call is refused (probes that came earlier just wait for a slot).
-  while (worker->Submit({Request(9)}, std::make_shared<Recorder>(1, std::vector<size_t>{0})).ok()) {
+  // Stop has begun once a new call is refused as shutting down (probes that came earlier just
+  // wait for a slot, or are refused because the waiting room is full: that refusal is not the
+  // stop, and taking it for one let image 0 finish before a slow stopper thread began).
+  for (;;) {
+    const absl::Status probe =
+        worker->Submit({Request(9)}, std::make_shared<Recorder>(1, std::vector<size_t>{0}));
+    if (!probe.ok() && absl::StrContains(probe.message(), "shutting down")) break;
   }
   {
     std::lock_guard<std::mutex> hold(hold_mu);
@@ -278,7 +284,8 @@ TEST(GeneratorWorker, StopTellsEveryLiveCall) {
   stopper.join();
   EXPECT_TRUE(r->stopping());
   ASSERT_EQ(r->done().size(), 2u);
-  for (const auto& [image, st] : r->done()) EXPECT_TRUE(absl::IsCancelled(st)) << image;
+  for (const auto& [image, st] : r->done())
+    EXPECT_TRUE(absl::IsCancelled(st)) << image << ": " << st;
   EXPECT_THAT(worker->Submit({Request(3)}, std::make_shared<Recorder>(1, std::vector<size_t>{0})),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
 }
