@@ -145,7 +145,7 @@ class SoftmaxLayerCache final : public LayerKvCache {
   void WritePrefix(int64_t slot, const at::Tensor& k, const at::Tensor& v) override;
   // All sequences at once: each new key and value written at (slot, position), then attention
   // over positions 0..max(p) of the sequences' caches with the positions beyond each one's own
-  // masked out. Not batch-invariant (the softmax length is the batch's); AttendRow is.
+  // masked out. Not batch-invariant (the softmax length is the batch's); AttendRows is.
   absl::StatusOr<at::Tensor> Attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const DecodeIndex& index, const DecodeScale* scale) override;
   void AttendRows(const DecodeRow* rows, int64_t n, nn::ThreadScratch& scratch) override;

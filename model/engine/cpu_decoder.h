@@ -19,7 +19,7 @@
 // the attention), so a sequence's logits have the same bits whatever the mode, the batch and the
 // other sequences: the engine's reproducibility guarantee. Tests force each mode.
 //
-// The attention of each (sequence, head) is the cache's (kv_cache.h, LayerKvCache::AttendRow):
+// The attention of each (sequence, head) is the cache's (kv_cache.h, LayerKvCache::AttendRows):
 // the decoder never touches cache storage itself.
 //
 // Reference: PixelModel::DecodeStep without packed weights (LibTorch ops); tests compare against
