@@ -83,14 +83,17 @@ struct DecodeItem {
   const float* next_bias;
 };
 
-// A batch-invariant linear layer: out[i, j] = bias[j] + sum_k x[i, k] * wt[k, j], each sum
+// A batch-invariant linear layer: out[i, j] = bias[j] + sum_k x[i, k] * W[j, k], each sum
 // accumulated in k order, so a row's result has the same bits whatever the other rows (GEMM
 // libraries pick different kernels for different row counts). All rows, output column chunks
-// [chunk_begin, chunk_end) of kScoreChunk columns; wt is [k, n_pad] with n_pad a multiple of
-// kScoreChunk, bias [n_pad], out rows of n_pad.
+// [chunk_begin, chunk_end) of kScoreChunk columns; n_pad is a multiple of kScoreChunk, bias
+// [n_pad], out rows of n_pad. The weights come in chunk blocks: wt[(c k + t) kScoreChunk + l] =
+// W[c kScoreChunk + l, t], so that a chunk's k x 16 weights are one contiguous run: a step with
+// few rows streams them from memory in order (a [k, n_pad] layout read each chunk as k lines
+// n_pad floats apart, a page apart for wide layers: half the speed at one sequence).
 struct LinearRowsArgs {
-  const float* x;  // [m, k]
-  const float* wt;
+  const float* x;   // [m, k]
+  const float* wt;  // [n_pad / kScoreChunk, k, kScoreChunk]
   const float* bias;
   float* out;  // [m, n_pad]
   int64_t m, k, n_pad;

@@ -29,8 +29,11 @@ PackedLinear PackLinear(const std::vector<at::Tensor>& weights,
   l.wt.assign(l.in * l.out_pad, 0.0f);
   l.bias.assign(l.out_pad, 0.0f);
   const float* wp = weight.data_ptr<float>();
+  constexpr int64_t kChunk = cpu::kScoreChunk;
   for (int64_t j = 0; j < l.out; ++j) {
-    for (int64_t i = 0; i < l.in; ++i) l.wt[i * l.out_pad + j] = wp[j * l.in + i];
+    // Column j is lane j % 16 of chunk j / 16, whose [in, 16] block is contiguous.
+    float* block = l.wt.data() + (j / kChunk) * l.in * kChunk + j % kChunk;
+    for (int64_t i = 0; i < l.in; ++i) block[i * kChunk] = wp[j * l.in + i];
     l.bias[j] = bias.data_ptr<float>()[j];
   }
   return l;

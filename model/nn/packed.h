@@ -19,7 +19,7 @@ namespace krause::nn {
 
 // out = x W^T + b, packed as cpu_kernels.h's LinearRowsArgs wants.
 struct PackedLinear {
-  std::vector<float> wt;    // [in, out_pad]
+  std::vector<float> wt;    // [out_pad / 16, in, 16]: LinearRowsArgs::wt's chunk blocks
   std::vector<float> bias;  // [out_pad]
   int64_t in = 0, out = 0, out_pad = 0;
 
