@@ -276,9 +276,14 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
     });
   };
   rows(2.0 * d, [&](int64_t r) { EmbedRow(u[r], positions[r], slots[r], *cache, b.x + r * d); });
-  // Keys an attention row reads: the window (KARM) or, on average, half the sequence (ARM).
+  // Keys an attention row reads: the window (KARM) or, on average, half the sequence (ARM); an
+  // item's work counts its multiply-adds and the keys and values it streams from memory (as a
+  // linear's chunk counts its weights), so that a step of few sequences still splits its
+  // attention over the threads when the caches are long.
   const double keys =
       kind_ == AttentionKind::kKrause ? static_cast<double>(cache_length_) : cache_length_ / 2.0;
+  const double attention_item =
+      keys * 4.0 * head_dim_ + kFlopsPerByte * 2.0 * sizeof(float) * keys * head_dim_;
   for (int64_t l = 0; l < depth_; ++l) {
     const Layer& L = layers_[l];
     rows(8.0 * d, [&](int64_t r) {
@@ -289,12 +294,12 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
     if (one_sequence) {
       // Rows of one sequence: each row's attention reads what the rows before it appended, so
       // the rows go in order; heads are independent (disjoint cache memory).
-      at::parallel_for(0, heads_, grain(s * keys * 4.0 * head_dim_), [&](int64_t h0, int64_t h1) {
+      at::parallel_for(0, heads_, grain(s * attention_item), [&](int64_t h0, int64_t h1) {
         for (int64_t r = 0; r < s; ++r)
           Attention(l, b.qkv, L.qkv.out_pad, positions, slots, r, r + 1, h0, h1, cache, b.att, d);
       });
     } else {
-      at::parallel_for(0, s * heads_, grain(keys * 4.0 * head_dim_), [&](int64_t w0, int64_t w1) {
+      at::parallel_for(0, s * heads_, grain(attention_item), [&](int64_t w0, int64_t w1) {
         Attention(l, b.qkv, L.qkv.out_pad, positions, slots, w0 / heads_, (w1 - 1) / heads_ + 1,
                   w0 % heads_, (w1 - 1) % heads_ + 1, cache, b.att, d);
       });
