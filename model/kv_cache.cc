@@ -33,11 +33,12 @@ void KrauseLayerCache::WritePrefix(int64_t slot, const at::Tensor& k, const at::
   const at::Tensor stored = KrauseRingCache::Rounded(k.to(device_), ring_.dtype()).contiguous();
   at::Tensor bias;
   if (device_.is_cpu()) {
-    // With the CPU decode kernel's own function, so that prefill and CPU decode agree bit for bit
-    // (a CPU ring is fp32).
+    // With the CPU decode kernel's own sum over the stored keys (widened, exactly, from a bf16
+    // ring's), so that prefill and CPU decode agree bit for bit.
+    const at::Tensor widened = stored.to(at::kFloat).contiguous();
     bias = at::empty({k.size(0), t}, at::kFloat);
     for (int64_t h = 0; h < k.size(0); ++h) {
-      cpu::CpuKernels().key_biases(stored[h].data_ptr<float>(), t, d, bias[h].data_ptr<float>());
+      cpu::CpuKernels().key_biases(widened[h].data_ptr<float>(), t, d, bias[h].data_ptr<float>());
     }
   } else {
     // On a GPU, computed there (no download); the sum's order is not the decode kernel's, so a

@@ -74,7 +74,7 @@ struct ModelSpec {
   int64_t max_sequences = defaults::kMaxSequences;  // cache slots (sequences in one step)
   int64_t max_waiting = defaults::kMaxWaiting;  // images waiting for a slot; beyond, UNAVAILABLE
   bool cuda_graphs = false;  // a KARM on a GPU: replay its decode step as CUDA graphs
-  KvCacheDtype kv_cache_dtype = KvCacheDtype::kFloat32;  // a KARM on a GPU
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kFloat32;  // a KARM: bf16 anywhere, fp16 on a GPU
   // Images per Classify / Generate / Score request (0: max_batch_size for classifiers, 16 for
   // generators: defaults::kGeneratorImagesPerRequest; each kind's ImagesPerRequest applies it,
   // served_classifier.h / served_generator.h). A classifier's may not exceed its max_batch_size

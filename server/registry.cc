@@ -104,7 +104,9 @@ absl::StatusOr<ModelRef> Registry::Build(const ModelSpec& spec, const WorkerHook
   serve.device = checked->choice.device;
   serve.attention_impl = KrauseImplName(checked->choice.impl);
   if (serve.device != spec.device) {  // the CPU fallback of a GPU model
-    serve.kv_cache_dtype = KvCacheDtype::kFloat32;
+    // As checked there (CpuCacheDtype): bf16 rings stay bf16, fp16 ones become fp32.
+    if (serve.kv_cache_dtype == KvCacheDtype::kFloat16)
+      serve.kv_cache_dtype = KvCacheDtype::kFloat32;
     serve.cuda_graphs = false;
   }
   const LoadedModel& model = checked->moved ? *checked->moved : *loaded;

@@ -259,11 +259,14 @@ TEST(DecodeStep, AScaleIsValidatedOnceAndMustFitTheLayer) {
   EXPECT_TRUE(at::equal(shared->inv_var(), at::exp(at::full({2}, -1.0))));
 }
 
-// bf16 / fp16 ring caches are for the CUDA decode kernel (W <= 256); the CPU kernels are fp32.
-TEST(DecodeStep, ReducedPrecisionCachesNeedAGpu) {
+// bf16 rings serve on the CPU (any window) and on a GPU; fp16 rings only on a GPU, where 2-byte
+// rings need W <= 256 (the CUDA decode kernel's).
+TEST(DecodeStep, HalfCachesNeedAGpuBf16OnesServeOnTheCpu) {
   const at::Device cpu(at::kCPU);
-  EXPECT_THAT(KrauseRingCache::Create(2, 2, 8, 4, cpu, at::kBFloat16).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("CUDA device")));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseRingCache bf16,
+                              KrauseRingCache::Create(2, 2, 8, 300, cpu, at::kBFloat16));
+  EXPECT_EQ(bf16.dtype(), at::kBFloat16);
+  EXPECT_EQ(bf16.bytes_per_slot(), KrauseRingCache::BytesPerSlot(2, 8, 300, at::kBFloat16));
   EXPECT_THAT(KrauseRingCache::Create(2, 2, 8, 4, cpu, at::kHalf).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("CUDA device")));
   EXPECT_THAT(KrauseRingCache::Create(2, 2, 8, 4, cpu, at::kInt).status(),
@@ -275,6 +278,66 @@ TEST(DecodeStep, ReducedPrecisionCachesNeedAGpu) {
             8 * ((64 * 256 + 256 * 64) * 2 + 256 * 4));
   EXPECT_EQ(KrauseRingCache::Create(1, 8, 64, 256).value().bytes_per_slot(),
             KrauseRingCache::BytesPerSlot(8, 64, 256));
+}
+
+// x as a bf16 ring stores it, back in fp32 (exact).
+at::Tensor Bf16Values(const at::Tensor& x) { return x.to(at::kBFloat16).to(at::kFloat); }
+
+// A bf16 ring is, bit for bit, an fp32 ring fed the keys and values rounded to bf16: the kernel
+// rounds each new element to nearest even (as LibTorch does), its bias is the rounded key's, and
+// the step computes in fp32 on the widened elements in the fp32 ring's order. Several sequences
+// at different positions, across ring wraps, in every kernel variant; selections included. The
+// LibTorch step over a bf16 ring stores the same elements and agrees within 1e-5.
+TEST(DecodeStep, ABf16RingIsTheFp32RingFedTheRoundedKeysAndValues) {
+  const int64_t h = 2, d = 32, w = 20, top_k = 7, slots = 3, steps = 47;
+  at::Generator gen = at::detail::createCPUGenerator(23);
+  const at::Tensor log_sigma = at::tensor({0.2f, -0.1f});
+  for (int vi = 0; vi < cpu::NumCpuKernelVariants(); ++vi) {
+    SCOPED_TRACE(cpu::CpuKernelVariantName(vi));
+    ASSERT_TRUE(cpu::SetCpuKernelsForTesting(cpu::CpuKernelVariantName(vi)));
+    const at::Device dev(at::kCPU);
+    KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseRingCache bf16,
+                                KrauseRingCache::Create(slots, h, d, w, dev, at::kBFloat16));
+    KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseRingCache fp32, KrauseRingCache::Create(slots, h, d, w));
+    KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseRingCache lib,
+                                KrauseRingCache::Create(slots, h, d, w, dev, at::kBFloat16));
+    KRAUSE_ASSERT_OK_AND_ASSIGN(DecodeScale scale, DecodeScale::Create(log_sigma, h, dev));
+    const at::Tensor slot_ids = at::tensor({2, 0, 1}, at::kLong);
+    for (int64_t t = 0; t < steps; ++t) {
+      const at::Tensor positions = at::tensor({t, t + 5, t + 11}, at::kLong);
+      const at::Tensor q = at::randn({slots, h, d}, gen) * 0.3;
+      at::Tensor k = at::randn({slots, h, d}, gen) * 0.3;
+      const at::Tensor v = at::randn({slots, h, d}, gen);
+      if (t == 3) {                         // exact halfway cases: ties round to the even neighbour
+        k[0][0][0] = 1.0f + 1.0f / 256;     // -> 1
+        k[0][0][1] = 1.0f + 3.0f / 256;     // -> 1 + 4 / 256
+        k[0][0][2] = -(1.0f + 5.0f / 256);  // -> -(1 + 4 / 256)
+        k[0][0][3] = 3.0e38f;               // finite in bf16 too; its bias -inf, its weight 0
+      }
+      KRAUSE_ASSERT_OK_AND_ASSIGN(DecodeIndex index,
+                                  DecodeIndex::Create(slot_ids, positions, slots, dev));
+      DecodeSelection sel_bf16, sel_fp32;
+      KRAUSE_ASSERT_OK_AND_ASSIGN(at::Tensor out_bf16,
+                                  KrauseDecodeStep(q, k, v, scale, top_k, index, &bf16, &sel_bf16));
+      KRAUSE_ASSERT_OK_AND_ASSIGN(
+          at::Tensor out_fp32,
+          KrauseDecodeStep(q, Bf16Values(k), Bf16Values(v), scale, top_k, index, &fp32, &sel_fp32));
+      KRAUSE_ASSERT_OK_AND_ASSIGN(at::Tensor out_lib,
+                                  KrauseDecodeStepLibTorch(q, k, v, scale, top_k, index, &lib));
+      EXPECT_TRUE(at::equal(out_bf16, out_fp32)) << "step " << t;
+      EXPECT_TRUE(at::equal(sel_bf16.indices, sel_fp32.indices)) << "step " << t;
+      EXPECT_TRUE(at::equal(sel_bf16.weights, sel_fp32.weights)) << "step " << t;
+      EXPECT_LE((out_bf16 - out_lib).abs().max().item<double>(), 1e-5) << "step " << t;
+    }
+    EXPECT_TRUE(at::equal(bf16.keys_t().to(at::kFloat), fp32.keys_t()));
+    EXPECT_TRUE(at::equal(bf16.values().to(at::kFloat), fp32.values()));
+    EXPECT_TRUE(at::equal(bf16.bias(), fp32.bias()));
+    // LibTorch rounds the same way; its biases sum in another order.
+    EXPECT_TRUE(at::equal(bf16.keys_t(), lib.keys_t()));
+    EXPECT_TRUE(at::equal(bf16.values(), lib.values()));
+    EXPECT_TRUE(at::allclose(bf16.bias(), lib.bias(), 1e-6, 1e-6));
+  }
+  cpu::SetCpuKernelsForTesting(nullptr);
 }
 
 TEST(DecodeStep, MemoryPerSequenceIsIndependentOfPosition) {

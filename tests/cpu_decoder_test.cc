@@ -273,27 +273,31 @@ TEST_P(CpuDecoderTest, PrefillIsBitForBitTheStepsOverTheSamePositions) {
   std::vector<int64_t> u = {c.start_token ? PixelModel::kStartToken : 200};
   for (int64_t p = 1; p < n; ++p) u.push_back(static_cast<int64_t>(rng() % 256));
   at::NoGradGuard no_grad;
-  for (int64_t t : {int64_t{1}, c.window - 1, c.window, c.window + 1, 2 * c.window + 5, n}) {
-    SCOPED_TRACE(t);
-    auto stepped = PixelKvCache::Create(c, 3).value();
-    auto prefilled = PixelKvCache::Create(c, 3).value();
-    if (c.conditional()) {
-      for (PixelKvCache* k : {&stepped, &prefilled}) {
-        k->SetClass(1, 2);
-        k->SetClass(0, c.null_class());
+  // A KARM's bf16 rings too: the prefill appends through the same kernel.
+  std::vector<at::ScalarType> dtypes = {at::kFloat};
+  if (c.attention == AttentionKind::kKrause) dtypes.push_back(at::kBFloat16);
+  for (const at::ScalarType dtype : dtypes)
+    for (int64_t t : {int64_t{1}, c.window - 1, c.window, c.window + 1, 2 * c.window + 5, n}) {
+      SCOPED_TRACE(::testing::Message() << "t " << t << ", cache " << c10::toString(dtype));
+      auto stepped = PixelKvCache::Create(c, 3, at::kCPU, dtype).value();
+      auto prefilled = PixelKvCache::Create(c, 3, at::kCPU, dtype).value();
+      if (c.conditional()) {
+        for (PixelKvCache* k : {&stepped, &prefilled}) {
+          k->SetClass(1, 2);
+          k->SetClass(0, c.null_class());
+        }
+      }
+      std::vector<float> want(t * 256), got(t * 256);
+      const int64_t slot = 1;
+      for (int64_t p = 0; p < t; ++p)
+        ASSERT_TRUE(decoder_->Step(&u[p], &p, &slot, 1, &stepped, &want[p * 256]).ok());
+      ASSERT_TRUE(decoder_->Prefill(u.data(), t, slot, &prefilled, got.data()).ok());
+      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+      for (int64_t l = 0; l < c.depth; ++l) {
+        const auto a = stepped.layer(l).Storage(), b = prefilled.layer(l).Storage();
+        for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i])) << l << " " << i;
       }
     }
-    std::vector<float> want(t * 256), got(t * 256);
-    const int64_t slot = 1;
-    for (int64_t p = 0; p < t; ++p)
-      ASSERT_TRUE(decoder_->Step(&u[p], &p, &slot, 1, &stepped, &want[p * 256]).ok());
-    ASSERT_TRUE(decoder_->Prefill(u.data(), t, slot, &prefilled, got.data()).ok());
-    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
-    for (int64_t l = 0; l < c.depth; ++l) {
-      const auto a = stepped.layer(l).Storage(), b = prefilled.layer(l).Storage();
-      for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i])) << l << " " << i;
-    }
-  }
   // Refusals name what is wrong and write nothing.
   auto cache = PixelKvCache::Create(c, 2).value();
   std::vector<float> logits(2 * 256);

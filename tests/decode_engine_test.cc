@@ -98,8 +98,10 @@ class Router {
 // with class label_of(i) when given (and then `guidance` for the images with a class).
 std::vector<Outcome> Generate(const PixelModel& m, int64_t slots, int64_t count, int64_t stagger,
                               const std::function<int64_t(int64_t)>& label_of = nullptr,
-                              double guidance = 1.0) {
-  auto engine = DecodeEngine::Create(&m, EngineOptions{slots, 0});
+                              double guidance = 1.0, at::ScalarType cache_dtype = at::kFloat) {
+  EngineOptions options{slots, 0};
+  options.cache_dtype = cache_dtype;
+  auto engine = DecodeEngine::Create(&m, options);
   EXPECT_TRUE(engine.ok());
   Router router(engine->get());
   std::vector<Outcome> out(count);
@@ -333,16 +335,32 @@ TEST(DecodeEngine, CudaGraphsStayOffOnTheCpu) {
   EXPECT_EQ(graphs.replays(), 0);
 }
 
-// Reduced-precision caches: a KARM on a GPU only; elsewhere the engine is not created.
-TEST(DecodeEngine, ReducedPrecisionCachesAreRefusedOnTheCpuAndForTheArm) {
+// Reduced-precision caches: bf16 rings for a KARM on the CPU or a GPU, fp16 rings on a GPU only;
+// the ARM's cache is fp32. A bf16 engine's images are batch invariant like an fp32 one's.
+TEST(DecodeEngine, Bf16RingsServeAKarmOnTheCpuOtherReducedCachesAreRefused) {
   const PixelModel karm = PixelModel::Create(TinyConfig("krause", true), 3).value();
   const PixelModel arm = PixelModel::Create(TinyConfig("softmax", true), 3).value();
-  EngineOptions bf16{2, 0};
+  EngineOptions bf16{2, 0}, fp16{2, 0};
   bf16.cache_dtype = at::kBFloat16;
-  EXPECT_THAT(DecodeEngine::Create(&karm, bf16).status(),
+  fp16.cache_dtype = at::kHalf;
+  KRAUSE_ASSERT_OK_AND_ASSIGN(auto engine, DecodeEngine::Create(&karm, bf16));
+  EXPECT_EQ(engine->bytes_per_sequence(),
+            PixelKvCache::BytesPerSequence(karm.config(), at::kBFloat16));
+  EXPECT_THAT(DecodeEngine::Create(&karm, fp16).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("CUDA device")));
   EXPECT_THAT(DecodeEngine::Create(&arm, bf16).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ARM's KV cache is float32")));
+  const std::vector<Outcome> alone = Generate(karm, 1, 4, 0, nullptr, 1.0, at::kBFloat16);
+  const std::vector<Outcome> together = Generate(karm, 4, 4, 1, nullptr, 1.0, at::kBFloat16);
+  const std::vector<Outcome> fp32 = Generate(karm, 4, 4, 1);
+  int64_t differ = 0;
+  for (size_t i = 0; i < alone.size(); ++i) {
+    ASSERT_TRUE(alone[i].status.ok()) << alone[i].status;
+    EXPECT_EQ(alone[i].pixels, together[i].pixels) << "image " << i;
+    differ += alone[i].pixels != fp32[i].pixels;
+  }
+  // Rounded keys and values are other numbers: some draws come out differently.
+  EXPECT_GT(differ, 0);
   // Half the key/value bytes per sequence (biases stay fp32).
   EXPECT_LT(PixelKvCache::BytesPerSequence(karm.config(), at::kBFloat16),
             PixelKvCache::BytesPerSequence(karm.config()));
@@ -620,17 +638,25 @@ TEST(ResumeGuarantee, ACompletionFromAnyPrefixIsTheUninterruptedImage) {
     int64_t classes;
     double guidance, temperature, top_p;
     int64_t top_k;
+    at::ScalarType cache = at::kFloat;  // the KARM's rings: bf16 rings resume exactly too
   };
   const Case cases[] = {
-      {"krause", true, 0, 1.0, 1.0, 1.0, 0},   {"krause", false, 0, 1.0, 0.9, 0.95, 0},
-      {"softmax", true, 0, 1.0, 1.1, 1.0, 30}, {"softmax", false, 0, 1.0, 1.0, 0.9, 0},
-      {"krause", true, 3, 1.0, 1.0, 0.95, 0},  {"krause", true, 3, 2.5, 1.0, 0.9, 0},
-      {"softmax", true, 3, 1.5, 0.8, 1.0, 50}, {"krause", true, 0, 1.0, 0.0, 1.0, 0},
+      {"krause", true, 0, 1.0, 1.0, 1.0, 0},
+      {"krause", false, 0, 1.0, 0.9, 0.95, 0},
+      {"softmax", true, 0, 1.0, 1.1, 1.0, 30},
+      {"softmax", false, 0, 1.0, 1.0, 0.9, 0},
+      {"krause", true, 3, 1.0, 1.0, 0.95, 0},
+      {"krause", true, 3, 2.5, 1.0, 0.9, 0},
+      {"softmax", true, 3, 1.5, 0.8, 1.0, 50},
+      {"krause", true, 0, 1.0, 0.0, 1.0, 0},
+      {"krause", false, 0, 1.0, 0.9, 0.95, 0, at::kBFloat16},
+      {"krause", true, 3, 2.5, 1.0, 0.9, 0, at::kBFloat16},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message()
                  << c.attention << (c.start ? " start" : " no start") << " classes " << c.classes
-                 << " guidance " << c.guidance << " temperature " << c.temperature);
+                 << " guidance " << c.guidance << " temperature " << c.temperature << " cache "
+                 << c10::toString(c.cache));
     PixelModelConfig config = TinyConfig(c.attention, c.start);
     config.classes = c.classes;
     KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel m, PixelModel::Create(config, 11));
@@ -640,6 +666,7 @@ TEST(ResumeGuarantee, ACompletionFromAnyPrefixIsTheUninterruptedImage) {
     }
     EngineOptions o;
     o.max_sequences = 128;
+    o.cache_dtype = c.cache;
     KRAUSE_ASSERT_OK_AND_ASSIGN(auto engine, DecodeEngine::Create(&m, o));
     const auto request = [&](int64_t i, std::vector<uint8_t> prompt) {
       GenerationRequest r;

@@ -148,8 +148,21 @@ TEST_F(KernelCheckTest, EveryImplementationPassesOnHealthyKernels) {
             std::min<int64_t>(36, (attention == AttentionKind::kKrause ? 8 : 32) + 24);
         EXPECT_EQ(c.compared, 2 * length * 256);
       }
+      // A KARM over bf16 rings on the CPU, at the reduced cache's tolerance; the LibTorch step
+      // reads them too.
+      if (attention == AttentionKind::kKrause) {
+        for (KrauseImpl impl : {KrauseImpl::kFusedCpu, KrauseImpl::kWindowed}) {
+          const KernelCheck c = CheckGenerator(gen, gen, Cpu(impl), at::kBFloat16);
+          EXPECT_TRUE(c.passed()) << classes << " classes, bf16 rings: " << c.Summary();
+          EXPECT_GT(c.max_abs_diff, 0.0);  // rounded keys and values: not the fp32 logits
+        }
+      }
     }
   }
+  // On the CPU a generator's cache is fp32 or bf16: fp16 (GPU only) becomes fp32 there.
+  EXPECT_EQ(CpuCacheDtype(at::kHalf), at::kFloat);
+  EXPECT_EQ(CpuCacheDtype(at::kBFloat16), at::kBFloat16);
+  EXPECT_EQ(CpuCacheDtype(at::kFloat), at::kFloat);
 }
 
 // Wrong values from the fused Krause kernels: the fused path fails with a mismatch naming where,

@@ -1389,8 +1389,8 @@ TEST(ServerStart, ModelDevicesAreCheckedAtLoad) {
       R"({"models": [{"name": "g", "checkpoint": "karm.safetensors", "cuda_graphs": true}]})");
   auto started = server::KrauseServer::Start(LoopbackOptions(models.dir + "/graphs.json"));
   EXPECT_TRUE(started.ok()) << started.status();
-  // "kv_cache_dtype": one of three names; bf16 / fp16 ring caches need a KARM on a GPU, so on the
-  // CPU the start fails naming the model.
+  // "kv_cache_dtype": one of three names; bf16 rings serve a KARM on the CPU too, fp16 ones need
+  // a GPU, so on the CPU that start fails naming the model.
   auto bad_dtype = server::ParseManifest(
       R"({"models": [{"name": "g", "checkpoint": "karm.safetensors", "kv_cache_dtype": "fp8"}]})",
       models.dir);
@@ -1400,6 +1400,9 @@ TEST(ServerStart, ModelDevicesAreCheckedAtLoad) {
   WriteText(models.dir + "/bf16.json",
             R"({"models": [{"name": "g", "checkpoint": "karm.safetensors", "kv_cache_dtype": )"
             R"("bfloat16"}]})");
+  WriteText(models.dir + "/fp16.json",
+            R"({"models": [{"name": "g", "checkpoint": "karm.safetensors", "kv_cache_dtype": )"
+            R"("float16"}]})");
   WriteText(models.dir + "/vit_bf16.json",
             R"({"models": [{"name": "c", "checkpoint": "vit.safetensors", "kv_cache_dtype": )"
             R"("float16"}]})");
@@ -1407,11 +1410,13 @@ TEST(ServerStart, ModelDevicesAreCheckedAtLoad) {
   EXPECT_EQ(vit_bf16.status().code(), absl::StatusCode::kInvalidArgument) << vit_bf16.status();
   EXPECT_THAT(std::string(vit_bf16.status().message()), ::testing::HasSubstr("model c:"));
   if (!at::hasCUDA()) {
-    auto cpu_bf16 = server::KrauseServer::Start(LoopbackOptions(models.dir + "/bf16.json"));
-    EXPECT_EQ(cpu_bf16.status().code(), absl::StatusCode::kInvalidArgument) << cpu_bf16.status();
-    EXPECT_THAT(std::string(cpu_bf16.status().message()), ::testing::HasSubstr("model g:"));
-    EXPECT_THAT(std::string(cpu_bf16.status().message()), ::testing::HasSubstr("CUDA device"));
+    auto cpu_fp16 = server::KrauseServer::Start(LoopbackOptions(models.dir + "/fp16.json"));
+    EXPECT_EQ(cpu_fp16.status().code(), absl::StatusCode::kInvalidArgument) << cpu_fp16.status();
+    EXPECT_THAT(std::string(cpu_fp16.status().message()), ::testing::HasSubstr("model g:"));
+    EXPECT_THAT(std::string(cpu_fp16.status().message()), ::testing::HasSubstr("CUDA device"));
   }
+  auto cpu_bf16 = server::KrauseServer::Start(LoopbackOptions(models.dir + "/bf16.json"));
+  EXPECT_TRUE(cpu_bf16.ok()) << cpu_bf16.status();
   std::filesystem::remove_all(models.dir);
 }
 

@@ -9,7 +9,8 @@
 //
 // Layout: keys are stored TRANSPOSED, kt[t * kt_stride + j] = k_j[t], so that the scores of one
 // query against a run of keys vectorise over j; rows of kt are readable kScoreChunk - 1 floats
-// past the last key (callers pad). Everything fp32, contiguous.
+// past the last key (callers pad). Everything fp32 and contiguous, except a decode step's ring,
+// whose keys and values may be bfloat16 (RingElem).
 //
 // Thread-safety: the kernels are pure functions over caller-owned buffers; callers parallelise.
 #pragma once
@@ -60,26 +61,33 @@ struct PrefillSlice {
   int64_t kept;
 };
 
+// The element type of a decode ring's keys and values. A bfloat16 ring stores each new key and
+// value rounded to nearest even (as LibTorch's float -> bfloat16; a NaN stays a NaN), its bias is
+// that of the rounded key, and the step computes in fp32 on the widened elements: the scores are
+// exact RBF scores of the stored keys, in the fp32 ring's order of operations.
+enum class RingElem : int32_t { kFloat32 = 0, kBFloat16 = 1 };
+
 // One decode-step work item: one sequence, one head.
 struct DecodeItem {
   const float* q;    // [d] the new token's query
   const float* k;    // [d] its key   (written into the ring)
   const float* v;    // [d] its value (written into the ring)
-  float* ring_kt;    // [d, ring_stride]: key of position p at column p % window
-  float* ring_v;     // [window, d]
+  void* ring_kt;     // [d, ring_stride] of `elem`: key of position p at column p % window
+  void* ring_v;      // [window, d] of `elem`
   float* ring_bias;  // [ring_stride]
+  RingElem elem;
   int64_t position, window, ring_stride, d, top_k;
   float inv_var;
   float* out;          // [d]
   int64_t* sel_index;  // optional [min(top_k, window)]
   float* sel_weight;   // optional
-  // Optional: the ring of the item the caller runs next (same window, stride and d), which the
-  // kernel asks the memory system for (into the core's L2), a few cache lines per step of its
+  // Optional: the ring of the item the caller runs next (same window, stride, d and elem), which
+  // the kernel asks the memory system for (into the core's L2), a few cache lines per step of its
   // own loops, while this item computes. A step's items each read their own ring (W keys and
   // values: 32 KB for W 128, d 32) from memory; without the hint most of an item's time was the
   // wait for it. Changes no result.
-  const float* next_kt;
-  const float* next_v;
+  const void* next_kt;
+  const void* next_v;
   const float* next_bias;
 };
 

@@ -34,12 +34,11 @@ absl::StatusOr<KrauseRingCache> KrauseRingCache::Create(int64_t slots, int64_t h
     return absl::InvalidArgumentError(absl::StrCat(
         "ring cache dtype must be float32, bfloat16 or float16, got ", c10::toString(dtype)));
   }
-  if (dtype != at::kFloat && !device.is_cuda()) {
+  if (dtype == at::kHalf && !device.is_cuda()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("a ", c10::toString(dtype),
-                     " ring cache needs a CUDA device (the CPU decode kernels are fp32)"));
+        "a Half ring cache needs a CUDA device (the CPU decode kernel reads float32 or bfloat16)");
   }
-  if (dtype != at::kFloat && window > 256) {  // cuda::kWarpRow (krause_cuda.h)
+  if (dtype != at::kFloat && device.is_cuda() && window > 256) {  // cuda::kWarpRow (krause_cuda.h)
     return absl::InvalidArgumentError(
         absl::StrCat("a ", c10::toString(dtype), " ring cache needs window <= 256, got ", window));
   }
@@ -87,9 +86,11 @@ int64_t KrauseRingCache::bytes_per_slot() const {
 
 cpu::DecodeItem KrauseRingCache::HostItem(int64_t slot, int64_t head) {
   const int64_t ring = slot * heads_ + head;
+  const int64_t elem = static_cast<int64_t>(values_.element_size());  // 4, or 2 (bfloat16)
   cpu::DecodeItem item{};
-  item.ring_kt = keys_t_.data_ptr<float>() + ring * head_dim_ * ring_stride_;
-  item.ring_v = values_.data_ptr<float>() + ring * window_ * head_dim_;
+  item.ring_kt = static_cast<char*>(keys_t_.data_ptr()) + ring * head_dim_ * ring_stride_ * elem;
+  item.ring_v = static_cast<char*>(values_.data_ptr()) + ring * window_ * head_dim_ * elem;
+  item.elem = dtype() == at::kBFloat16 ? cpu::RingElem::kBFloat16 : cpu::RingElem::kFloat32;
   item.ring_bias = bias_.data_ptr<float>() + ring * ring_stride_;
   item.window = window_;
   item.ring_stride = ring_stride_;

@@ -27,17 +27,18 @@ namespace krause {
 class KrauseRingCache {
  public:
   // On `device`: the CPU (the fused kernels) or, in CUDA builds, a GPU (the CUDA decode kernel).
-  // Keys and values in `dtype`: fp32, or on a GPU with window <= 256 also bf16 or fp16 (half the
-  // bytes per step; a new key is rounded when stored (Rounded) and its bias is the rounded
-  // key's); the biases are fp32. On a GPU, window <= 2048 and head_dim <= 256 (the CUDA
-  // kernels' limits). InvalidArgument otherwise.
+  // Keys and values in `dtype`: fp32 or bf16 (on the CPU and on a GPU), or fp16 (on a GPU);
+  // 2-byte elements halve the bytes a step reads. A new key is rounded when stored (Rounded) and
+  // its bias is the rounded key's; the biases are fp32. On a GPU, window <= 2048 and head_dim <=
+  // 256 (the CUDA kernels' limits), and window <= 256 for a 2-byte ring. InvalidArgument
+  // otherwise.
   static absl::StatusOr<KrauseRingCache> Create(int64_t slots, int64_t heads, int64_t head_dim,
                                                 int64_t window,
                                                 const at::Device& device = at::Device(at::kCPU),
                                                 at::ScalarType dtype = at::kFloat);
   // x as a ring of `dtype` stores it: rounded to nearest; float16 saturates at +-65504 (the
   // largest finite half: a larger key element would be inf and its scores NaN), NaN stays NaN.
-  // The CUDA decode step stores new keys and values by the same rule.
+  // The CUDA and CPU decode steps store new keys and values by the same rule.
   static at::Tensor Rounded(const at::Tensor& x, at::ScalarType dtype);
   // Bytes one slot takes for these dimensions and key/value dtype (padding included).
   static int64_t BytesPerSlot(int64_t heads, int64_t head_dim, int64_t window,
@@ -57,8 +58,8 @@ class KrauseRingCache {
   at::Tensor& values() { return values_; }  // [slots, H, W, d]
   at::Tensor& bias() { return bias_; }      // [slots, H, ring_stride]
   int64_t ring_stride() const { return ring_stride_; }
-  // The decode kernel's work item for (slot, head) of an fp32 CPU ring: ring pointers, window,
-  // stride and d filled; the caller fills q, k, v, position, top_k, inv_var and out.
+  // The decode kernel's work item for (slot, head) of a CPU ring: ring pointers, element type,
+  // window, stride and d filled; the caller fills q, k, v, position, top_k, inv_var and out.
   cpu::DecodeItem HostItem(int64_t slot, int64_t head);
   // Points `item`'s prefetch hint (DecodeItem::next_kt) at the ring of (slot, head), the item
   // the caller runs next.

@@ -327,16 +327,19 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
 
 absl::Status CpuDecoder::CheckCache(const PixelKvCache* cache) const {
   if (cache == nullptr) return absl::InvalidArgumentError("cache is null");
-  // The cache must be this model's, on the CPU, fp32.
+  // The cache must be this model's, on the CPU, fp32 (or a KARM's bf16 rings: the decode kernel
+  // reads both).
   if (cache->kind() != kind_ || cache->layers() != depth_) {
     return absl::InvalidArgumentError("cache was made for another kind of model");
   }
   for (int64_t l = 0; l < depth_; ++l) {
     const LayerKvCache& layer = cache->layer(l);
-    if (!layer.device().is_cpu() || layer.dtype() != at::kFloat || layer.heads() != heads_ ||
+    const bool dtype_ok = layer.dtype() == at::kFloat ||
+                          (kind_ == AttentionKind::kKrause && layer.dtype() == at::kBFloat16);
+    if (!layer.device().is_cpu() || !dtype_ok || layer.heads() != heads_ ||
         layer.head_dim() != head_dim_ || layer.length() != cache_length_) {
       return absl::InvalidArgumentError(
-          "cache must be an fp32 CPU cache made for this model's config");
+          "cache must be a CPU cache (fp32, or bf16 rings) made for this model's config");
     }
   }
   if (cache->conditional() != !class_emb_.empty()) {

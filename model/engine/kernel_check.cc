@@ -274,7 +274,11 @@ KernelCheck CheckLoadedModel(const LoadedModel& model, const LoadedModel& refere
                              const ServingChoice& choice, at::ScalarType gpu_cache_dtype) {
   if (model.classifier()) return CheckClassifier(*model.vit, *reference.vit, choice);
   return CheckGenerator(*model.pixel, *reference.pixel, choice,
-                        IsCpu(choice.device) ? at::kFloat : gpu_cache_dtype);
+                        IsCpu(choice.device) ? CpuCacheDtype(gpu_cache_dtype) : gpu_cache_dtype);
+}
+
+at::ScalarType CpuCacheDtype(at::ScalarType requested) {
+  return requested == at::kHalf ? at::kFloat : requested;
 }
 
 }  // namespace krause

@@ -86,9 +86,12 @@ KernelCheck CheckClassifier(const ViT& model, const ViT& reference, const Servin
 KernelCheck CheckGenerator(const PixelModel& model, const PixelModel& reference,
                            const ServingChoice& choice, at::ScalarType cache_dtype = at::kFloat);
 // Whichever of the two `model` holds: `model` loaded on choice.device, `reference` the same
-// checkpoint on the CPU. A generator's cache is `gpu_cache_dtype` on a GPU and fp32 on the CPU
-// (CPU rings are fp32 only), as the engine would make it there.
+// checkpoint on the CPU. A generator's cache is `gpu_cache_dtype` on a GPU and
+// CpuCacheDtype(gpu_cache_dtype) on the CPU, as the engine would make it there.
 KernelCheck CheckLoadedModel(const LoadedModel& model, const LoadedModel& reference,
                              const ServingChoice& choice, at::ScalarType gpu_cache_dtype);
+// The ring cache dtype a generator configured with `requested` gets on the CPU (its device, or
+// the fallback of a GPU model): CPU rings are fp32 or bf16, so fp16 (GPU only) becomes fp32.
+at::ScalarType CpuCacheDtype(at::ScalarType requested);
 
 }  // namespace krause
