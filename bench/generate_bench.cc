@@ -95,13 +95,16 @@ PixelModelConfig PaperConfig(const std::string& which, const std::string& attent
   return c;
 }
 
-// The per-position step records: eager, graphed (CUDA), graphed over a bf16 cache (CUDA).
+// The per-position step records: eager, graphed (CUDA), graphed over a bf16 cache (CUDA), eager
+// over a bf16 cache (a KARM on the CPU).
 struct StepMethod {
   const char* method;
   const char* label;
 };
-constexpr StepMethod kStepMethods[] = {
-    {"step", ""}, {"step_graph", "graphed "}, {"step_bf16", "graphed bf16-cache "}};
+constexpr StepMethod kStepMethods[] = {{"step", ""},
+                                       {"step_graph", "graphed "},
+                                       {"step_bf16", "graphed bf16-cache "},
+                                       {"step_bf16e", "bf16-cache "}};
 
 bool IsStepMethod(const std::string& method) {
   for (const StepMethod& m : kStepMethods)
@@ -188,10 +191,15 @@ void FillRandom(const PixelModelConfig& c, PixelKvCache* cache) {
   }
 }
 
-// Images/s of S sequences generated end to end by the engine.
-double FullRun(const PixelModel& m, int64_t s) {
-  auto engine = DecodeEngine::Create(&m, EngineOptions{s, 0});
-  if (!engine.ok()) std::exit(1);
+// Images/s of S sequences generated end to end by the engine (its caches in `cache_dtype`).
+double FullRun(const PixelModel& m, int64_t s, at::ScalarType cache_dtype = at::kFloat) {
+  EngineOptions options{s, 0};
+  options.cache_dtype = cache_dtype;
+  auto engine = DecodeEngine::Create(&m, options);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "\nengine: %s\n", engine.status().ToString().c_str());
+    std::exit(1);
+  }
   int64_t done = 0;
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < s; ++i) {
@@ -206,20 +214,22 @@ double FullRun(const PixelModel& m, int64_t s) {
 }
 
 // --repeat_step: one decode step of the engine's kind (packed on the CPU) over caches of random
-// history, repeated; prints the mean step time. Everything else the bench does is left out, so
+// history, repeated; prints the median step time. Everything else the bench does is left out, so
 // that a profiler sees the step alone.
 int RepeatStep(const std::string& spec, const std::string& device_name) {
   const std::vector<std::string> f = absl::StrSplit(spec, ',');
   int64_t s = 0, position = 0, steps = 0;
-  if (f.size() != 5 || (f[0] != "mnist" && f[0] != "cifar") ||
+  if ((f.size() != 5 && f.size() != 6) || (f[0] != "mnist" && f[0] != "cifar") ||
       (f[1] != "krause" && f[1] != "softmax") || !absl::SimpleAtoi(f[2], &s) || s < 1 ||
       !absl::SimpleAtoi(f[3], &position) || position < 0 || !absl::SimpleAtoi(f[4], &steps) ||
-      steps < 1) {
-    std::fprintf(
-        stderr,
-        "--repeat_step: CONFIG (mnist|cifar),ATTENTION (krause|softmax),S,POSITION,STEPS\n");
+      steps < 1 || (f.size() == 6 && f[5] != "float32" && f[5] != "bfloat16")) {
+    std::fprintf(stderr,
+                 "--repeat_step: CONFIG (mnist|cifar),ATTENTION (krause|softmax),S,POSITION,STEPS"
+                 "[,CACHE (float32|bfloat16)]\n");
     return 2;
   }
+  const at::ScalarType cache_dtype =
+      f.size() == 6 && f[5] == "bfloat16" ? at::kBFloat16 : at::kFloat;
   const PixelModelConfig c = PaperConfig(f[0], f[1]);
   if (position >= c.seq_len()) {
     std::fprintf(stderr, "--repeat_step: position must be < %lld\n",
@@ -231,16 +241,20 @@ int RepeatStep(const std::string& spec, const std::string& device_name) {
   if (!model.ok()) return 1;
   model->parameters().To(device);
   const PixelDecodeWeights packed = PackForDecode(*model);
-  auto cache = PixelKvCache::Create(c, s, device);
-  if (!cache.ok()) return 1;
+  auto cache = PixelKvCache::Create(c, s, device, cache_dtype);
+  if (!cache.ok()) {
+    std::fprintf(stderr, "--repeat_step: %s\n", cache.status().ToString().c_str());
+    return 1;
+  }
   FillRandom(c, &*cache);
   const double t = StepSeconds(
       [&](const at::Tensor& u, const at::Tensor& pos, const at::Tensor& sl) {
         return model->DecodeStep(u, pos, sl, &*cache, &packed);
       },
       s, position, static_cast<int>(steps));
-  std::printf("%s %s S=%lld position %lld: %.3f ms per step (median of %lld)\n", f[0].c_str(),
-              f[1].c_str(), static_cast<long long>(s), static_cast<long long>(position), t * 1e3,
+  std::printf("%s %s S=%lld position %lld%s: %.3f ms per step (median of %lld)\n", f[0].c_str(),
+              f[1].c_str(), static_cast<long long>(s), static_cast<long long>(position),
+              cache_dtype == at::kBFloat16 ? " (bf16 cache)" : "", t * 1e3,
               static_cast<long long>(steps));
   return 0;
 }
@@ -276,9 +290,12 @@ int Main(int argc, char** argv) {
           "  --device D      cpu (default; batch-invariant packed decode weights) or cuda[:N]\n"
           "  --streams LIST  concurrent sequences, e.g. 1,64,200 (default 1,16,64)\n"
           "  --json FILE     one JSON record per measurement\n"
-          "  --repeat_step CONFIG,ATTENTION,S,POSITION,STEPS\n"
+          "  --repeat_step CONFIG,ATTENTION,S,POSITION,STEPS[,CACHE]\n"
           "                  only one decode step (e.g. mnist,krause,64,700,150), STEPS times,\n"
-          "                  and its mean time: a steady load to profile (perf record -g)\n");
+          "                  and its median time: a steady load to profile (perf record -g);\n"
+          "                  CACHE float32 (default) or bfloat16 (a KARM's ring caches)\n"
+          "On the CPU the KARM is also measured over bf16 ring caches (rows bf16-cache,\n"
+          "integ_bf16e, full_bf16) beside its fp32 ones.\n");
       return 0;
     } else {
       std::fprintf(stderr, "unknown argument %s (see --help)\n", a.c_str());
@@ -309,6 +326,9 @@ int Main(int argc, char** argv) {
   Progress progress;
   for (const auto& cfg : configs) {
     progress.total += 2 * static_cast<int>(streams.size()) * (cfg == "mnist" ? 2 : 1);
+    if (device.is_cpu()) {  // the KARM's bf16-cache steps (and full runs)
+      progress.total += static_cast<int>(streams.size()) * (cfg == "mnist" ? 2 : 1);
+    }
   }
   // What the decode step's bytes per second are measured against: a device-to-device copy on a
   // GPU, the CPU's read bandwidth on the CPU.
@@ -342,22 +362,26 @@ int Main(int argc, char** argv) {
         if (!cache.ok()) return 1;
         FillRandom(c, &*cache);
         const int reps = s >= 16 ? 3 : 7;
-        std::vector<double> times;
-        for (int64_t p : positions) {
-          const double t = StepSeconds(
-              [&](const at::Tensor& u, const at::Tensor& pos, const at::Tensor& sl) {
-                return model->DecodeStep(u, pos, sl, &*cache, &packed);
-              },
-              s, p, reps);
-          times.push_back(t);
-          Record r{which, name, image, "step", s, p, 0, t, PixelKvCache::BytesPerSequence(c)};
-          records.push_back(r);
-        }
-        const double total = IntegratedSeconds(positions, times);
-        Record integ{which,        name,      image,
-                     "integrated", s,         -1,
-                     s / total,    total / n, PixelKvCache::BytesPerSequence(c)};
-        records.push_back(integ);
+        // The eager step over `steps_cache` at every sampled position ("step" records), and the
+        // images/s they integrate to.
+        auto eager = [&](PixelKvCache* steps_cache, const char* step_method,
+                         const char* integrated_method, at::ScalarType dtype) {
+          const int64_t kv_bytes = PixelKvCache::BytesPerSequence(c, dtype);
+          std::vector<double> times;
+          for (int64_t p : positions) {
+            const double t = StepSeconds(
+                [&](const at::Tensor& u, const at::Tensor& pos, const at::Tensor& sl) {
+                  return model->DecodeStep(u, pos, sl, steps_cache, &packed);
+                },
+                s, p, reps);
+            times.push_back(t);
+            records.push_back({which, name, image, step_method, s, p, 0, t, kv_bytes});
+          }
+          const double total = IntegratedSeconds(positions, times);
+          records.push_back(
+              {which, name, image, integrated_method, s, -1, s / total, total / n, kv_bytes});
+        };
+        eager(&*cache, "step", "integrated", at::kFloat);
         // The KARM on a GPU once more with its decode step replayed as a CUDA graph, on a stream
         // of its own as in the engine: over the fp32 cache, then over a bf16 one (half the bytes).
         auto graphed = [&](PixelKvCache* graph_cache, const char* step_method,
@@ -395,13 +419,34 @@ int Main(int argc, char** argv) {
           }
         }
         progress.Step(absl::StrFormat("%s %s S=%d steps", which, name, s));
-        if (which == "mnist" && !(o.quick && s > 1)) {
+        const bool full_run = which == "mnist" && !(o.quick && s > 1);
+        if (full_run) {
           const double ips = FullRun(*model, s);
           records.push_back({which, name, image, "full", s, -1, ips, s / ips / n,
                              PixelKvCache::BytesPerSequence(c)});
           progress.Step(absl::StrFormat("%s %s S=%d full run", which, name, s));
         } else if (which == "mnist") {
           progress.Step("skipped");
+        }
+        // The KARM on the CPU once more over bf16 ring caches (the decode kernel widens their
+        // elements; half the key and value bytes), step by step and, for MNIST, end to end.
+        if (device.is_cpu() && attention == "krause") {
+          auto bf16 = PixelKvCache::Create(c, s, device, at::kBFloat16);
+          if (!bf16.ok()) {
+            std::fprintf(stderr, "\nbf16 cache: %s\n", bf16.status().ToString().c_str());
+            return 1;
+          }
+          FillRandom(c, &*bf16);
+          eager(&*bf16, "step_bf16e", "integ_bf16e", at::kBFloat16);
+          progress.Step(absl::StrFormat("%s %s S=%d bf16-cache steps", which, name, s));
+          if (full_run) {
+            const double ips = FullRun(*model, s, at::kBFloat16);
+            records.push_back({which, name, image, "full_bf16", s, -1, ips, s / ips / n,
+                               PixelKvCache::BytesPerSequence(c, at::kBFloat16)});
+            progress.Step(absl::StrFormat("%s %s S=%d bf16-cache full run", which, name, s));
+          } else if (which == "mnist") {
+            progress.Step("skipped");
+          }
         }
       }
     }
@@ -459,7 +504,15 @@ int Main(int argc, char** argv) {
             Ratio{"KARM", "integ_bf16", "KARM", "integ_graph",
                   "KARM bf16 / fp32 cache images/s (graphed)"},
             Ratio{"KARM", "integ_bf16", "ARM", "integrated",
-                  "KARM (graphed, bf16 cache) / ARM images/s (integrated)"}}) {
+                  "KARM (graphed, bf16 cache) / ARM images/s (integrated)"},
+            Ratio{"KARM", "integ_bf16e", "KARM", "integrated",
+                  "KARM bf16 / fp32 cache images/s (integrated)"},
+            Ratio{"KARM", "integ_bf16e", "ARM", "integrated",
+                  "KARM (bf16 cache) / ARM images/s (integrated)"},
+            Ratio{"KARM", "full_bf16", "ARM", "full",
+                  "KARM (bf16 cache) / ARM images/s (full run)"},
+            Ratio{"KARM", "full_bf16", "KARM", "full",
+                  "KARM bf16 / fp32 cache images/s (full run)"}}) {
         const Record* x = find(which, q.model, s, q.method);
         const Record* y = find(which, q.over_model, s, q.over_method);
         if (x && y)
