@@ -279,6 +279,10 @@ int List(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_json
                 {"implementation", m.implementation()},
                 {"max_batch_size", m.max_batch_size()},
                 {"max_images_per_request", m.max_images_per_request()}};
+      if (!m.kv_cache_dtype().empty()) {
+        t["kv_cache_dtype"] = m.kv_cache_dtype();
+        t["kv_cache_bytes_per_sequence"] = m.kv_cache_bytes_per_sequence();
+      }
       json checks = json::array();
       for (const auto& c : m.kernel_checks())
         checks.push_back({{"implementation", c.implementation()},

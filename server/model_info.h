@@ -49,6 +49,7 @@ struct ModelInfo {
   int64_t max_queue_delay_ms = 0;  // classifiers
   int64_t max_images_per_request = 0;
   int64_t kv_cache_bytes_per_sequence = 0;  // generators
+  std::string kv_cache_dtype;               // generators: "float32", "bfloat16" or "float16"
   std::string checkpoint;                   // the file it was loaded from
   // Generators: what a request that leaves a sampling field unset gets (ServedGenerator).
   std::optional<double> default_temperature, default_top_p, default_guidance;

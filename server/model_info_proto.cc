@@ -40,6 +40,7 @@ v1::ModelInfo ToProto(const ModelInfo& m) {
   info.set_max_queue_delay_ms(static_cast<uint32_t>(m.max_queue_delay_ms));
   info.set_max_images_per_request(static_cast<uint32_t>(m.max_images_per_request));
   info.set_kv_cache_bytes_per_sequence(static_cast<uint64_t>(m.kv_cache_bytes_per_sequence));
+  info.set_kv_cache_dtype(m.kv_cache_dtype);
   info.set_checkpoint(m.checkpoint);
   info.set_summary(m.summary);
   info.set_implementation(m.implementation);

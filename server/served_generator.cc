@@ -51,6 +51,7 @@ ServedGenerator::ServedGenerator(const ModelSpec& spec, const LoadedModel& model
   info.max_images_per_request = ImagesPerRequest(spec);
   info.max_batch_size = worker_->slots();
   info.kv_cache_bytes_per_sequence = worker_->bytes_per_sequence();
+  info.kv_cache_dtype = KvCacheDtypeName(spec.kv_cache_dtype);
 }
 
 absl::StatusOr<SamplingDefaults> ServedGenerator::Defaults(const ModelSpec& spec,

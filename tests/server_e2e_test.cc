@@ -171,6 +171,8 @@ TEST_F(ServerTest, ListAndGetModels) {
   EXPECT_THAT(std::vector<uint32_t>(karm.top_k().begin(), karm.top_k().end()),
               ::testing::ElementsAre(4u));
   EXPECT_GT(karm.kv_cache_bytes_per_sequence(), 0u);
+  EXPECT_EQ(karm.kv_cache_dtype(), "float32");
+  EXPECT_EQ(vit.kv_cache_dtype(), "");  // a classifier has no KV cache
   EXPECT_EQ(r.models(2).attention(), v1::ModelInfo::SOFTMAX);
   EXPECT_FALSE(r.models(2).is_default());
   EXPECT_EQ(r.models(2).top_k_size(), 0);
@@ -1416,7 +1418,16 @@ TEST(ServerStart, ModelDevicesAreCheckedAtLoad) {
     EXPECT_THAT(std::string(cpu_fp16.status().message()), ::testing::HasSubstr("CUDA device"));
   }
   auto cpu_bf16 = server::KrauseServer::Start(LoopbackOptions(models.dir + "/bf16.json"));
-  EXPECT_TRUE(cpu_bf16.ok()) << cpu_bf16.status();
+  ASSERT_TRUE(cpu_bf16.ok()) << cpu_bf16.status();
+  {  // shown as served, with the halved cache
+    grpc::ClientContext ctx;
+    v1::GetModelRequest req;
+    req.set_name("g");
+    v1::ModelInfo info;
+    ASSERT_TRUE(Stub(ClientFor((*cpu_bf16)->port()))->GetModel(&ctx, req, &info).ok());
+    EXPECT_EQ(info.kv_cache_dtype(), "bfloat16");
+    EXPECT_EQ(info.implementation(), "fused_cpu");
+  }
   std::filesystem::remove_all(models.dir);
 }
 
