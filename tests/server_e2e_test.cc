@@ -1417,6 +1417,15 @@ TEST(ServerStart, ModelDevicesAreCheckedAtLoad) {
     EXPECT_THAT(std::string(cpu_fp16.status().message()), ::testing::HasSubstr("model g:"));
     EXPECT_THAT(std::string(cpu_fp16.status().message()), ::testing::HasSubstr("CUDA device"));
   }
+  // An ARM's cache is float32 on any device.
+  WriteText(models.dir + "/arm_bf16.json",
+            R"({"models": [{"name": "a", "checkpoint": "arm.safetensors", "kv_cache_dtype": )"
+            R"("bfloat16"}]})");
+  auto arm_bf16 = server::KrauseServer::Start(LoopbackOptions(models.dir + "/arm_bf16.json"));
+  EXPECT_EQ(arm_bf16.status().code(), absl::StatusCode::kInvalidArgument) << arm_bf16.status();
+  EXPECT_THAT(std::string(arm_bf16.status().message()), ::testing::HasSubstr("model a:"));
+  EXPECT_THAT(std::string(arm_bf16.status().message()),
+              ::testing::HasSubstr("ARM's KV cache is float32"));
   auto cpu_bf16 = server::KrauseServer::Start(LoopbackOptions(models.dir + "/bf16.json"));
   ASSERT_TRUE(cpu_bf16.ok()) << cpu_bf16.status();
   {  // shown as served, with the halved cache

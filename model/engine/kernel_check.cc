@@ -273,8 +273,12 @@ KernelCheck CheckGenerator(const PixelModel& model, const PixelModel& reference,
 KernelCheck CheckLoadedModel(const LoadedModel& model, const LoadedModel& reference,
                              const ServingChoice& choice, at::ScalarType gpu_cache_dtype) {
   if (model.classifier()) return CheckClassifier(*model.vit, *reference.vit, choice);
-  return CheckGenerator(*model.pixel, *reference.pixel, choice,
-                        IsCpu(choice.device) ? CpuCacheDtype(gpu_cache_dtype) : gpu_cache_dtype);
+  // An ARM's cache is fp32 (a reduced one is refused when its engine is made, naming the model).
+  const bool rings = model.pixel->config().attention == AttentionKind::kKrause;
+  const at::ScalarType cache = !rings                 ? at::kFloat
+                               : IsCpu(choice.device) ? CpuCacheDtype(gpu_cache_dtype)
+                                                      : gpu_cache_dtype;
+  return CheckGenerator(*model.pixel, *reference.pixel, choice, cache);
 }
 
 at::ScalarType CpuCacheDtype(at::ScalarType requested) {

@@ -86,8 +86,9 @@ KernelCheck CheckClassifier(const ViT& model, const ViT& reference, const Servin
 KernelCheck CheckGenerator(const PixelModel& model, const PixelModel& reference,
                            const ServingChoice& choice, at::ScalarType cache_dtype = at::kFloat);
 // Whichever of the two `model` holds: `model` loaded on choice.device, `reference` the same
-// checkpoint on the CPU. A generator's cache is `gpu_cache_dtype` on a GPU and
-// CpuCacheDtype(gpu_cache_dtype) on the CPU, as the engine would make it there.
+// checkpoint on the CPU. A KARM's rings are `gpu_cache_dtype` on a GPU and
+// CpuCacheDtype(gpu_cache_dtype) on the CPU, as the engine would make them there; an ARM's cache
+// is checked in fp32 (its engine refuses any other).
 KernelCheck CheckLoadedModel(const LoadedModel& model, const LoadedModel& reference,
                              const ServingChoice& choice, at::ScalarType gpu_cache_dtype);
 // The ring cache dtype a generator configured with `requested` gets on the CPU (its device, or
