@@ -362,51 +362,52 @@ int Main(int argc, char** argv) {
         if (!cache.ok()) return 1;
         FillRandom(c, &*cache);
         const int reps = s >= 16 ? 3 : 7;
-        // The eager step over `steps_cache` at every sampled position ("step" records), and the
-        // images/s they integrate to.
-        auto eager = [&](PixelKvCache* steps_cache, const char* step_method,
-                         const char* integrated_method, at::ScalarType dtype) {
-          const int64_t kv_bytes = PixelKvCache::BytesPerSequence(c, dtype);
+        // One decode step (`step`, the first `warmup` calls untimed) at every sampled position,
+        // as `step_method` records; and the images/s such times integrate to.
+        auto sweep = [&](const StepFn& step, int warmup, const char* step_method,
+                         at::ScalarType dtype) {
           std::vector<double> times;
           for (int64_t p : positions) {
-            const double t = StepSeconds(
-                [&](const at::Tensor& u, const at::Tensor& pos, const at::Tensor& sl) {
-                  return model->DecodeStep(u, pos, sl, steps_cache, &packed);
-                },
-                s, p, reps);
-            times.push_back(t);
-            records.push_back({which, name, image, step_method, s, p, 0, t, kv_bytes});
+            times.push_back(StepSeconds(step, s, p, reps, warmup));
+            records.push_back({which, name, image, step_method, s, p, 0, times.back(),
+                               PixelKvCache::BytesPerSequence(c, dtype)});
           }
+          return times;
+        };
+        auto integrate = [&](const std::vector<double>& times, const char* integrated_method,
+                             at::ScalarType dtype) {
           const double total = IntegratedSeconds(positions, times);
-          records.push_back(
-              {which, name, image, integrated_method, s, -1, s / total, total / n, kv_bytes});
+          records.push_back({which, name, image, integrated_method, s, -1, s / total, total / n,
+                             PixelKvCache::BytesPerSequence(c, dtype)});
+        };
+        // The eager step over `steps_cache`.
+        auto eager = [&](PixelKvCache* steps_cache, const char* step_method,
+                         const char* integrated_method, at::ScalarType dtype) {
+          const StepFn step = [&](const at::Tensor& u, const at::Tensor& pos,
+                                  const at::Tensor& sl) {
+            return model->DecodeStep(u, pos, sl, steps_cache, &packed);
+          };
+          integrate(sweep(step, 1, step_method, dtype), integrated_method, dtype);
         };
         eager(&*cache, "step", "integrated", at::kFloat);
         // The KARM on a GPU once more with its decode step replayed as a CUDA graph, on a stream
         // of its own as in the engine: over the fp32 cache, then over a bf16 one (half the bytes).
+        // A graphed step captures at its second call.
         auto graphed = [&](PixelKvCache* graph_cache, const char* step_method,
                            const char* integrated_method, at::ScalarType dtype) {
           const DeviceContext ctx(device);
           ctx.WaitForDefaultStream();
           const std::shared_ptr<void> scope = ctx.Enter();
           DecodeGraphs graphs(&*model, graph_cache, &packed, s);
-          const int64_t kv_bytes = PixelKvCache::BytesPerSequence(c, dtype);
-          std::vector<double> graph_times;
-          for (int64_t p : positions) {
-            const double t =
-                StepSeconds([&](const at::Tensor& u, const at::Tensor& pos,
-                                const at::Tensor& sl) { return graphs.Step(u, pos, sl); },
-                            s, p, reps, /*warmup=*/2);
-            graph_times.push_back(t);
-            records.push_back({which, name, image, step_method, s, p, 0, t, kv_bytes});
-          }
+          const std::vector<double> times =
+              sweep([&](const at::Tensor& u, const at::Tensor& pos,
+                        const at::Tensor& sl) { return graphs.Step(u, pos, sl); },
+                    /*warmup=*/2, step_method, dtype);
           if (!graphs.enabled()) {
             std::fprintf(stderr, "\nCUDA graphs off: %s\n", graphs.reason().c_str());
             return;
           }
-          const double gt = IntegratedSeconds(positions, graph_times);
-          records.push_back(
-              {which, name, image, integrated_method, s, -1, s / gt, gt / n, kv_bytes});
+          integrate(times, integrated_method, dtype);
         };
         if (DecodeGraphs::Supported(*model)) {
           graphed(&*cache, "step_graph", "integ_graph", at::kFloat);

@@ -1399,36 +1399,29 @@ TEST(ServerStart, ModelDevicesAreCheckedAtLoad) {
   EXPECT_EQ(bad_dtype.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad_dtype.status().message()),
               ::testing::HasSubstr("models[0].kv_cache_dtype"));
-  WriteText(models.dir + "/bf16.json",
-            R"({"models": [{"name": "g", "checkpoint": "karm.safetensors", "kv_cache_dtype": )"
-            R"("bfloat16"}]})");
-  WriteText(models.dir + "/fp16.json",
-            R"({"models": [{"name": "g", "checkpoint": "karm.safetensors", "kv_cache_dtype": )"
-            R"("float16"}]})");
-  WriteText(models.dir + "/vit_bf16.json",
-            R"({"models": [{"name": "c", "checkpoint": "vit.safetensors", "kv_cache_dtype": )"
-            R"("float16"}]})");
-  auto vit_bf16 = server::KrauseServer::Start(LoopbackOptions(models.dir + "/vit_bf16.json"));
-  EXPECT_EQ(vit_bf16.status().code(), absl::StatusCode::kInvalidArgument) << vit_bf16.status();
-  EXPECT_THAT(std::string(vit_bf16.status().message()), ::testing::HasSubstr("model c:"));
-  if (!at::hasCUDA()) {
-    auto cpu_fp16 = server::KrauseServer::Start(LoopbackOptions(models.dir + "/fp16.json"));
-    EXPECT_EQ(cpu_fp16.status().code(), absl::StatusCode::kInvalidArgument) << cpu_fp16.status();
-    EXPECT_THAT(std::string(cpu_fp16.status().message()), ::testing::HasSubstr("model g:"));
-    EXPECT_THAT(std::string(cpu_fp16.status().message()), ::testing::HasSubstr("CUDA device"));
-  }
+  // A manifest of one model `name` (checkpoint `model`) with "kv_cache_dtype": `dtype`, started.
+  auto start_cached = [&](const std::string& name, const std::string& model,
+                          const std::string& dtype) {
+    const std::string manifest = models.dir + "/" + name + "_" + dtype + ".json";
+    WriteText(manifest, R"({"models": [{"name": ")" + name + R"(", "checkpoint": ")" + model +
+                            R"(.safetensors", "kv_cache_dtype": ")" + dtype + R"("}]})");
+    return server::KrauseServer::Start(LoopbackOptions(manifest));
+  };
+  // Refused at the start: INVALID_ARGUMENT naming the model and saying why.
+  auto expect_refused = [](const absl::Status& st, const std::string& model,
+                           const std::string& why) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("model " + model + ":"));
+    EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr(why));
+  };
+  expect_refused(start_cached("c", "vit", "float16").status(), "c", "a generator's option");
+  if (!at::hasCUDA())
+    expect_refused(start_cached("g", "karm", "float16").status(), "g", "CUDA device");
   // An ARM's cache is float32 on any device.
-  WriteText(models.dir + "/arm_bf16.json",
-            R"({"models": [{"name": "a", "checkpoint": "arm.safetensors", "kv_cache_dtype": )"
-            R"("bfloat16"}]})");
-  auto arm_bf16 = server::KrauseServer::Start(LoopbackOptions(models.dir + "/arm_bf16.json"));
-  EXPECT_EQ(arm_bf16.status().code(), absl::StatusCode::kInvalidArgument) << arm_bf16.status();
-  EXPECT_THAT(std::string(arm_bf16.status().message()), ::testing::HasSubstr("model a:"));
-  EXPECT_THAT(std::string(arm_bf16.status().message()),
-              ::testing::HasSubstr("ARM's KV cache is float32"));
-  auto cpu_bf16 = server::KrauseServer::Start(LoopbackOptions(models.dir + "/bf16.json"));
+  expect_refused(start_cached("a", "arm", "bfloat16").status(), "a", "ARM's KV cache is float32");
+  auto cpu_bf16 = start_cached("g", "karm", "bfloat16");
   ASSERT_TRUE(cpu_bf16.ok()) << cpu_bf16.status();
-  {  // shown as served, with the halved cache
+  {  // shown as served
     grpc::ClientContext ctx;
     v1::GetModelRequest req;
     req.set_name("g");
