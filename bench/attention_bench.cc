@@ -10,6 +10,10 @@
 // Decode (S in {1, 16, 64} sequences at positions 300 and 3000, W = 256, k = 192):
 //   fused_decode    one step over the ring-buffer caches
 //   softmax_prefix  dense softmax of the new token over its whole prefix (preallocated cache)
+// --items instead: the decode kernel's work item (one ring of the MNIST config: W 128, k 96,
+// d 32) on one thread, its ring in cache or one of 3000 streamed from memory, fp32 and bf16 rings,
+// with and without the next item's prefetch hint, on huge or 4 KiB pages; beside one core's
+// plain streaming read bandwidth, measured in the same run.
 //
 // Each figure is the median of several runs after a warm-up (one run when a run takes > 2 s).
 // Peak extra memory: bytes LibTorch allocated during the call above what was in use before it.
@@ -32,10 +36,16 @@
 #include "bench/args.h"
 #include "bench/counting_allocator.h"
 #include "bench/progress.h"
-#include "model/util/threads.h"
 #include "model/attention/cpu_kernels.h"
+#include "model/attention/cpu_scratch.h"
 #include "model/attention/decode.h"
 #include "model/attention/krause_attention.h"
+#include "model/util/huge_pages.h"
+#include "model/util/threads.h"
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace krause::bench {
 namespace {
@@ -48,6 +58,7 @@ struct Options {
   int reps = 5;
   int threads = 0;
   std::string filter;
+  bool items = false;
 };
 
 void PrintHelp() {
@@ -60,6 +71,9 @@ void PrintHelp() {
       "  --reps N       timed runs per measurement after a warm-up (default 5; median reported)\n"
       "  --threads N    intra-op threads (default: all cores)\n"
       "  --filter TEXT  only configurations whose label contains TEXT\n"
+      "  --items        instead: the decode kernel's item on one thread (ring in cache or "
+      "streamed,\n"
+      "                 fp32/bf16, with/without the prefetch hint, huge/4 KiB pages), ~10 s\n"
       "  --help         this text\n");
 }
 
@@ -79,6 +93,8 @@ bool ParseOptions(int argc, char** argv, Options* o) {
       o->threads = std::atoi(args.Value());
     } else if (a == "--filter") {
       o->filter = args.Value();
+    } else if (a == "--items") {
+      o->items = true;
     } else {
       std::fprintf(stderr, "unknown argument %s (see --help)\n", a.c_str());
       return false;
@@ -302,9 +318,161 @@ const Record* Find(const std::vector<Record>& rs, const std::string& label_impl,
   return nullptr;
 }
 
+// --items: one decode item at a time on this thread, over `rings` rings of the MNIST config (the
+// next one's ring as the prefetch hint where `hint`), keys and values of `dtype`, storage
+// advised for huge pages or kept on 4 KiB pages. Returns the median over `reps` runs of
+// microseconds per item.
+double ItemMicros(int64_t rings, at::ScalarType dtype, bool hint, bool huge, int reps) {
+  constexpr int64_t kW = 128, kK = 96, kD = 32, kPosition = 700;
+  const int64_t stride = cpu::RoundUpToChunk(kW);
+  const auto opts = at::TensorOptions().dtype(dtype);
+  auto storage = [&](at::IntArrayRef sizes, const at::TensorOptions& o) {
+    if (huge) return ZerosOnHugePages(sizes, o);
+    at::Tensor t = at::empty(sizes, o);
+#if defined(__linux__) && defined(MADV_NOHUGEPAGE)
+    constexpr uintptr_t kPage = 4096;
+    const uintptr_t a = (reinterpret_cast<uintptr_t>(t.data_ptr()) + kPage - 1) & ~(kPage - 1);
+    const uintptr_t e = (reinterpret_cast<uintptr_t>(t.data_ptr()) + t.nbytes()) & ~(kPage - 1);
+    if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_NOHUGEPAGE);
+#endif
+    return t.zero_();
+  };
+  at::Tensor keys_t = storage({rings, kD, stride}, opts);
+  at::Tensor values = storage({rings, kW, kD}, opts);
+  at::Tensor bias = storage({rings, stride}, opts.dtype(at::kFloat));
+  keys_t.normal_();
+  values.normal_();
+  bias.normal_();
+  const at::Tensor qkv = at::randn({3, kD});
+  at::Tensor out = at::zeros({kD});
+  const cpu::ScratchTensors scratch(kW);
+  const cpu::Scratch& w = scratch.view();
+  const int64_t elem = keys_t.element_size();
+  auto item_of = [&](int64_t r) {
+    cpu::DecodeItem it{};
+    it.q = qkv.data_ptr<float>();
+    it.k = it.q + kD;
+    it.v = it.q + 2 * kD;
+    it.ring_kt = static_cast<char*>(keys_t.data_ptr()) + r * kD * stride * elem;
+    it.ring_v = static_cast<char*>(values.data_ptr()) + r * kW * kD * elem;
+    it.ring_bias = bias.data_ptr<float>() + r * stride;
+    it.elem = dtype == at::kBFloat16 ? cpu::RingElem::kBFloat16 : cpu::RingElem::kFloat32;
+    it.position = kPosition;
+    it.window = kW;
+    it.ring_stride = stride;
+    it.d = kD;
+    it.top_k = kK;
+    it.inv_var = 0.05f;
+    it.out = out.data_ptr<float>();
+    return it;
+  };
+  std::vector<cpu::DecodeItem> items;
+  for (int64_t r = 0; r < rings; ++r) items.push_back(item_of(r));
+  if (hint && rings > 1) {
+    for (int64_t r = 0; r < rings; ++r) {
+      const cpu::DecodeItem& next = items[(r + 1) % rings];
+      items[r].next_kt = next.ring_kt;
+      items[r].next_v = next.ring_v;
+      items[r].next_bias = next.ring_bias;
+    }
+  }
+  const cpu::CpuKernelTable& kernels = cpu::CpuKernels();
+  const int64_t calls = std::max<int64_t>(rings, 20000);  // whole passes over the rings
+  std::vector<double> micros;
+  for (int rep = 0; rep <= reps; ++rep) {  // the first pass warms up
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < calls; ++i) kernels.decode(items[i % rings], w);
+    const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    if (rep > 0) micros.push_back(us / calls);
+  }
+  std::sort(micros.begin(), micros.end());
+  return micros[micros.size() / 2];
+}
+
+// One core reading `bytes` in order (four independent sums), GB/s: the median of `reps` passes.
+double OneCoreReadGBps(int64_t bytes, int reps) {
+  const at::Tensor a = at::ones({bytes / 4});
+  const float* p = a.data_ptr<float>();
+  const int64_t n = a.numel() / 32 * 32;
+  std::vector<double> gbps;
+  float keep = 0;
+  for (int rep = 0; rep <= reps; ++rep) {
+    const auto t0 = Clock::now();
+    float s[32] = {};
+    for (int64_t i = 0; i < n; i += 32)
+      for (int j = 0; j < 32; ++j) s[j] += p[i + j];
+    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    for (float x : s) keep += x;
+    if (rep > 0) gbps.push_back(n * 4.0 / sec / 1e9);
+  }
+  if (keep < 0) std::printf("%g\n", keep);  // never: keeps the sums
+  std::sort(gbps.begin(), gbps.end());
+  return gbps[gbps.size() / 2];
+}
+
+int RunItems(const Options& o) {
+  krause::SetCpuThreads(1);
+  std::fprintf(stderr, "krause-attention-bench --items: CPU kernels %s, one thread\n",
+               cpu::CpuKernels().name);
+  struct Row {
+    const char* label;
+    int64_t rings;
+    at::ScalarType dtype;
+    bool hint, huge;
+  };
+  constexpr int64_t kStreamed = 3000;  // 96 MB of fp32 rings: far beyond the caches
+  const std::vector<Row> rows = {
+      {"in cache", 1, at::kFloat, false, true},
+      {"in cache", 1, at::kBFloat16, false, true},
+      {"streamed, no hint, 4 KiB pages", kStreamed, at::kFloat, false, false},
+      {"streamed, hint, 4 KiB pages", kStreamed, at::kFloat, true, false},
+      {"streamed, hint, huge pages", kStreamed, at::kFloat, true, true},
+      {"streamed, no hint, 4 KiB pages", kStreamed, at::kBFloat16, false, false},
+      {"streamed, hint, 4 KiB pages", kStreamed, at::kBFloat16, true, false},
+      {"streamed, hint, huge pages", kStreamed, at::kBFloat16, true, true},
+  };
+  Progress progress;
+  progress.total = static_cast<int>(rows.size()) + 1;
+  const int reps = std::max(3, o.reps);
+  const double read_gbps = OneCoreReadGBps(int64_t{256} << 20, reps);
+  progress.Step("one core's read bandwidth");
+  std::vector<std::string> json;
+  std::printf("\nDecode item of the MNIST config (W 128, k 96, d 32, position 700), one thread:\n");
+  std::printf("  one core reading 256 MB in order: %.1f GB/s\n", read_gbps);
+  std::printf("  %-6s %-32s %10s %10s %14s\n", "ring", "memory", "us/item", "GB/s", "of one core");
+  for (const Row& r : rows) {
+    const double us = ItemMicros(r.rings, r.dtype, r.hint, r.huge, reps);
+    const int64_t elem = r.dtype == at::kBFloat16 ? 2 : 4;
+    const double ring_bytes = 2.0 * 128 * 32 * elem + 128 * 4;  // keys, values, biases
+    const double gbps = ring_bytes / (us * 1e-6) / 1e9;
+    const char* dtype = r.dtype == at::kBFloat16 ? "bf16" : "fp32";
+    if (r.rings > 1) {
+      std::printf("  %-6s %-32s %10.3f %10.1f %13.0f%%\n", dtype, r.label, us, gbps,
+                  100.0 * gbps / read_gbps);
+    } else {  // nothing comes from memory
+      std::printf("  %-6s %-32s %10.3f %10s %14s\n", dtype, r.label, us, "-", "-");
+    }
+    json.push_back(absl::StrFormat(
+        "{\"op\":\"decode_item\",\"ring\":\"%s\",\"rings\":%d,\"hint\":%s,\"huge_pages\":%s,"
+        "\"micros_per_item\":%.6g,\"ring_gbps\":%.6g,\"one_core_read_gbps\":%.6g}",
+        dtype, r.rings, r.hint ? "true" : "false", r.huge ? "true" : "false", us, gbps, read_gbps));
+    progress.Step(absl::StrFormat("%s %s", dtype, r.label));
+  }
+  if (!o.json_path.empty()) {
+    std::ofstream js(o.json_path);
+    js << "[\n";
+    for (size_t i = 0; i < json.size(); ++i)
+      js << "  " << json[i] << (i + 1 < json.size() ? ",\n" : "\n");
+    js << "]\n";
+    std::printf("\nwrote %zu records to %s\n", json.size(), o.json_path.c_str());
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   Options o;
   if (!ParseOptions(argc, argv, &o)) return 2;
+  if (o.items) return RunItems(o);
   const int threads =
       o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
   krause::SetCpuThreads(threads);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/attention/cpu_kernels.h"
 #include "model/nn/packed.h"
+#include "model/util/huge_pages.h"
 #include "model/util/status_macros.h"
 #include "model/util/tensor_checks.h"
 
@@ -128,8 +129,8 @@ absl::StatusOr<std::unique_ptr<SoftmaxLayerCache>> SoftmaxLayerCache::Create(
   }
   const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
   return std::unique_ptr<SoftmaxLayerCache>(
-      new SoftmaxLayerCache(at::zeros({slots, heads, seq_len, head_dim}, opts),
-                            at::zeros({slots, heads, seq_len, head_dim}, opts)));
+      new SoftmaxLayerCache(ZerosOnHugePages({slots, heads, seq_len, head_dim}, opts),
+                            ZerosOnHugePages({slots, heads, seq_len, head_dim}, opts)));
 }
 
 void SoftmaxLayerCache::WritePrefix(int64_t slot, const at::Tensor& k, const at::Tensor& v) {

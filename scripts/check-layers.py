@@ -24,6 +24,7 @@ FILES = {
     "model/data/idx": "util",
     "model/util/tensor_checks": "tensor_util",
     "model/util/threads": "tensor_util",
+    "model/util/huge_pages": "tensor_util",
     "model/attention/": "attention",
     "model/checkpoint/": "models",
     "model/nn/": "models",

@@ -5,18 +5,24 @@
 // - AttendRow (the packed CPU step's path) gives Attend's output and leaves the same storage:
 //   bit for bit for the Krause ring (one kernel), within float rounding for the softmax cache;
 // - bad arguments are refused by name and change nothing; PixelKvCache builds one layer cache
-//   of the model's kind per layer, with BytesPerSequence equal to the storage it allocates.
+//   of the model's kind per layer, with BytesPerSequence equal to the storage it allocates;
+// - a large cache's storage is advised for huge pages (the mapping's VmFlags say "hg").
 #include "model/kv_cache.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "model/attention/krause_attention.h"
 #include "model/nn/packed.h"
+#include "model/util/huge_pages.h"
 #include "tests/test_util.h"
 
 namespace krause {
@@ -227,6 +233,67 @@ TEST(PixelKvCacheTest, OneLayerCacheOfTheModelsKindPerLayerSizedAsAdvertised) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("float32")));
   EXPECT_THAT(PixelKvCache::Create(c, 0).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slots must be >= 1")));
+}
+
+// The VmFlags of the mapping holding `address` (/proc/self/smaps), or "" when none is found.
+std::string VmFlagsAt(const void* address) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(address);
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    unsigned long long begin = 0, end = 0;
+    char dash = 0;
+    if (std::sscanf(line.c_str(), "%llx%c%llx", &begin, &dash, &end) == 3 && dash == '-') {
+      inside = a >= begin && a < end;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+TEST(HugePages, ZerosOnHugePagesIsAtZeros) {
+  const auto opts = at::TensorOptions().dtype(at::kBFloat16);
+  const at::Tensor t = ZerosOnHugePages({3, 1 << 20}, opts);  // 6 MiB: whole 2 MiB pages inside
+  EXPECT_EQ(t.sizes(), at::IntArrayRef({3, 1 << 20}));
+  EXPECT_EQ(t.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_TRUE(at::equal(t, at::zeros({3, 1 << 20}, opts)));
+  const at::Tensor small = ZerosOnHugePages({5}, at::TensorOptions().dtype(at::kFloat));
+  EXPECT_TRUE(at::equal(small, at::zeros({5})));
+  // No whole 2 MiB page in 4 KiB: nothing to advise.
+  std::vector<char> page(4096);
+  EXPECT_FALSE(AdviseHugePages(page.data(), page.size()));
+  EXPECT_FALSE(AdviseHugePages(nullptr, 8 << 20));
+}
+
+TEST(HugePages, LargeCachesOfBothKindsAreAdvised) {
+  {
+    const at::Tensor probe = at::empty({8 << 20}, at::kByte);
+    if (!AdviseHugePages(probe.data_ptr(), probe.nbytes()) || VmFlagsAt(probe.data_ptr()).empty()) {
+      GTEST_SKIP() << "this kernel has no transparent huge pages or no /proc/self/smaps";
+    }
+  }
+  PixelModelConfig c;
+  c.height = c.width_px = 28;
+  c.d_model = 256;
+  c.heads = 8;
+  c.depth = 1;
+  c.window = 128;
+  c.top_k = 96;
+  for (AttentionKind kind : {AttentionKind::kKrause, AttentionKind::kSoftmax}) {
+    SCOPED_TRACE(AttentionKindName(kind));
+    c.attention = kind;
+    // 40 slots: ring keys and values of 5 MiB each, a softmax cache's of 31 MiB.
+    KRAUSE_ASSERT_OK_AND_ASSIGN(PixelKvCache cache, PixelKvCache::Create(c, 40));
+    for (const at::Tensor& t : cache.layer(0).Storage()) {
+      if (t.nbytes() < (4u << 20)) continue;  // the ring's biases
+      // A byte 2 MiB in lies inside a whole huge page of the advised range.
+      const char* inside = static_cast<const char*>(t.data_ptr()) + (2u << 20);
+      EXPECT_THAT(VmFlagsAt(inside), HasSubstr(" hg")) << t.nbytes() << " bytes";
+    }
+  }
 }
 
 }  // namespace

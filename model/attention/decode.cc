@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/attention/cpu_kernels.h"
 #include "model/attention/cpu_scratch.h"
+#include "model/util/huge_pages.h"
 #include "model/util/status_macros.h"
 #include "model/util/tensor_checks.h"
 #include "model/util/threads.h"
@@ -56,9 +57,9 @@ absl::StatusOr<KrauseRingCache> KrauseRingCache::Create(int64_t slots, int64_t h
   c.ring_stride_ = cpu::RoundUpToChunk(window);
   try {
     const auto opts = at::TensorOptions().dtype(dtype).device(device);
-    c.keys_t_ = at::zeros({slots, heads, head_dim, c.ring_stride_}, opts);
-    c.values_ = at::zeros({slots, heads, window, head_dim}, opts);
-    c.bias_ = at::zeros({slots, heads, c.ring_stride_}, opts.dtype(at::kFloat));
+    c.keys_t_ = ZerosOnHugePages({slots, heads, head_dim, c.ring_stride_}, opts);
+    c.values_ = ZerosOnHugePages({slots, heads, window, head_dim}, opts);
+    c.bias_ = ZerosOnHugePages({slots, heads, c.ring_stride_}, opts.dtype(at::kFloat));
   } catch (const std::exception& e) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate the ring cache: ", ExceptionMessage(e)));
