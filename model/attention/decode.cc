@@ -64,6 +64,11 @@ absl::StatusOr<KrauseRingCache> KrauseRingCache::Create(int64_t slots, int64_t h
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate the ring cache: ", ExceptionMessage(e)));
   }
+  c.keys_base_ = static_cast<char*>(c.keys_t_.data_ptr());
+  c.values_base_ = static_cast<char*>(c.values_.data_ptr());
+  c.bias_base_ = c.bias_.data_ptr<float>();
+  c.elem_bytes_ = static_cast<int64_t>(c.values_.element_size());  // 4, or 2 (bf16, fp16)
+  c.elem_ = dtype == at::kBFloat16 ? cpu::RingElem::kBFloat16 : cpu::RingElem::kFloat32;
   return c;
 }
 
@@ -87,12 +92,11 @@ int64_t KrauseRingCache::bytes_per_slot() const {
 
 cpu::DecodeItem KrauseRingCache::HostItem(int64_t slot, int64_t head) {
   const int64_t ring = slot * heads_ + head;
-  const int64_t elem = static_cast<int64_t>(values_.element_size());  // 4, or 2 (bfloat16)
   cpu::DecodeItem item{};
-  item.ring_kt = static_cast<char*>(keys_t_.data_ptr()) + ring * head_dim_ * ring_stride_ * elem;
-  item.ring_v = static_cast<char*>(values_.data_ptr()) + ring * window_ * head_dim_ * elem;
-  item.elem = dtype() == at::kBFloat16 ? cpu::RingElem::kBFloat16 : cpu::RingElem::kFloat32;
-  item.ring_bias = bias_.data_ptr<float>() + ring * ring_stride_;
+  item.ring_kt = keys_base_ + ring * head_dim_ * ring_stride_ * elem_bytes_;
+  item.ring_v = values_base_ + ring * window_ * head_dim_ * elem_bytes_;
+  item.elem = elem_;
+  item.ring_bias = bias_base_ + ring * ring_stride_;
   item.window = window_;
   item.ring_stride = ring_stride_;
   item.d = head_dim_;
@@ -373,9 +377,10 @@ absl::StatusOr<at::Tensor> KrauseDecodeStepLibTorch(const at::Tensor& q, const a
     const at::Tensor col = pos.remainder(win);
     const at::Tensor kr = KrauseRingCache::Rounded(k, cache->dtype());
     const at::Tensor kf = kr.to(at::kFloat);
-    cache->keys_t().index_put_({slots, Slice(), Slice(), col}, kr);  // [S, H, d]
-    cache->values().index_put_({slots, Slice(), col}, KrauseRingCache::Rounded(v, cache->dtype()));
-    cache->bias().index_put_({slots, Slice(), col}, -0.5 * (kf * kf).sum(-1));  // [S, H]
+    at::Tensor keys_t = cache->keys_t(), values_t = cache->values(), bias_t = cache->bias();
+    keys_t.index_put_({slots, Slice(), Slice(), col}, kr);  // [S, H, d] (in place: same storage)
+    values_t.index_put_({slots, Slice(), col}, KrauseRingCache::Rounded(v, cache->dtype()));
+    bias_t.index_put_({slots, Slice(), col}, -0.5 * (kf * kf).sum(-1));  // [S, H]
     // Gather each sequence's ring: keys [S, H, d, W], values [S, H, W, d], biases [S, H, W].
     const at::Tensor keys = cache->keys_t().index_select(0, slots).narrow(3, 0, win).to(at::kFloat);
     const at::Tensor values = cache->values().index_select(0, slots).to(at::kFloat);

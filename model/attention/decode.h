@@ -53,10 +53,11 @@ class KrauseRingCache {
   // Bytes held per sequence (keys, values and biases of one slot, padding included).
   int64_t bytes_per_slot() const;
 
-  // Storage, for the decode kernel and tests.
-  at::Tensor& keys_t() { return keys_t_; }  // [slots, H, d, ring_stride], column p % W
-  at::Tensor& values() { return values_; }  // [slots, H, W, d]
-  at::Tensor& bias() { return bias_; }      // [slots, H, ring_stride]
+  // Storage, for the decode kernel and tests: written in place, never replaced (HostItem keeps
+  // their addresses).
+  const at::Tensor& keys_t() const { return keys_t_; }  // [slots, H, d, ring_stride], col p % W
+  const at::Tensor& values() const { return values_; }  // [slots, H, W, d]
+  const at::Tensor& bias() const { return bias_; }      // [slots, H, ring_stride]
   int64_t ring_stride() const { return ring_stride_; }
   // The decode kernel's work item for (slot, head) of a CPU ring: ring pointers, element type,
   // window, stride and d filled; the caller fills q, k, v, position, top_k, inv_var and out.
@@ -68,6 +69,13 @@ class KrauseRingCache {
  private:
   int64_t slots_ = 0, heads_ = 0, head_dim_ = 0, window_ = 0, ring_stride_ = 0;
   at::Tensor keys_t_, values_, bias_;
+  // Their addresses and the element type, read per item (a tensor's accessors check its state on
+  // every call: a step of 64 sequences made 6,000 items' worth of them).
+  char* keys_base_ = nullptr;
+  char* values_base_ = nullptr;
+  float* bias_base_ = nullptr;
+  int64_t elem_bytes_ = 4;
+  cpu::RingElem elem_ = cpu::RingElem::kFloat32;
 };
 
 struct DecodeSelection {
