@@ -30,6 +30,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -410,6 +411,72 @@ double OneCoreReadGBps(int64_t bytes, int reps) {
   return gbps[gbps.size() / 2];
 }
 
+// One core's fp32 multiply-add throughput, GFLOP/s: twelve independent chains of eight-lane
+// multiply-adds (more than the latency times the issue rate, so the units stay busy), the median
+// of `reps` runs. AVX2 + FMA code where the CPU has it (what the avx2 kernels use); 0 elsewhere.
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"), noinline)) double FmaChainsGflops(int64_t iters) {
+  typedef float V8 __attribute__((vector_size(32)));
+  // Distinct starting values (equal chains would be computed once).
+  V8 a0 = V8{} + 0.0f, a1 = V8{} + 0.1f, a2 = V8{} + 0.2f, a3 = V8{} + 0.3f, a4 = V8{} + 0.4f,
+     a5 = V8{} + 0.5f, a6 = V8{} + 0.6f, a7 = V8{} + 0.7f, a8 = V8{} + 0.8f, a9 = V8{} + 0.9f,
+     a10 = V8{} + 1.0f, a11 = V8{} + 1.1f;
+  V8 b = V8{} + 0.999f, c = V8{} + 1e-4f;
+  __asm__ volatile("" : "+x"(b), "+x"(c));  // not constants the compiler could fold
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < iters; ++i) {
+    a0 = a0 * b + c, a1 = a1 * b + c, a2 = a2 * b + c, a3 = a3 * b + c;
+    a4 = a4 * b + c, a5 = a5 * b + c, a6 = a6 * b + c, a7 = a7 * b + c;
+    a8 = a8 * b + c, a9 = a9 * b + c, a10 = a10 * b + c, a11 = a11 * b + c;
+  }
+  const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+  const V8 sum = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;
+  if (sum[0] < 0) std::printf("%g\n", sum[0]);  // never: keeps the chains
+  return 12.0 * 16.0 * iters / sec / 1e9;
+}
+#endif
+
+double OneCoreFmaGflops(int reps) {
+#if defined(__x86_64__)
+  if (std::string(cpu::CpuKernels().name) != "avx2") return 0;
+  std::vector<double> g;
+  for (int rep = 0; rep <= reps; ++rep) g.push_back(FmaChainsGflops(int64_t{20} << 20));
+  g.erase(g.begin());  // warm-up
+  std::sort(g.begin(), g.end());
+  return g[g.size() / 2];
+#else
+  (void)reps;
+  return 0;
+#endif
+}
+
+// The decode step's batch-invariant linear kernel on one thread: `m` rows through an in x out
+// layer (cpu::LinearRowsArgs), GFLOP/s, the median of `reps` runs.
+double LinearGflops(int64_t m, int64_t in, int64_t out, int reps) {
+  const at::Tensor x = at::randn({m, in});
+  const at::Tensor wt = at::randn({out * in});  // chunk blocks: any values do
+  const at::Tensor bias = at::zeros({out});
+  at::Tensor y = at::empty({m, out});
+  const cpu::LinearRowsArgs a{x.data_ptr<float>(),
+                              wt.data_ptr<float>(),
+                              bias.data_ptr<float>(),
+                              y.data_ptr<float>(),
+                              m,
+                              in,
+                              out};
+  const cpu::CpuKernelTable& kernels = cpu::CpuKernels();
+  const int64_t calls = std::max<int64_t>(1, static_cast<int64_t>(2e9 / (2.0 * m * in * out)));
+  std::vector<double> g;
+  for (int rep = 0; rep <= reps; ++rep) {
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < calls; ++i) kernels.linear_rows(a, 0, out / cpu::kScoreChunk);
+    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (rep > 0) g.push_back(2.0 * m * in * out * calls / sec / 1e9);
+  }
+  std::sort(g.begin(), g.end());
+  return g[g.size() / 2];
+}
+
 int RunItems(const Options& o) {
   krause::SetCpuThreads(1);
   std::fprintf(stderr, "krause-attention-bench --items: CPU kernels %s, one thread\n",
@@ -432,7 +499,7 @@ int RunItems(const Options& o) {
       {"streamed, hint, huge pages", kStreamed, at::kBFloat16, true, true},
   };
   Progress progress;
-  progress.total = static_cast<int>(rows.size()) + 1;
+  progress.total = static_cast<int>(rows.size()) + 2;
   const int reps = std::max(3, o.reps);
   const double read_gbps = OneCoreReadGBps(int64_t{256} << 20, reps);
   progress.Step("one core's read bandwidth");
@@ -458,6 +525,26 @@ int RunItems(const Options& o) {
         dtype, r.rings, r.hint ? "true" : "false", r.huge ? "true" : "false", us, gbps, read_gbps));
     progress.Step(absl::StrFormat("%s %s", dtype, r.label));
   }
+  // The step's linears beside them: MNIST's layers at 64 rows, against this core's multiply-add
+  // throughput.
+  const double peak = OneCoreFmaGflops(reps);
+  std::printf("\nThe step's linear kernel at 64 rows (MNIST's layers), one thread:\n");
+  if (peak > 0) std::printf("  one core's multiply-adds (AVX2 FMA chains): %.1f GFLOP/s\n", peak);
+  for (auto [in, out, name] : {std::tuple<int64_t, int64_t, const char*>{256, 768, "qkv"},
+                               {256, 256, "out"},
+                               {256, 1024, "mlp0"},
+                               {1024, 256, "mlp2"}}) {
+    const double g = LinearGflops(64, in, out, reps);
+    std::printf("  %-5s %4lld x %-5lld %8.1f GFLOP/s", name, static_cast<long long>(in),
+                static_cast<long long>(out), g);
+    if (peak > 0) std::printf("  %5.0f%% of the chains", 100.0 * g / peak);
+    std::printf("\n");
+    json.push_back(absl::StrFormat(
+        "{\"op\":\"linear\",\"layer\":\"%s\",\"rows\":64,\"in\":%d,\"out\":%d,\"gflops\":%.6g,"
+        "\"one_core_fma_gflops\":%.6g}",
+        name, in, out, g, peak));
+  }
+  progress.Step("the step's linears");
   if (!o.json_path.empty()) {
     std::ofstream js(o.json_path);
     js << "[\n";
