@@ -319,12 +319,19 @@ const Record* Find(const std::vector<Record>& rs, const std::string& label_impl,
   return nullptr;
 }
 
+constexpr int64_t kW = 128, kK = 96, kD = 32, kPosition = 700;  // the MNIST config's rings
+
+// Seconds of one call of fn: Measure's median (a warm-up call, then `reps` timed ones).
+double MedianSeconds(const std::function<void()>& fn, int reps) {
+  Record r;
+  Measure(fn, reps, &r);
+  return r.seconds;
+}
+
 // --items: one decode item at a time on this thread, over `rings` rings of the MNIST config (the
 // next one's ring as the prefetch hint where `hint`), keys and values of `dtype`, storage
-// advised for huge pages or kept on 4 KiB pages. Returns the median over `reps` runs of
-// microseconds per item.
+// advised for huge pages or kept on 4 KiB pages. Microseconds per item (MedianSeconds).
 double ItemMicros(int64_t rings, at::ScalarType dtype, bool hint, bool huge, int reps) {
-  constexpr int64_t kW = 128, kK = 96, kD = 32, kPosition = 700;
   const int64_t stride = cpu::RoundUpToChunk(kW);
   const auto opts = at::TensorOptions().dtype(dtype);
   auto storage = [&](at::IntArrayRef sizes, const at::TensorOptions& o) {
@@ -379,43 +386,38 @@ double ItemMicros(int64_t rings, at::ScalarType dtype, bool hint, bool huge, int
   }
   const cpu::CpuKernelTable& kernels = cpu::CpuKernels();
   const int64_t calls = std::max<int64_t>(rings, 20000);  // whole passes over the rings
-  std::vector<double> micros;
-  for (int rep = 0; rep <= reps; ++rep) {  // the first pass warms up
-    const auto t0 = Clock::now();
-    for (int64_t i = 0; i < calls; ++i) kernels.decode(items[i % rings], w);
-    const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-    if (rep > 0) micros.push_back(us / calls);
-  }
-  std::sort(micros.begin(), micros.end());
-  return micros[micros.size() / 2];
+  const double seconds = MedianSeconds(
+      [&] {
+        for (int64_t i = 0; i < calls; ++i) kernels.decode(items[i % rings], w);
+      },
+      reps);
+  return seconds / calls * 1e6;
 }
 
-// One core reading `bytes` in order (four independent sums), GB/s: the median of `reps` passes.
+// One core reading `bytes` in order (32 independent sums), GB/s (MedianSeconds).
 double OneCoreReadGBps(int64_t bytes, int reps) {
   const at::Tensor a = at::ones({bytes / 4});
   const float* p = a.data_ptr<float>();
   const int64_t n = a.numel() / 32 * 32;
-  std::vector<double> gbps;
   float keep = 0;
-  for (int rep = 0; rep <= reps; ++rep) {
-    const auto t0 = Clock::now();
-    float s[32] = {};
-    for (int64_t i = 0; i < n; i += 32)
-      for (int j = 0; j < 32; ++j) s[j] += p[i + j];
-    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
-    for (float x : s) keep += x;
-    if (rep > 0) gbps.push_back(n * 4.0 / sec / 1e9);
-  }
+  const double seconds = MedianSeconds(
+      [&] {
+        float s[32] = {};
+        for (int64_t i = 0; i < n; i += 32)
+          for (int j = 0; j < 32; ++j) s[j] += p[i + j];
+        for (float x : s) keep += x;
+      },
+      reps);
   if (keep < 0) std::printf("%g\n", keep);  // never: keeps the sums
-  std::sort(gbps.begin(), gbps.end());
-  return gbps[gbps.size() / 2];
+  return n * 4.0 / seconds / 1e9;
 }
 
 // One core's fp32 multiply-add throughput, GFLOP/s: twelve independent chains of eight-lane
-// multiply-adds (more than the latency times the issue rate, so the units stay busy), the median
-// of `reps` runs. AVX2 + FMA code where the CPU has it (what the avx2 kernels use); 0 elsewhere.
+// multiply-adds (more than the latency times the issue rate, so the units stay busy)
+// (MedianSeconds). AVX2 + FMA code where the CPU has it (what the avx2 kernels use); 0 elsewhere.
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma"), noinline)) double FmaChainsGflops(int64_t iters) {
+constexpr int64_t kFmaIters = int64_t{20} << 20;
+__attribute__((target("avx2,fma"), noinline)) float FmaChains() {
   typedef float V8 __attribute__((vector_size(32)));
   // Distinct starting values (equal chains would be computed once).
   V8 a0 = V8{} + 0.0f, a1 = V8{} + 0.1f, a2 = V8{} + 0.2f, a3 = V8{} + 0.3f, a4 = V8{} + 0.4f,
@@ -423,27 +425,23 @@ __attribute__((target("avx2,fma"), noinline)) double FmaChainsGflops(int64_t ite
      a10 = V8{} + 1.0f, a11 = V8{} + 1.1f;
   V8 b = V8{} + 0.999f, c = V8{} + 1e-4f;
   __asm__ volatile("" : "+x"(b), "+x"(c));  // not constants the compiler could fold
-  const auto t0 = Clock::now();
-  for (int64_t i = 0; i < iters; ++i) {
+  for (int64_t i = 0; i < kFmaIters; ++i) {
     a0 = a0 * b + c, a1 = a1 * b + c, a2 = a2 * b + c, a3 = a3 * b + c;
     a4 = a4 * b + c, a5 = a5 * b + c, a6 = a6 * b + c, a7 = a7 * b + c;
     a8 = a8 * b + c, a9 = a9 * b + c, a10 = a10 * b + c, a11 = a11 * b + c;
   }
-  const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
   const V8 sum = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;
-  if (sum[0] < 0) std::printf("%g\n", sum[0]);  // never: keeps the chains
-  return 12.0 * 16.0 * iters / sec / 1e9;
+  return sum[0];
 }
 #endif
 
 double OneCoreFmaGflops(int reps) {
 #if defined(__x86_64__)
   if (std::string(cpu::CpuKernels().name) != "avx2") return 0;
-  std::vector<double> g;
-  for (int rep = 0; rep <= reps; ++rep) g.push_back(FmaChainsGflops(int64_t{20} << 20));
-  g.erase(g.begin());  // warm-up
-  std::sort(g.begin(), g.end());
-  return g[g.size() / 2];
+  float keep = 0;
+  const double seconds = MedianSeconds([&] { keep += FmaChains(); }, reps);
+  if (keep < 0) std::printf("%g\n", keep);  // never: keeps the chains
+  return 12.0 * 16.0 * kFmaIters / seconds / 1e9;
 #else
   (void)reps;
   return 0;
@@ -451,7 +449,7 @@ double OneCoreFmaGflops(int reps) {
 }
 
 // The decode step's batch-invariant linear kernel on one thread: `m` rows through an in x out
-// layer (cpu::LinearRowsArgs), GFLOP/s, the median of `reps` runs.
+// layer (cpu::LinearRowsArgs), GFLOP/s (MedianSeconds).
 double LinearGflops(int64_t m, int64_t in, int64_t out, int reps) {
   const at::Tensor x = at::randn({m, in});
   const at::Tensor wt = at::randn({out * in});  // chunk blocks: any values do
@@ -466,15 +464,12 @@ double LinearGflops(int64_t m, int64_t in, int64_t out, int reps) {
                               out};
   const cpu::CpuKernelTable& kernels = cpu::CpuKernels();
   const int64_t calls = std::max<int64_t>(1, static_cast<int64_t>(2e9 / (2.0 * m * in * out)));
-  std::vector<double> g;
-  for (int rep = 0; rep <= reps; ++rep) {
-    const auto t0 = Clock::now();
-    for (int64_t i = 0; i < calls; ++i) kernels.linear_rows(a, 0, out / cpu::kScoreChunk);
-    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (rep > 0) g.push_back(2.0 * m * in * out * calls / sec / 1e9);
-  }
-  std::sort(g.begin(), g.end());
-  return g[g.size() / 2];
+  const double seconds = MedianSeconds(
+      [&] {
+        for (int64_t i = 0; i < calls; ++i) kernels.linear_rows(a, 0, out / cpu::kScoreChunk);
+      },
+      reps);
+  return 2.0 * m * in * out * calls / seconds / 1e9;
 }
 
 int RunItems(const Options& o) {
@@ -504,13 +499,16 @@ int RunItems(const Options& o) {
   const double read_gbps = OneCoreReadGBps(int64_t{256} << 20, reps);
   progress.Step("one core's read bandwidth");
   std::vector<std::string> json;
-  std::printf("\nDecode item of the MNIST config (W 128, k 96, d 32, position 700), one thread:\n");
+  std::printf(
+      "\nDecode item of the MNIST config (W %lld, k %lld, d %lld, position %lld), one thread:\n",
+      static_cast<long long>(kW), static_cast<long long>(kK), static_cast<long long>(kD),
+      static_cast<long long>(kPosition));
   std::printf("  one core reading 256 MB in order: %.1f GB/s\n", read_gbps);
   std::printf("  %-6s %-32s %10s %10s %14s\n", "ring", "memory", "us/item", "GB/s", "of one core");
   for (const Row& r : rows) {
     const double us = ItemMicros(r.rings, r.dtype, r.hint, r.huge, reps);
     const int64_t elem = r.dtype == at::kBFloat16 ? 2 : 4;
-    const double ring_bytes = 2.0 * 128 * 32 * elem + 128 * 4;  // keys, values, biases
+    const double ring_bytes = 2.0 * kW * kD * elem + kW * 4;  // keys, values, biases
     const double gbps = ring_bytes / (us * 1e-6) / 1e9;
     const char* dtype = r.dtype == at::kBFloat16 ? "bf16" : "fp32";
     if (r.rings > 1) {
@@ -559,11 +557,11 @@ int RunItems(const Options& o) {
 int Main(int argc, char** argv) {
   Options o;
   if (!ParseOptions(argc, argv, &o)) return 2;
-  if (o.items) return RunItems(o);
   const int threads =
       o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
   krause::SetCpuThreads(threads);
   CountingAllocator::Install();
+  if (o.items) return RunItems(o);  // sets its own single thread
 
   std::vector<PrefillConfig> prefill;
   for (int64_t n : {784, 3072}) {
