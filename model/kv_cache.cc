@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/attention/cpu_kernels.h"
+#include "model/attention/pair_sums.h"
 #include "model/nn/packed.h"
 #include "model/util/huge_pages.h"
 #include "model/util/status_macros.h"
@@ -29,24 +30,10 @@ absl::StatusOr<std::unique_ptr<KrauseLayerCache>> KrauseLayerCache::Create(
 void KrauseLayerCache::WritePrefix(int64_t slot, const at::Tensor& k, const at::Tensor& v) {
   at::NoGradGuard no_grad;
   const int64_t t = k.size(1);
-  const int64_t w = ring_.window(), d = ring_.head_dim();
+  const int64_t w = ring_.window();
   // The keys as the ring holds them (a bf16 / fp16 cache rounds them); the biases are theirs.
   const at::Tensor stored = KrauseRingCache::Rounded(k.to(device_), ring_.dtype()).contiguous();
-  at::Tensor bias;
-  if (device_.is_cpu()) {
-    // With the CPU decode kernel's own sum over the stored keys (widened, exactly, from a bf16
-    // ring's), so that prefill and CPU decode agree bit for bit.
-    const at::Tensor widened = stored.to(at::kFloat).contiguous();
-    bias = at::empty({k.size(0), t}, at::kFloat);
-    for (int64_t h = 0; h < k.size(0); ++h) {
-      cpu::CpuKernels().key_biases(widened[h].data_ptr<float>(), t, d, bias[h].data_ptr<float>());
-    }
-  } else {
-    // On a GPU, computed there (no download); the sum's order is not the decode kernel's, so a
-    // few ulp apart from it.
-    const at::Tensor kf = stored.to(at::kFloat);
-    bias = -0.5 * (kf * kf).sum(-1);
-  }
+  const at::Tensor bias = internal::StoredKeyBiases(stored);  // [H, T], as the steps compute it
   // The last min(T, W) positions p go to ring column p % W: one index_copy_ per tensor.
   const int64_t first = std::max<int64_t>(0, t - w), count = t - first;
   const at::Tensor cols =

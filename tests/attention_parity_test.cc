@@ -8,12 +8,15 @@
 // must then match EXACTLY, and the remaining error is the fp32 rounding of exp and the sums.
 // A second family uses Gaussian inputs on smaller cases, checking the same tolerance.
 #include <ATen/ATen.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "model/attention/cpu_kernels.h"
 #include "model/attention/decode.h"
@@ -277,8 +280,10 @@ TEST(AttentionTieRule, EqualScoresKeepTheLargestKeyIndices) {
 // few distinct values, or all distinct: with few, the k-th largest score is shared by many
 // candidates, so the fused kernels' bitwise search for it meets every exit (exactly k at or
 // above a candidate, more than k, all keys equal) and the tie rule decides most of the kept set.
-// The fused prefill and the decode step, position by position, must keep the reference's indices in
-// its order.
+// The fused and windowed prefills and the decode step, position by position, must keep the
+// reference's indices in its order. Keys are drawn with replacement, so most rows hold identical
+// keys: they must score bit-equal in every implementation (a score computed by a GEMM did not,
+// on some BLAS kernels; ctest's *.blas_Prescott run repeats this under another kernel).
 TEST(AttentionTieRule, LongRowsWithFewDistinctScores) {
   const int64_t n = 300, d = 8, window = 128;
   // Keys and queries drawn from `distinct` vectors: at most that many scores per query (one
@@ -298,10 +303,14 @@ TEST(AttentionTieRule, LongRowsWithFewDistinctScores) {
       opts.return_selection = true;
       opts.impl = KrauseImpl::kReference;
       KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseResult want, KrauseAttention(q, k, v, at::zeros({}), opts));
-      opts.impl = KrauseImpl::kFusedCpu;
-      KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseResult got, KrauseAttention(q, k, v, at::zeros({}), opts));
-      EXPECT_TRUE(at::equal(got.indices, want.indices));
-      EXPECT_LT(RelativeMaxError(got.out, want.out), 1e-5);
+      for (const KrauseImpl impl : {KrauseImpl::kFusedCpu, KrauseImpl::kWindowed}) {
+        SCOPED_TRACE(KrauseImplName(impl));
+        opts.impl = impl;
+        KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseResult got,
+                                    KrauseAttention(q, k, v, at::zeros({}), opts));
+        EXPECT_TRUE(at::equal(got.indices, want.indices));
+        EXPECT_LT(RelativeMaxError(got.out, want.out), 1e-5);
+      }
       KRAUSE_ASSERT_OK_AND_ASSIGN(KrauseRingCache cache, KrauseRingCache::Create(1, 1, d, window));
       const at::Tensor slot = at::zeros({1}, at::kLong);
       int64_t wrong = 0;
@@ -317,6 +326,24 @@ TEST(AttentionTieRule, LongRowsWithFewDistinctScores) {
       EXPECT_EQ(wrong, 0) << "decode positions whose kept indices differ from the reference's";
     }
   }
+}
+
+// ctest runs this binary twice (tests/CMakeLists.txt): under the machine's OpenBLAS kernel and,
+// as *.blas_<core>, with OPENBLAS_CORETYPE naming another. That second run guards against ties
+// decided by a BLAS kernel's rounding only if the variable reaches the BLAS LibTorch calls:
+// OpenBLAS must report the core type asked for.
+TEST(BlasKernel, TheRequestedOpenBlasCoreIsTheOneInUse) {
+  using CoreName = char* (*)();
+  const auto core = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  if (core == nullptr) GTEST_SKIP() << "LibTorch's BLAS is not OpenBLAS";
+  const std::string in_use = core();
+  RecordProperty("openblas_core", in_use);
+  const char* requested = std::getenv("OPENBLAS_CORETYPE");
+  if (requested == nullptr || *requested == 0) {
+    GTEST_SKIP() << "OPENBLAS_CORETYPE is not set; OpenBLAS chose " << in_use;
+  }
+  EXPECT_TRUE(absl::EqualsIgnoreCase(in_use, requested))
+      << "OPENBLAS_CORETYPE=" << requested << " but OpenBLAS runs " << in_use;
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/attention/cpu_kernels.h"
 #include "model/attention/cpu_scratch.h"
+#include "model/attention/pair_sums.h"
 #include "model/util/huge_pages.h"
 #include "model/util/status_macros.h"
 #include "model/util/tensor_checks.h"
@@ -376,18 +377,18 @@ absl::StatusOr<at::Tensor> KrauseDecodeStepLibTorch(const at::Tensor& q, const a
     // its bias that of the stored key.
     const at::Tensor col = pos.remainder(win);
     const at::Tensor kr = KrauseRingCache::Rounded(k, cache->dtype());
-    const at::Tensor kf = kr.to(at::kFloat);
     at::Tensor keys_t = cache->keys_t(), values_t = cache->values(), bias_t = cache->bias();
     keys_t.index_put_({slots, Slice(), Slice(), col}, kr);  // [S, H, d] (in place: same storage)
     values_t.index_put_({slots, Slice(), col}, KrauseRingCache::Rounded(v, cache->dtype()));
-    bias_t.index_put_({slots, Slice(), col}, -0.5 * (kf * kf).sum(-1));  // [S, H]
+    bias_t.index_put_({slots, Slice(), col}, internal::StoredKeyBiases(kr));  // [S, H]
     // Gather each sequence's ring: keys [S, H, d, W], values [S, H, W, d], biases [S, H, W].
     const at::Tensor keys = cache->keys_t().index_select(0, slots).narrow(3, 0, win).to(at::kFloat);
     const at::Tensor values = cache->values().index_select(0, slots).to(at::kFloat);
     const at::Tensor bias = cache->bias().index_select(0, slots).narrow(2, 0, win);
-    // Scores in the bias form, (q . k_j + b_j) / sigma^2: [S, H, W].
-    at::Tensor scores =
-        (at::matmul(q.unsqueeze(2), keys).squeeze(2) + bias) * inv_var.view({1, h, 1});
+    // Scores in the bias form, (q . k_j + b_j) / sigma^2: [S, H, W], each a function of its
+    // (query, key) pair alone (internal::OrderedDots), so that equal keys tie exactly.
+    at::Tensor scores = (internal::OrderedDots(q.unsqueeze(2), keys).squeeze(2) + bias) *
+                        inv_var.view({1, h, 1});
     // Column c holds position p - ((p - c) mod W); columns of positions < 0 hold nothing yet.
     const at::Tensor cols = at::arange(win, pos.options()).view({1, win});
     const at::Tensor held = pos.view({s, 1}) - (pos.view({s, 1}) - cols).remainder(win);  // [S, W]

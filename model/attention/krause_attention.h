@@ -96,7 +96,7 @@ KrauseResult WindowedAttention(const AttentionArgs& a, const KrauseOptions& o);
 
 // How WindowedAttention scores the patch rows of a grid neighbourhood:
 //   kCandidateTable: gather each row's candidate keys and values through a table, O(N * C * d);
-//   kDenseRows:      score the rows against all N keys with one matmul and gather the candidates'
+//   kDenseRows:      score the rows against all N keys (OrderedDots) and gather the candidates'
 //                    scores (aggregation by one matmul with the scattered weights), O(N^2);
 //   kAuto:           kDenseRows when N * N <= N * C * d (no more memory than the table), which
 //                    holds for the small grids of image classifiers (7x7 patches + CLS: a 1.44x

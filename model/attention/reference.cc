@@ -22,6 +22,25 @@ at::Tensor NeighbourMask(const Neighbourhood& nb, int64_t n) {
   return mask;
 }
 
+// score(i, j) = -||q_i - k_j||^2 / (2 sigma^2) for every pair: [N, N] in q's dtype, differentiable.
+// Each score is a function of (q_i, k_j, sigma) alone, so equal pairs get bit-equal scores and the
+// tie rule, not rounding, decides between them on any CPU, GPU or BLAS. No matrix product: a GEMM
+// sums a dot product in an order that depends on where the pair falls in its blocking. Instead the
+// squared differences are summed over t = 0 .. d-1 in that order, in float64, one elementwise op
+// at a time (an elementwise op rounds every element the same way, vectorised or not), and the
+// score is rounded to q's dtype once at the end.
+at::Tensor PairScores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& log_sigma) {
+  const at::Tensor qd = q.to(at::kDouble), kd = k.to(at::kDouble);  // [N, d]
+  at::Tensor dist2;
+  for (int64_t t = 0; t < q.size(1); ++t) {
+    const at::Tensor diff = qd.select(1, t).unsqueeze(1) - kd.select(1, t).unsqueeze(0);  // [N, N]
+    const at::Tensor square = diff * diff;
+    dist2 = t == 0 ? square : dist2 + square;
+  }
+  const at::Tensor two_var = 2.0 * at::exp(2.0 * log_sigma.to(at::kDouble));
+  return (-dist2 / two_var).to(q.scalar_type());
+}
+
 }  // namespace
 
 KrauseResult ReferenceAttention(const AttentionArgs& a, const KrauseOptions& o) {
@@ -34,11 +53,8 @@ KrauseResult ReferenceAttention(const AttentionArgs& a, const KrauseOptions& o) 
     std::vector<at::Tensor> out_h, idx_h, wt_h;
     for (int64_t h = 0; h < a.heads; ++h) {
       const at::Tensor q = a.q[b][h], k = a.k[b][h], v = a.v[b][h];  // [N, d]
-      // ||q_i - k_j||^2 for every pair, then score = -dist2 / (2 sigma^2).
-      const at::Tensor dist2 =
-          (q * q).sum(-1, true) + (k * k).sum(-1).unsqueeze(0) - 2.0 * at::matmul(q, k.t());
-      const at::Tensor two_var = 2.0 * at::exp(2.0 * a.log_sigma[h]);
-      const at::Tensor score = at::where(allowed, -dist2 / two_var, neg_inf);  // [N, N]
+      const at::Tensor score =
+          at::where(allowed, PairScores(q, k, a.log_sigma[h]), neg_inf);  // [N, N]
 
       // Rank by score descending; on ties the larger key index first: a stable descending sort
       // of the reversed row keeps equal scores in reversed (larger index first) order.

@@ -1,12 +1,15 @@
 // The windowed LibTorch implementation: device-agnostic, differentiable (through the kept scores
 // and log_sigma; the selection itself is piecewise constant), O(N * W) memory.
-//   causal(W): queries in blocks of R; each block scores its R + W - 1 keys with one matmul and
-//              gathers the band of W candidates per query.
+//   causal(W): queries in blocks of R; each block scores its R + W - 1 keys and gathers the band
+//              of W candidates per query.
 //   grid:      patch rows gather their (2r+1)^2 (+ CLS) candidate keys through a table; the CLS
 //              row, which sees all N tokens, is one dense row.
 //   global:    one dense block (|N(i)| = N is the definition).
 // Every path ends in the same selection: candidates in ascending key order along the last axis,
-// ranked by score with the larger key winning ties (krause_attention.h).
+// ranked by score with the larger key winning ties (krause_attention.h). Every score is a
+// function of its (query, key) pair alone (OrderedDots, OrderedSum: no matrix product, whose
+// rounding depends on where a pair falls in the BLAS kernel's blocking), so equal pairs tie
+// exactly and the tie rule decides them; the aggregation by the weights is a matrix product.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "model/attention/krause_attention.h"
+#include "model/attention/pair_sums.h"
 
 namespace krause::internal {
 
@@ -40,7 +44,7 @@ at::Tensor InverseVariance(const AttentionArgs& a) {
 }
 
 // -||k_j||^2 / 2: [B, H, N].
-at::Tensor KeyBias(const at::Tensor& k) { return -0.5 * (k * k).sum(-1); }
+at::Tensor KeyBias(const at::Tensor& k) { return -0.5 * OrderedSum(k * k); }
 
 struct Selected {
   at::Tensor position;  // [B, H, R, K] positions along the candidate axis
@@ -94,7 +98,7 @@ KrauseResult CausalWindowed(const AttentionArgs& a, const KrauseOptions& o) {
     const int64_t r = std::min(block, n - s);
     const int64_t c = r + w - 1;  // keys of this block in padded coordinates [s, s + c)
     const at::Tensor scores =
-        (at::matmul(a.q.narrow(2, s, r), kp.narrow(2, s, c).transpose(-1, -2)) +
+        (OrderedDots(a.q.narrow(2, s, r), kp.narrow(2, s, c).transpose(-1, -2)) +
          bp.narrow(2, s, c).unsqueeze(-2)) *
         inv_var;  // [B, H, r, c]
     // band column of (row i, window slot t) = i + t; its key index = s + i - (w - 1) + t.
@@ -117,7 +121,7 @@ KrauseResult CausalWindowed(const AttentionArgs& a, const KrauseOptions& o) {
 KrauseResult DenseRows(const AttentionArgs& a, int64_t row0, int64_t r, int64_t kept,
                        bool selection) {
   const at::Tensor scores =
-      (at::matmul(a.q.narrow(2, row0, r), a.k.transpose(-1, -2)) + KeyBias(a.k).unsqueeze(-2)) *
+      (OrderedDots(a.q.narrow(2, row0, r), a.k.transpose(-1, -2)) + KeyBias(a.k).unsqueeze(-2)) *
       InverseVariance(a);  // [B, H, r, N]
   Selected sel = SelectAndNormalise(scores, kept);
   const at::Tensor attn = at::zeros_like(scores).scatter(-1, sel.position, sel.weight);
@@ -158,7 +162,7 @@ KrauseResult GridWindowed(const AttentionArgs& a, const KrauseOptions& o) {
   Selected sel;
   if (route == GridRoute::kDenseRows) {
     const at::Tensor dense =
-        (at::matmul(q, a.k.transpose(-1, -2)) + KeyBias(a.k).unsqueeze(-2)) * InverseVariance(a);
+        (OrderedDots(q, a.k.transpose(-1, -2)) + KeyBias(a.k).unsqueeze(-2)) * InverseVariance(a);
     const at::Tensor scores = dense.gather(-1, full_index).masked_fill(is_pad, kNegInf);
     sel = SelectAndNormalise(scores, kept);
     // scatter_add: a row with fewer candidates than K also "keeps" padding entries (weight 0,
@@ -173,7 +177,8 @@ KrauseResult GridWindowed(const AttentionArgs& a, const KrauseOptions& o) {
     const at::Tensor vg = a.v.index_select(2, flat).view({a.batch, a.heads, r, width, a.head_dim});
     const at::Tensor bg = KeyBias(a.k).index_select(2, flat).view({a.batch, a.heads, r, width});
     const at::Tensor scores =
-        ((at::matmul(kg, q.unsqueeze(-1)).squeeze(-1) + bg) * InverseVariance(a))
+        ((OrderedDots(q.unsqueeze(-2), kg.transpose(-1, -2)).squeeze(-2) + bg) *
+         InverseVariance(a))
             .masked_fill(is_pad, kNegInf);
     sel = SelectAndNormalise(scores, kept);
     const at::Tensor attn = at::zeros_like(scores).scatter(-1, sel.position, sel.weight);
