@@ -4,8 +4,8 @@
 // 14x14 with radius 1 and 2 plus CLS), H = 8, d = 64, fp32:
 //   dense_masked   what the authors' code does: every pair's score by one GEMM (distance form), a
 //                  mask built once, top-k, softmax, scatter, matmul. A peer, not the reference:
-//                  KrauseImpl::kReference sums each pair's distance by itself (no GEMM, so that ties
-//                  follow the tie rule on any BLAS) and is slower for it
+//                  KrauseImpl::kReference sums each pair's distance by itself (no GEMM, so that
+//                  ties follow the tie rule on any BLAS) and is slower for it
 //   windowed       device-agnostic LibTorch training path
 //   fused_cpu      the fused CPU kernel
 //   softmax_dense  plain dense softmax attention: matmul, softmax, matmul (no mask: its cheapest
@@ -213,8 +213,8 @@ void RunPrefill(const PrefillConfig& c, const Options& o, std::vector<Record>* o
                        const at::Tensor dist2 = (q * q).sum(-1, true) +
                                                 (k * k).sum(-1).unsqueeze(-2) -
                                                 2.0 * at::matmul(q, k.transpose(-1, -2));
-                       const at::Tensor s = (-dist2 / two_var).masked_fill(allowed.logical_not(),
-                                                                           -INFINITY);
+                       const at::Tensor s =
+                           (-dist2 / two_var).masked_fill(allowed.logical_not(), -INFINITY);
                        const auto [top, index] = s.topk(kept, -1);
                        const at::Tensor w = at::softmax(top, -1);
                        const at::Tensor o2 = at::matmul(at::zeros_like(s).scatter(-1, index, w), v);

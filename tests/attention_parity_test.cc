@@ -21,6 +21,7 @@
 #include "model/attention/cpu_kernels.h"
 #include "model/attention/decode.h"
 #include "model/attention/krause_attention.h"
+#include "model/attention/pair_sums.h"
 #include "tests/test_util.h"
 
 namespace krause {
@@ -324,6 +325,44 @@ TEST(AttentionTieRule, LongRowsWithFewDistinctScores) {
         wrong += !at::equal(sel.indices[0][0], want.indices[0][0][p]);
       }
       EXPECT_EQ(wrong, 0) << "decode positions whose kept indices differ from the reference's";
+    }
+  }
+}
+
+// OrderedDots is each pair's own sum, in t order, each product and each sum rounded on its own:
+// the CPU loop, LibTorch's elementwise ops (the GPU's path) and the sums written out here agree
+// bit for bit, in fp32 and fp64, with and without broadcast leading dims; identical key columns
+// give identical dot products in every row. Its gradient is the matrix product's.
+TEST(PairSums, OrderedDotsSumsEachPairByItselfInOrder) {
+  at::Generator gen = at::detail::createCPUGenerator(5);
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble}) {
+    for (const int64_t q_batch : {int64_t{2}, int64_t{1}}) {
+      SCOPED_TRACE(absl::StrCat(c10::toString(dtype), ", q batch ", q_batch));
+      const int64_t d = 13, r = 17, c = 29;
+      const at::Tensor q = at::randn({q_batch, 3, r, d}, gen).to(dtype);
+      at::Tensor kt = at::randn({2, 3, d, c}, gen).to(dtype);
+      kt.select(-1, 5).copy_(kt.select(-1, 0));
+      kt.select(-1, 28).copy_(kt.select(-1, 0));
+      at::Tensor want = q.narrow(-1, 0, 1) * kt.narrow(-2, 0, 1);
+      for (int64_t t = 1; t < d; ++t) want = want + q.narrow(-1, t, 1) * kt.narrow(-2, t, 1);
+      const at::Tensor got = internal::OrderedDots(q, kt);
+      EXPECT_TRUE(at::equal(got, want));
+      EXPECT_TRUE(at::equal(internal::OrderedDotsElementwise(q, kt), want));
+      // A transposed (strided) key operand: the same values.
+      const at::Tensor strided = kt.transpose(-1, -2).contiguous().transpose(-1, -2);
+      EXPECT_TRUE(at::equal(internal::OrderedDots(q, strided), want));
+      EXPECT_TRUE(at::equal(got.select(-1, 5), got.select(-1, 0)));
+      EXPECT_TRUE(at::equal(got.select(-1, 28), got.select(-1, 0)));
+      EXPECT_TRUE(at::allclose(got, at::matmul(q.to(at::kDouble), kt.to(at::kDouble)).to(dtype),
+                               1e-5, 1e-5));
+
+      const at::Tensor qg = q.clone().requires_grad_(), kg = kt.clone().requires_grad_();
+      const at::Tensor g = at::randn({2, 3, r, c}, gen).to(dtype);
+      (internal::OrderedDots(qg, kg) * g).sum().backward();
+      const at::Tensor qm = q.clone().requires_grad_(), km = kt.clone().requires_grad_();
+      (at::matmul(qm, km) * g).sum().backward();
+      EXPECT_TRUE(at::allclose(qg.grad(), qm.grad(), 1e-5, 1e-5));
+      EXPECT_TRUE(at::allclose(kg.grad(), km.grad(), 1e-5, 1e-5));
     }
   }
 }

@@ -15,9 +15,15 @@
 namespace krause::internal {
 
 // q_r . k_c for every (r, c): q [..., R, d], kt [..., d, C] (the keys transposed; leading dims
-// broadcast) -> [..., R, C] in q's dtype, differentiable. Accumulated in fp32 for fp16 / bf16
-// inputs (as a matrix product accumulates them), else in their own type.
+// broadcast) -> [..., R, C] in q's dtype. Accumulated in fp32 for fp16 / bf16 inputs (as a
+// matrix product accumulates them), else in their own type. Differentiable: the backward takes
+// its products from matmul (a gradient decides no selection, so it need not be exact per pair).
 at::Tensor OrderedDots(const at::Tensor& q, const at::Tensor& kt);
+
+// OrderedDots' arithmetic in LibTorch's elementwise ops on any device, without a graph: the path
+// a GPU takes; on the CPU (fp32, fp64) OrderedDots runs a loop of the same arithmetic instead,
+// and tests compare the two bit for bit.
+at::Tensor OrderedDotsElementwise(const at::Tensor& q, const at::Tensor& kt);
 
 // The sum over the last dimension in index order: [..., d] -> [...], differentiable; accumulated
 // as OrderedDots accumulates.

@@ -177,8 +177,7 @@ KrauseResult GridWindowed(const AttentionArgs& a, const KrauseOptions& o) {
     const at::Tensor vg = a.v.index_select(2, flat).view({a.batch, a.heads, r, width, a.head_dim});
     const at::Tensor bg = KeyBias(a.k).index_select(2, flat).view({a.batch, a.heads, r, width});
     const at::Tensor scores =
-        ((OrderedDots(q.unsqueeze(-2), kg.transpose(-1, -2)).squeeze(-2) + bg) *
-         InverseVariance(a))
+        ((OrderedDots(q.unsqueeze(-2), kg.transpose(-1, -2)).squeeze(-2) + bg) * InverseVariance(a))
             .masked_fill(is_pad, kNegInf);
     sel = SelectAndNormalise(scores, kept);
     const at::Tensor attn = at::zeros_like(scores).scatter(-1, sel.position, sel.weight);
