@@ -38,8 +38,9 @@ template <typename T>
 at::Tensor OrderedDotsCpu(const at::Tensor& qa, const at::Tensor& ka) {
   const int64_t r = qa.size(-2), d = qa.size(-1), c = ka.size(-1);
   // The broadcast leading dims, then both operands dense: q [L, R, d], kt [L, d, C].
-  std::vector<int64_t> lead =
+  const auto inferred =
       at::infer_size(qa.sizes().slice(0, qa.dim() - 2), ka.sizes().slice(0, ka.dim() - 2));
+  const std::vector<int64_t> lead(inferred.begin(), inferred.end());
   auto shaped = [&](const at::Tensor& x, int64_t a, int64_t b) {
     std::vector<int64_t> full = lead;
     full.push_back(a);

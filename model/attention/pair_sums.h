@@ -6,8 +6,9 @@
 // that: a GEMM kernel sums a dot product in an order that depends on where the pair falls in its
 // blocking (OpenBLAS's Haswell and Zen kernels round a block's edge differently from its middle),
 // so two identical keys could score one ulp apart and rounding would decide between them. These
-// sum over t = 0 .. d-1 in that order, one elementwise op at a time: an elementwise op rounds
-// every element alike, vectorised or not, on any CPU or GPU. docs/operator.md, section 1.2.
+// sum over t = 0 .. d-1 in that order, each product and each sum rounded on its own: on a GPU one
+// LibTorch elementwise op at a time (an elementwise op rounds every element alike, vectorised or
+// not), on the CPU a loop of the same arithmetic. docs/operator.md, section 1.2.
 #pragma once
 
 #include <ATen/core/Tensor.h>
