@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/util/files.h"
-#include "server/status.h"
+#include "server/edge/status.h"
 
 namespace krause::client {
 

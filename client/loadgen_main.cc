@@ -48,8 +48,8 @@
 #include "krause/v1/krause.grpc.pb.h"
 #include "model/data/idx.h"
 #include "model/util/help.h"
-#include "server/raw_image.h"
-#include "server/status.h"
+#include "server/edge/status.h"
+#include "server/v1/raw_image.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051",
           "server: host:port or any gRPC target (dns:///name:port, ipv4:a:p,b:p: calls are "

@@ -42,7 +42,7 @@
 #include "model/data/idx.h"
 #include "model/util/files.h"
 #include "model/util/help.h"
-#include "server/raw_image.h"
+#include "server/v1/raw_image.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051",
           "server: host:port or any gRPC target (dns:///name:port, ipv4:a:p,b:p: calls are "
@@ -85,7 +85,8 @@ ABSL_FLAG(double, guidance, -1,
           "the class more closely, at twice the compute)");
 ABSL_FLAG(int32_t, num, 1, "generate/complete: images to sample");
 ABSL_FLAG(int64_t, seed, -1,
-          "generate/complete: seed of image 0 (image i uses seed + i; -1: random)");
+          "generate/complete: the call's seed (image i draws from its own stream of (seed, i); -1: "
+          "random)");
 ABSL_FLAG(double, temperature, -1,
           "generate/complete: temperature (0: greedy; -1: the model's default, else 1)");
 ABSL_FLAG(double, top_p, -1,

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/status.h"
+#include "server/edge/status.h"
 
 namespace krause::client {
 namespace {
@@ -60,7 +60,8 @@ ResumeState::Attempt ResumeState::Make(std::vector<int64_t> images, Clock::time_
   Live live;
   live.prompt_rows = original_prompt_rows_;
   const int64_t first = images.front();
-  a.request.set_seed(request_.seed() + static_cast<uint64_t>(first));
+  // The call's seed, and the run's first index: the images' own random streams.
+  a.request.set_first_image(request_.first_image() + static_cast<uint32_t>(first));
   a.request.set_num_images(static_cast<uint32_t>(images.size()));
   const int64_t rows = images_[first].rows;
   if (images.size() == 1 && rows > original_prompt_rows_) {
@@ -238,7 +239,7 @@ std::vector<ResumeState::Attempt> ResumeState::OnEnd(int id, const grpc::Status&
     if (d.retry_delay) delay = *d.retry_delay;
     const Clock::time_point at = now + delay;
     // Images with rows beyond the call's own prompt continue one per call from their rows;
-    // runs of consecutive images with none are asked together (seed + first index).
+    // runs of consecutive images with none are asked together (the seed, first_image).
     std::vector<int64_t> run;
     auto flush_run = [&] {
       if (run.empty()) return;

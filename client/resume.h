@@ -1,6 +1,7 @@
 // A Generate that survives the replica serving it: when the stream breaks (the replica died,
 // drained, or one attempt ran past its own deadline), the images not yet finished are asked
-// again as completions from the rows already received, with their own seeds (image i: seed + i)
+// again as completions from the rows already received, with the call's seed and their own index
+// (GenerateRequest.first_image)
 // and the same model version and settings, on the next address of the channel. The server
 // guarantees that such a completion is the uninterrupted image byte for byte (docs/api.md,
 // "Resuming a stream"), so the caller sees one stream: every row once, in order, no gaps, and

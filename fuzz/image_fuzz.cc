@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "server/images.h"
+#include "server/v1/images.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   krause::v1::Image image;

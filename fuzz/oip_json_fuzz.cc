@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "server/oip.h"
-#include "server/oip_json.h"
+#include "server/oip/oip.h"
+#include "server/oip/oip_json.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   namespace oip = krause::server::oip;

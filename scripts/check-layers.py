@@ -5,15 +5,21 @@ Each file under model/ belongs to one layer (the table below, longest path prefi
 may include headers of its own layer and of the layers below it only. The table must agree with
 model/CMakeLists.txt: every source a krause_<layer> library compiles belongs to that layer, and
 each library's PUBLIC krause_* dependencies are exactly the layer's direct dependencies. server/
-may use every layer but the trainer; client/ only krause_util (no LibTorch).
+is four libraries by role with the direction core <- edge <- {v1, oip} <- server (the assembly):
+server/core/ knows no protocol (no gRPC, HTTP, Prometheus or generated protobuf header), the two
+front ends never include each other, and the core may use every model layer but the trainer.
+client/ uses krause_util and the LibTorch-free server pieces it links (errors, status, raw_image).
 
-Usage: scripts/check-layers.py [REPO]   Exit 0: consistent; 1: what is wrong, one line each.
+Usage: scripts/check-layers.py [REPO]     Exit 0: consistent; 1: what is wrong, one line each.
+       scripts/check-layers.py --self-test  checks that deliberate violations are reported.
 """
 import os
 import re
 import sys
 
-ROOT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
+SELF_TEST = sys.argv[1:] == ["--self-test"]
+ROOT = (sys.argv[1] if len(sys.argv) > 1 and not SELF_TEST
+        else os.path.join(os.path.dirname(__file__), ".."))
 
 # Path prefixes (without extension) -> layer.
 FILES = {
@@ -37,6 +43,10 @@ FILES = {
     "model/engine/": "engine",
     "model/train/": "train",
     "model/eval/": "train",
+    "server/core/": "server_core",
+    "server/edge/": "server_edge",
+    "server/v1/": "server_v1",
+    "server/oip/": "server_oip",
     "server/": "server",
     "client/": "client",
 }
@@ -49,9 +59,23 @@ DEPS = {
     "data": ["tensor_util"],
     "engine": ["models"],
     "train": ["engine", "data"],
-    "server": ["engine", "data"],
+    "server_core": ["engine", "data"],
+    "server_edge": ["server_core"],
+    "server_v1": ["server_edge"],
+    "server_oip": ["server_edge"],
+    "server": ["server_v1", "server_oip"],
     "client": ["util"],
 }
+# Headers of other layers a layer may include one by one (the clients link these LibTorch-free
+# libraries: krause_errors, krause_status, krause_raw_image).
+EXTRA = {
+    "client": ["server/core/errors.h", "server/edge/status.h", "server/v1/raw_image.h"],
+}
+# Third-party headers a layer may not include (the core knows no protocol). The google.rpc
+# messages are not a protocol: core/errors.cc stores a status's details in their encoding.
+PROTOCOL_HEADERS = re.compile(r'\s*#\s*include\s+[<"]((grpc|grpcpp|prometheus|inference|krause/v1)/'
+                              r'[^>"]*|CivetServer\.h|civetweb\.h|(?!google/rpc/)[^>"]*\.pb\.h)[>"]')
+FORBIDDEN = {"server_core": PROTOCOL_HEADERS}
 
 
 def layer_of(path):
@@ -73,6 +97,58 @@ def below(layer):
     return seen
 
 
+def check_text(rel, lines, problems):
+    """The include rules for one file (its path from the root and its lines)."""
+    layer = layer_of(rel)
+    if layer is None:
+        problems.append(f"{rel}: in no layer (add it to scripts/check-layers.py)")
+        return
+    allowed = below(layer) | {layer}
+    for n, line in enumerate(lines, 1):
+        bad = FORBIDDEN.get(layer)
+        if bad is not None and bad.match(line):
+            problems.append(f"{rel}:{n}: layer {layer} includes {line.strip()[len('#include '):]}"
+                            f" (a protocol's header; {layer} knows no protocol)")
+            continue
+        m = re.match(r'\s*#\s*include\s+"((model|server|client)/[^"]+)"', line)
+        if not m:
+            continue
+        target = layer_of(m.group(1))
+        if target not in allowed and m.group(1) not in EXTRA.get(layer, []):
+            problems.append(f"{rel}:{n}: layer {layer} includes {m.group(1)} "
+                            f"(layer {target}); {layer} may use {sorted(allowed)}")
+
+
+if SELF_TEST:
+    # Deliberate violations, each must be reported; the allowed includes must not be.
+    cases = [
+        ("server/oip/x.cc", '#include "server/v1/service.h"', True),
+        ("server/v1/x.cc", '#include "server/oip/oip_infer.h"', True),
+        ("server/core/x.cc", "#include <grpcpp/grpcpp.h>", True),
+        ("server/core/x.h", "#include <CivetServer.h>", True),
+        ("server/core/x.h", '#include "krause/v1/krause.pb.h"', True),
+        ("server/core/x.cc", '#include "server/edge/gate.h"', True),
+        ("server/edge/x.cc", '#include "server/v1/requests.h"', True),
+        ("server/core/x.cc", '#include "model/train/trainer.h"', True),
+        ("server/oip/x.cc", '#include "server/edge/call_book.h"', False),
+        ("server/oip/x.cc", '#include "server/core/registry.h"', False),
+        ("server/v1/x.cc", "#include <grpcpp/grpcpp.h>", False),
+        ("server/server.cc", '#include "server/oip/oip_http.h"', False),
+        ("server/core/x.cc", '#include "model/engine/decode_engine.h"', False),
+    ]
+    failed = 0
+    for rel, line, want in cases:
+        got = []
+        check_text(rel, [line], got)
+        if bool(got) != want:
+            failed += 1
+            print(f"self-test: {rel}: {line}: {'not ' if want else ''}reported, should "
+                  f"{'' if want else 'not '}be: {got}")
+        elif got:
+            print(f"self-test: reported as it should be: {got[0]}")
+    print(f"check-layers self-test: {len(cases)} cases, {failed} wrong")
+    sys.exit(1 if failed else 0)
+
 problems = []
 checked = 0
 for top in ("model", "server", "client"):
@@ -81,20 +157,8 @@ for top in ("model", "server", "client"):
             if not name.endswith((".h", ".cc", ".cu", ".inc")) or name.endswith("_test.cc"):
                 continue
             rel = os.path.relpath(os.path.join(dirpath, name), ROOT)
-            layer = layer_of(rel)
-            if layer is None:
-                problems.append(f"{rel}: in no layer (add it to scripts/check-layers.py)")
-                continue
-            allowed = below(layer) | {layer}
             with open(os.path.join(ROOT, rel)) as f:
-                for n, line in enumerate(f, 1):
-                    m = re.match(r'\s*#\s*include\s+"(model/[^"]+)"', line)
-                    if not m:
-                        continue
-                    target = layer_of(m.group(1))
-                    if target not in allowed:
-                        problems.append(f"{rel}:{n}: layer {layer} includes {m.group(1)} "
-                                        f"(layer {target}); {layer} may use {sorted(allowed)}")
+                check_text(rel, f.read().split("\n"), problems)
             checked += 1
 
 # The table against model/CMakeLists.txt.

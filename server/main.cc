@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/util/help.h"
 #include "model/util/threads.h"
-#include "server/options.h"
+#include "server/core/options.h"
 #include "server/server.h"
 
 namespace {
@@ -24,7 +24,7 @@ const krause::server::ServerOptions kDefaults;
 ABSL_FLAG(std::string, listen, kDefaults.listen,
           "address:port to serve gRPC on (port 0: any free port)");
 ABSL_FLAG(std::string, manifest, "",
-          "model manifest (JSON, see server/options.h); empty: every model in --models_dir");
+          "model manifest (JSON, see server/core/options.h); empty: every model in --models_dir");
 ABSL_FLAG(std::string, models_dir, kDefaults.models_dir,
           "models to serve without --manifest: a folder of *.safetensors (the bundled models, "
           "version 1 each) or a versioned repository <name>/<version>/model.safetensors with "

@@ -16,7 +16,7 @@
 #include "absl/time/time.h"
 #include "model/util/files.h"
 #include "model/util/status_macros.h"
-#include "server/repository.h"
+#include "server/core/repository.h"
 
 namespace krause::server {
 namespace {
@@ -150,16 +150,21 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  s->service_ = std::make_unique<KrauseService>(&s->gate_, s->metrics_.get(), options.reply_threads,
-                                                options.fault_hook_for_test);
   if (!options.request_log.empty()) {
     auto log = RequestLog::Open(options.request_log);
     if (!log.ok()) return log.status();
     s->request_log_ = std::move(*log);
-    s->service_->SetRequestLog(s->request_log_.get());
   }
-  s->service_->SetInspectMaxEntries(options.inspect_max_entries);
-  s->oip_service_ = std::make_unique<OipService>(s->service_.get());
+  // What the front ends share; each gets the same one.
+  s->replies_ = std::make_unique<ReplyPool>(options.reply_threads);
+  s->edge_.gate = &s->gate_;
+  s->edge_.observer = s->metrics_.get();
+  s->edge_.request_log = s->request_log_.get();
+  s->edge_.replies = s->replies_.get();
+  s->edge_.inspect_max_entries = options.inspect_max_entries;
+  s->edge_.fault = options.fault_hook_for_test;
+  s->service_ = std::make_unique<KrauseService>(&s->edge_);
+  s->oip_service_ = std::make_unique<OipService>(&s->edge_);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, *creds, &s->port_);
   builder.RegisterService(s->service_.get());
@@ -203,7 +208,7 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
     ho.threads = options.http_threads;
     ho.request_timeout_ms = options.http_timeout_ms;
     ho.max_body_bytes = options.max_message_bytes;
-    auto http = OipHttp::Start(ho, s->service_.get());
+    auto http = OipHttp::Start(ho, &s->edge_);
     if (!http.ok()) {
       s->server_->Shutdown(std::chrono::system_clock::now());
       return absl::Status(http.status().code(),

@@ -14,13 +14,13 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "server/metrics.h"
-#include "server/model_control.h"
-#include "server/oip_http.h"
-#include "server/oip_service.h"
-#include "server/options.h"
-#include "server/registry.h"
-#include "server/service.h"
+#include "server/core/model_control.h"
+#include "server/core/options.h"
+#include "server/core/registry.h"
+#include "server/edge/metrics.h"
+#include "server/oip/oip_http.h"
+#include "server/oip/oip_service.h"
+#include "server/v1/service.h"
 
 namespace krause::server {
 
@@ -49,7 +49,9 @@ class KrauseServer {
   ServerOptions options_;
   Gate gate_;
   std::unique_ptr<Metrics> metrics_;
-  std::unique_ptr<RequestLog> request_log_;  // outlives the service that writes to it
+  std::unique_ptr<RequestLog> request_log_;  // outlives the front ends that write to it
+  FrontEndContext edge_;                     // what the front ends share
+  std::unique_ptr<ReplyPool> replies_;       // goes before edge_: its tasks may use the fault hook
   std::unique_ptr<KrauseService> service_;
   std::unique_ptr<OipService> oip_service_;
   std::unique_ptr<OipHttp> http_;  // stopped in Shutdown, before the registry goes

@@ -307,7 +307,7 @@ for line in scrape.splitlines():
 # drain, which this short session does not provoke): the server must still define them, and
 # server_e2e_test checks their samples after the event.
 EVENT_ONLY = {"krause_refusals_total"}
-metrics_source = open(os.path.join(ROOT, "server", "metrics.cc")).read()
+metrics_source = open(os.path.join(ROOT, "server", "edge", "metrics.cc")).read()
 for name in sorted(used):
     if name in EVENT_ONLY:
         check(f'"{name}"' in metrics_source, f"metric {name} (alerts) is defined by the server")

@@ -1,13 +1,13 @@
-// The admission gate (server/gate.h) without a server: token checks, the loading and draining
+// The admission gate (server/edge/gate.h) without a server: token checks, the loading and draining
 // refusals in their order, and the in-flight count the drain waits on (no sleeps: WaitIdle is
 // asked with deadlines that have already passed).
-#include "server/gate.h"
+#include "server/edge/gate.h"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 
-#include "server/registry.h"
+#include "server/core/registry.h"
 #include "tests/test_util.h"
 
 namespace krause::server {

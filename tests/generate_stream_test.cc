@@ -1,13 +1,15 @@
-// GenerateStream (server/generate_stream.h), the Generate call's state, driven with a fake clock:
-// exact chunks (progress, rows, finished images, summary), the write-one-at-a-time rule, the
+// GenerateStream (server/core/generate_stream.h), the Generate call's state, driven with a fake
+// clock: exact chunks (progress, rows, finished images, summary), the write-one-at-a-time rule, the
 // interval, and the final status of every ending (done, deadline, client gone, write failed,
 // engine stopping, an image error, a PNG that failed, a flush that threw). No server, no sleeps.
-#include "server/generate_stream.h"
+#include "server/core/generate_stream.h"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <vector>
+
+#include "server/core/operations.h"
 
 namespace krause::server {
 namespace {
@@ -108,7 +110,7 @@ TEST(GenerateStreamTest, ChunksFollowTheIntervalAndTheLastCarriesTheSummary) {
   EXPECT_EQ(a.chunk.rows[0].num_rows, 2);
   EXPECT_EQ(a.chunk.rows[0].pixels, Px({10, 11, 12, 13, 14, 15}));
   ASSERT_EQ(a.chunk.images.size(), 1u);
-  EXPECT_EQ(a.chunk.images[0].seed, 41u);
+  EXPECT_EQ(a.chunk.images[0].seed, ImageSeed(40, 1));  // image 1's own stream
   ASSERT_TRUE(a.chunk.has_summary);
   EXPECT_EQ(a.chunk.summary.images, 2);
   EXPECT_EQ(a.chunk.summary.pixels_generated, 12);

@@ -1,10 +1,10 @@
-// GeneratorWorker (server/generator_worker.h) routing each engine step's output to the calls: a
-// call's receiver gets its own images only, in its own image indices, each subpixel once and in
+// GeneratorWorker (server/core/generator_worker.h) routing each engine step's output to the calls:
+// a call's receiver gets its own images only, in its own image indices, each subpixel once and in
 // order, each image admitted once and done once, and the same images the engine makes for the
 // same requests alone; Cancel(call) stops that call's images and no other's; Submit is all or
 // none; Stop() tells every live call. The worker runs on its own thread: the tests wait on the
 // receivers' condition variables (a 20 s bound turns a hang into a failure), never on a sleep.
-#include "server/generator_worker.h"
+#include "server/core/generator_worker.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -70,7 +70,17 @@ class Recorder : public GenerationReceiver {
       done_[d.image] = d.status;
     }
     stopping_ = stopping_ || u.stopping;
+    if (updates_ == 1) {
+      first_update_admitted_ = 0;
+      for (int a : admitted_) first_update_admitted_ += a;
+    }
     cv_.notify_all();
+  }
+  // Waits for the first update; returns how many images had a slot by then (-1 after 20 s).
+  int FirstUpdateAdmitted() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::seconds(20), [&] { return updates_ > 0; })) return -1;
+    return first_update_admitted_;
   }
 
   // Waits until every image is done (false after 20 s).
@@ -114,6 +124,7 @@ class Recorder : public GenerationReceiver {
   std::map<int64_t, absl::Status> done_;
   bool stopping_ = false;
   int64_t updates_ = 0;
+  int first_update_admitted_ = -1;
 };
 
 // What the engine alone makes of the same request: its sampled subpixels.
@@ -210,6 +221,24 @@ TEST(GeneratorWorker, UpdatesGoOutOldestCallFirst) {
     EXPECT_EQ(log[i + 1].who, newer.get()) << "update " << i + 1;
   }
   EXPECT_GE(both, 15);  // 20 subpixels each, two slots: they run side by side
+}
+
+// A call whose images all wait for a cache slot hears from the worker while it waits (what lets
+// a Generate call send its start, with its waiting count, before any pixel).
+TEST(GeneratorWorker, ACallWaitingForASlotGetsUpdatesBeforeItsFirstPixel) {
+  auto model = TinyModel(64);
+  auto worker = GeneratorWorker::Create(model, Slots(1)).value();
+  auto busy = std::make_shared<Recorder>(1, std::vector<size_t>{0});
+  ASSERT_TRUE(worker->Submit({Request(1)}, busy).ok());
+  ASSERT_TRUE(busy->WaitStarted(0));
+  auto waiting = std::make_shared<Recorder>(2, std::vector<size_t>{0, 0});
+  ASSERT_TRUE(worker->Submit({Request(2), Request(3)}, waiting).ok());
+  EXPECT_EQ(waiting->FirstUpdateAdmitted(), 0) << "its first update came with a slot, or never";
+  EXPECT_TRUE(waiting->pixels()[0].empty() || waiting->admitted()[0] == 1);
+  worker->Cancel(busy.get());
+  ASSERT_TRUE(waiting->WaitDone());
+  ASSERT_TRUE(busy->WaitDone());
+  worker->Stop();
 }
 
 TEST(GeneratorWorker, CancelStopsOneCallOnly) {

@@ -11,7 +11,7 @@
 
 #include "model/attention/cpu_kernels.h"
 #include "model/engine/decode_engine.h"
-#include "server/images.h"
+#include "server/v1/images.h"
 #include "tests/server_fixture.h"
 
 namespace krause::testing {

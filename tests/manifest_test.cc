@@ -1,4 +1,4 @@
-// The model manifest (server/options.h): every error ParseManifest can return, with the entry,
+// The model manifest (server/core/options.h): every error ParseManifest can return, with the entry,
 // the key and the limit it names; defaults for absent keys; checkpoint paths resolved against
 // the manifest's folder; the images-per-request limit once the model's kind is known.
 #include <gtest/gtest.h>
@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "model/loader.h"
-#include "server/options.h"
-#include "server/served_classifier.h"
-#include "server/served_generator.h"
+#include "server/core/options.h"
+#include "server/core/served_classifier.h"
+#include "server/core/served_generator.h"
 #include "tests/test_util.h"
 
 namespace krause::server {

@@ -1,4 +1,4 @@
-// Model control end to end (server/model_control.h, --model_control poll|explicit): versions
+// Model control end to end (server/core/model_control.h, --model_control poll|explicit): versions
 // swapped under load without a failed call or a mixed reply, the old version freed after its
 // last call (its KV gauge back to 0), a corrupt version that changes nothing, unloading with
 // streams in flight, admin tokens, the modes' refusals, loads of one model at once, reloads of
@@ -17,8 +17,8 @@
 
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "model/util/threads.h"
-#include "server/images.h"
-#include "server/served_generator.h"
+#include "server/core/served_generator.h"
+#include "server/v1/images.h"
 #include "server_fixture.h"
 #include "test_util.h"
 

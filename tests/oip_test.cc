@@ -2,7 +2,7 @@
 // (ParseInferJson and the response), the gRPC messages (raw and typed contents), raw BYTES
 // tensors, numeric parameters, and the gRPC code -> HTTP status mapping. The server end to end
 // is tests/oip_e2e_test.py.
-#include "server/oip.h"
+#include "server/oip/oip.h"
 
 #include <gtest/gtest.h>
 
@@ -10,9 +10,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "server/oip_json.h"
-#include "server/oip_proto.h"
-#include "server/status.h"
+#include "server/edge/status.h"
+#include "server/oip/oip_json.h"
+#include "server/oip/oip_proto.h"
 
 namespace krause::server::oip {
 namespace {

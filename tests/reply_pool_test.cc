@@ -1,6 +1,6 @@
 // The reply pool: tasks run in the order posted on one thread, off the posting thread; the
 // destructor runs what is still queued; a throwing task does not stop the others.
-#include "server/reply_pool.h"
+#include "server/core/reply_pool.h"
 
 #include <gtest/gtest.h>
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "model/util/threads.h"
-#include "server/images.h"
+#include "server/v1/images.h"
 #include "server_fixture.h"
 #include "test_util.h"
 

@@ -1,8 +1,8 @@
-// The versioned model repository on disk (server/repository.h): layouts told apart, versions
+// The versioned model repository on disk (server/core/repository.h): layouts told apart, versions
 // read and sorted, config.json's options and version policy (and each of its errors), problems
 // recorded per model and per version without hiding the rest, the policy's choice of versions.
 // Files only: no model is loaded.
-#include "server/repository.h"
+#include "server/core/repository.h"
 
 #include <gtest/gtest.h>
 

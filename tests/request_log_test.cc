@@ -1,6 +1,6 @@
-// Request log lines (server/request_log.h): the exact JSON of a record, escaping of client
+// Request log lines (server/edge/request_log.h): the exact JSON of a record, escaping of client
 // metadata, and the file sink.
-#include "server/request_log.h"
+#include "server/edge/request_log.h"
 
 #include <gtest/gtest.h>
 

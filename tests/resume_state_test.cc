@@ -1,15 +1,16 @@
 // ResumeState (client/resume.h), the resuming client's plan, driven message by message with a
 // fake clock: what the caller sees (every row once, in order; images under their own index;
-// one summary), what is asked after a break (completions from the rows received, seed + i,
-// the first attempt's version; untouched images together), when (RetryInfo, else backoff), and
-// when it gives up. The end-to-end proof is chaos_test (real replicas killed mid-stream).
+// one summary), what is asked after a break (completions from the rows received, the seed with
+// first_image i, the first attempt's version; untouched images together), when (RetryInfo, else
+// backoff), and when it gives up. The end-to-end proof is chaos_test (real replicas killed
+// mid-stream).
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "client/resume.h"
-#include "server/status.h"
+#include "server/edge/status.h"
 
 namespace krause::client {
 namespace {
@@ -143,9 +144,11 @@ TEST(ResumeState, ABreakResumesEachImageFromItsRowsAndTheUntouchedOnesTogether) 
   const auto next = s.OnEnd(a.id, kReset, "ipv4:127.0.0.1:1", false, t0);
   ASSERT_FALSE(s.done());
   ASSERT_EQ(next.size(), 3u);
-  // Image 1: a completion from its 2 rows, seed + 1, the first attempt's version.
+  // Image 1: a completion from its 2 rows, the call's seed with first_image 1, the first
+  // attempt's version.
   EXPECT_EQ(next[0].images, std::vector<int64_t>({1}));
-  EXPECT_EQ(next[0].request.seed(), kSeed + 1);
+  EXPECT_EQ(next[0].request.seed(), kSeed);
+  EXPECT_EQ(next[0].request.first_image(), 1u);
   EXPECT_EQ(next[0].request.num_images(), 1u);
   EXPECT_EQ(next[0].request.prompt_rows(), 2u);
   EXPECT_EQ(next[0].request.prompt().raw().pixels(), Rows(1, 2));
@@ -155,11 +158,13 @@ TEST(ResumeState, ABreakResumesEachImageFromItsRowsAndTheUntouchedOnesTogether) 
   EXPECT_FLOAT_EQ(next[0].request.temperature(), 0.5f);
   // Image 2: every row came but not the image: its first 3 rows (a prompt is shorter).
   EXPECT_EQ(next[1].request.prompt_rows(), kH - 1);
-  EXPECT_EQ(next[1].request.seed(), kSeed + 2);
-  // Images 3 and 4: one call, seed + 3, no prompt.
+  EXPECT_EQ(next[1].request.seed(), kSeed);
+  EXPECT_EQ(next[1].request.first_image(), 2u);
+  // Images 3 and 4: one call, the seed with first_image 3, no prompt.
   EXPECT_EQ(next[2].images, std::vector<int64_t>({3, 4}));
   EXPECT_EQ(next[2].request.num_images(), 2u);
-  EXPECT_EQ(next[2].request.seed(), kSeed + 3);
+  EXPECT_EQ(next[2].request.seed(), kSeed);
+  EXPECT_EQ(next[2].request.first_image(), 3u);
   EXPECT_FALSE(next[2].request.has_prompt());
   // No RetryInfo: the first backoff.
   EXPECT_EQ(next[0].not_before, t0 + std::chrono::milliseconds(50));

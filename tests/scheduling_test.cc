@@ -1,7 +1,7 @@
-// The serving schedulers' plans (server/scheduling.h), exactly, with a fake clock: which classify
-// requests form a batch and when the batcher wakes; how a generator's worker shares its time
-// between decode steps, prefills and Score chunks. No threads, no sleeps.
-#include "server/scheduling.h"
+// The serving schedulers' plans (server/core/scheduling.h), exactly, with a fake clock: which
+// classify requests form a batch and when the batcher wakes; how a generator's worker shares its
+// time between decode steps, prefills and Score chunks. No threads, no sleeps.
+#include "server/core/scheduling.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

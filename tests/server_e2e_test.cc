@@ -21,8 +21,8 @@
 #include "model/engine/decode_engine.h"
 #include "model/engine/inspect.h"
 #include "model/util/threads.h"
-#include "server/served_classifier.h"
-#include "server/served_generator.h"
+#include "server/core/served_classifier.h"
+#include "server/core/served_generator.h"
 #include "server_fixture.h"
 #include "test_util.h"
 
@@ -502,20 +502,29 @@ TEST_F(ServerTest, GenerateStreamsRowsImagesAndSummary) {
   for (size_t i = 1; i < s.messages.size(); ++i)
     EXPECT_GE(s.messages[i].progress().pixels_done(), s.messages[i - 1].progress().pixels_done());
 
-  // Image i is sampled with seed + i, whatever else runs: image 1 alone gives the same pixels,
-  // and so does the same model driven directly through the engine.
+  // Image i draws from its own stream, whatever else runs: image 1 alone (the call's seed with
+  // first_image 1, or its own seed as a one-image call) gives the same pixels, and so does the
+  // same model driven directly through the engine.
+  const uint64_t own = server::ImageSeed(11, 1);
   v1::GenerateRequest one;
-  one.set_seed(12);
+  one.set_seed(own);
   const Stream alone = RunGenerate(*stub_, one);
   ASSERT_TRUE(alone.status.ok());
   EXPECT_EQ(PngsOf(alone).at(0), pngs.at(1));
-  EXPECT_EQ(alone.messages.back().images(0).seed(), 12u);
+  EXPECT_EQ(alone.messages.back().images(0).seed(), own);
+  v1::GenerateRequest resumed;
+  resumed.set_seed(11);
+  resumed.set_first_image(1);
+  const Stream again = RunGenerate(*stub_, resumed);
+  ASSERT_TRUE(again.status.ok());
+  EXPECT_EQ(PngsOf(again).at(0), pngs.at(1));
+  EXPECT_EQ(again.messages.front().start().first_image(), 1u);
   auto m = LoadModel(models_.dir + "/karm.safetensors");
   ASSERT_TRUE(m.ok());
   auto engine = DecodeEngine::Create(m->pixel.get(), EngineOptions{});
   ASSERT_TRUE(engine.ok());
   GenerationRequest g;
-  g.sampling.seed = 12;
+  g.sampling.seed = own;
   at::NoGradGuard no_grad;
   ASSERT_TRUE((*engine)->Submit(std::move(g)).ok());
   auto finished = RunUntilIdle(engine->get());
@@ -903,8 +912,8 @@ TEST_F(ServerTest, ConditionalGeneratorListsItsClassesAndDrawsTheAskedOne) {
   EXPECT_EQ(RowsOf(a), PngsOf(a));
   EXPECT_NE(PngsOf(a), PngsOf(c));
   EXPECT_NE(PngsOf(a), PngsOf(none));
-  // Image i of a call is image 0 of a call with seed + i: per class too.
-  v1::GenerateRequest second = CondRequest(12, 1);
+  // Image i of a call is image 0 of a call with its own seed: per class too.
+  v1::GenerateRequest second = CondRequest(server::ImageSeed(11, 1), 1);
   second.set_label("one");
   const Stream s2 = RunGenerate(*stub_, second);
   ASSERT_TRUE(s2.status.ok());

@@ -16,8 +16,8 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "krause/v1/krause.grpc.pb.h"
 #include "model/loader.h"
-#include "server/images.h"
 #include "server/server.h"
+#include "server/v1/images.h"
 
 namespace krause::testing {
 

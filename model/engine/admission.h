@@ -1,8 +1,8 @@
 // Which waiting generation requests get their cache slots now: the decode engine's one admission
 // rule, as a pure function. DecodeEngine::Step carries a plan out (Step() without a plan makes
 // one with no time budget); the server's generator worker plans with a prefill budget inside
-// PlanWorkerIteration (server/scheduling.h) and hands that plan to Step. Nothing else decides or
-// restates who is admitted.
+// PlanWorkerIteration (server/core/scheduling.h) and hands that plan to Step. Nothing else decides
+// or restates who is admitted.
 //
 // The rule:
 //   - oldest first; a request takes all its slots (2 when guided, else 1) or waits, and every

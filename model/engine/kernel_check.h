@@ -1,6 +1,6 @@
 // The load-time kernel check: before a model serves, the path it would serve on runs on a small
 // deterministic input at the model's own shapes and is compared with the plain reference (the
-// reference operator in LibTorch ops, on the CPU). The server (server/registry.cc) tries the
+// reference operator in LibTorch ops, on the CPU). The server (server/core/registry.cc) tries the
 // implementations of ServingChain in order and serves the first that passes; it never serves one
 // that failed.
 //

@@ -25,12 +25,16 @@ absl::Status ValidateSampling(const SamplingParams& p) {
   return absl::OkStatus();
 }
 
-double CounterUniform(uint64_t seed, uint64_t counter) {
+uint64_t CounterBits(uint64_t seed, uint64_t counter) {
   uint64_t z = seed + 0x9E3779B97F4A7C15ull * (counter + 1);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
+  return z ^ (z >> 31);
+}
+
+double CounterUniform(uint64_t seed, uint64_t counter) {
+  return static_cast<double>(CounterBits(seed, counter) >> 11) *
+         (1.0 / 9007199254740992.0);  // 53 bits
 }
 
 namespace {

@@ -20,7 +20,9 @@ struct SamplingParams {
 // InvalidArgument naming the field and its limits.
 absl::Status ValidateSampling(const SamplingParams& p);
 
-// A uniform double in [0, 1) from (seed, counter): SplitMix64 of a mix of both.
+// 64 random bits from (seed, counter): SplitMix64 of a mix of both.
+uint64_t CounterBits(uint64_t seed, uint64_t counter);
+// A uniform double in [0, 1) from (seed, counter): the top 53 of CounterBits.
 double CounterUniform(uint64_t seed, uint64_t counter);
 
 // Classifier-free guidance: out[v] = unconditional[v] + guidance * (conditional[v] -

@@ -1,0 +1,288 @@
+#include "server/core/classify_batcher.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "model/engine/device_context.h"
+#include "model/util/tensor_checks.h"
+#include "server/core/errors.h"
+#include "server/core/scheduling.h"
+
+namespace krause::server {
+namespace {
+
+// Keeps the entries of `q` not marked in `leaves` (those a plan took out), in order.
+template <typename T>
+void RemoveMarked(std::deque<T>* q, const std::vector<char>& leaves) {
+  std::deque<T> rest;
+  for (size_t i = 0; i < q->size(); ++i)
+    if (!leaves[i]) rest.push_back(std::move((*q)[i]));
+  q->swap(rest);
+}
+
+}  // namespace
+
+ClassifyBatcher::ClassifyBatcher(std::shared_ptr<const ViT> model, std::string device,
+                                 BatchingOptions options,
+                                 std::function<void(const BatchEvent&)> on_batch,
+                                 std::shared_ptr<const CpuViT> packed)
+    : model_(std::move(model)),
+      packed_(std::move(packed)),
+      device_(std::move(device)),
+      packed_cpu_(packed_ != nullptr && at::Device(device_).is_cpu()),
+      options_(options),
+      on_batch_(std::move(on_batch)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+ClassifyBatcher::~ClassifyBatcher() { Stop(); }
+
+absl::Status ClassifyBatcher::Enqueue(ClassifyJob job) {
+  const int64_t n = job.images.size(0);
+  bool here = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return Refusal("the server is shutting down", reason::kDraining);
+    if (queued_images_ + n > options_.max_queued_images)
+      return Refusal(
+          absl::StrCat("classify queue is full (", queued_images_, " images queued, limit ",
+                       options_.max_queued_images, "); retry later"),
+          reason::kQueueFull);
+    ClassifyArrival arrival;
+    arrival.queue_empty = queue_.empty() && side_.empty();
+    arrival.batch_running = running_;
+    arrival.stopping = stopping_;
+    arrival.caller_may_run = packed_cpu_;
+    arrival.max_queue_delay = options_.max_queue_delay;
+    arrival.images = n;
+    arrival.max_batch_size = options_.max_batch_size;
+    here = RunOnArrival(arrival);
+    if (here) {
+      running_ = on_arrival_ = true;
+    } else {
+      queued_images_ += n;
+      queue_.push_back(Entry{std::move(job), Clock::now()});
+    }
+  }
+  if (!here) {
+    cv_.notify_one();
+    return absl::OkStatus();
+  }
+  // On the arriving thread (scheduling.h: RunOnArrival); the same expiry rule as a queued
+  // request's, then the same forward and replies as a batch of one request.
+  std::vector<Entry> batch;
+  batch.push_back(Entry{std::move(job), Clock::now()});
+  const ClassifyPlan plan =
+      PlanClassifyBatch({{n, batch[0].enqueued, batch[0].job.deadline,
+                          batch[0].job.cancelled && batch[0].job.cancelled()}},
+                        batch[0].enqueued, {options_.max_batch_size, options_.max_queue_delay});
+  if (!plan.drop.empty()) {
+    batch[0].job.done(plan.drop[0].why, 0.0);
+  } else {
+    static const DeviceContext kCpu{at::Device(at::kCPU)};
+    at::Tensor no_staging;
+    RunBatch(batch, kCpu, no_staging);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = on_arrival_ = false;
+  }
+  cv_.notify_all();  // the batcher thread (arrivals meanwhile), and Stop
+  return absl::OkStatus();
+}
+
+absl::Status ClassifyBatcher::EnqueueSide(SideJob job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return Refusal("the server is shutting down", reason::kDraining);
+    if (side_.size() >= kMaxSideJobs)
+      return Refusal(
+          absl::StrCat("inspect queue is full (", side_.size(), " requests queued); retry later"),
+          reason::kQueueFull);
+    side_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+  return absl::OkStatus();
+}
+
+void ClassifyBatcher::Stop() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+    cv_.wait(lock, [&] { return !on_arrival_; });  // a run on an arriving thread ends first
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+int64_t ClassifyBatcher::queued_images() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queued_images_;
+}
+
+void ClassifyBatcher::Loop() {
+  // The model's device: on a GPU the batcher's own CUDA stream, and a pinned staging buffer
+  // for the uploads (the images of a batch are gathered into it, then copied asynchronously).
+  const DeviceContext ctx{at::Device(device_)};
+  ctx.WaitForDefaultStream();  // the model's upload and conversion ran there
+  const std::shared_ptr<void> stream = ctx.Enter();
+  const c10::InferenceMode inference;
+  at::Tensor staging;
+  for (;;) {
+    std::vector<Entry> batch, dropped;
+    std::vector<absl::Status> drop_status;
+    std::vector<std::pair<SideJob, absl::Status>> side_dropped;
+    std::optional<SideJob> side_job;
+    bool stop = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      for (;;) {
+        // A batch running on an arriving thread: what queues meanwhile is the next batch.
+        if (running_ && !stopping_) {
+          cv_.wait(lock);
+          continue;
+        }
+        // Snapshot, plan (scheduling.h), carry the plan out.
+        std::vector<QueuedClassify> snapshot;
+        snapshot.reserve(queue_.size());
+        for (const Entry& e : queue_) {
+          snapshot.push_back({e.job.images.size(0), e.enqueued, e.job.deadline,
+                              e.job.cancelled && e.job.cancelled()});
+        }
+        const Clock::time_point now = Clock::now();
+        ClassifyPlan plan = PlanClassifyBatch(
+            snapshot, now, {options_.max_batch_size, options_.max_queue_delay}, stopping_);
+        // Side work takes turns with the batches (PlanSideWork).
+        std::vector<QueuedSide> side_snapshot;
+        side_snapshot.reserve(side_.size());
+        for (const SideJob& j : side_)
+          side_snapshot.push_back({j.deadline, j.cancelled && j.cancelled()});
+        const SidePlan side_plan =
+            PlanSideWork(side_snapshot, now, !plan.take.empty(), last_was_side_, stopping_);
+        if (!side_plan.drop.empty() || side_plan.run) {
+          std::vector<char> out(side_.size(), 0);
+          for (const ClassifyPlan::Drop& d : side_plan.drop) {
+            out[d.index] = 1;
+            side_dropped.emplace_back(std::move(side_[d.index]), d.why);
+          }
+          if (side_plan.run) {
+            out[side_plan.index] = 1;
+            side_job = std::move(side_[side_plan.index]);
+            plan.take.clear();  // the batch runs after it
+          }
+          RemoveMarked(&side_, out);
+        }
+        std::vector<char> leaves(queue_.size(), 0);
+        for (const ClassifyPlan::Drop& d : plan.drop) {
+          leaves[d.index] = 1;
+          dropped.push_back(std::move(queue_[d.index]));
+          drop_status.push_back(d.why);
+        }
+        for (size_t i : plan.take) {
+          leaves[i] = 1;
+          batch.push_back(std::move(queue_[i]));
+        }
+        if (!plan.drop.empty() || !plan.take.empty()) {
+          RemoveMarked(&queue_, leaves);
+          for (const Entry& e : dropped) queued_images_ -= e.job.images.size(0);
+          for (const Entry& e : batch) queued_images_ -= e.job.images.size(0);
+        }
+        if (!dropped.empty() || !batch.empty() || side_job || !side_dropped.empty() || stopping_) {
+          stop = stopping_ && side_.empty();
+          if (!batch.empty() || side_job) running_ = true;
+          if (!batch.empty()) last_was_side_ = false;
+          if (side_job) last_was_side_ = true;
+          break;
+        }
+        if (plan.wake_at == Clock::time_point::max()) {
+          cv_.wait(lock);
+        } else {
+          cv_.wait_until(lock, plan.wake_at);
+        }
+      }
+    }
+    for (size_t i = 0; i < dropped.size(); ++i) dropped[i].job.done(drop_status[i], 0.0);
+    for (auto& [job, why] : side_dropped) job.done(why);
+    if (side_job) {
+      absl::Status st;
+      try {
+        st = side_job->work(*model_);
+      } catch (const std::exception& e) {
+        st = absl::InternalError(ExceptionMessage(e));
+      }
+      side_job->done(st);
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = false;
+      continue;
+    }
+    if (batch.empty()) {
+      if (stop) return;
+      continue;
+    }
+    RunBatch(batch, ctx, staging);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = false;
+    }
+  }
+}
+
+void ClassifyBatcher::RunBatch(std::vector<Entry>& batch, const DeviceContext& ctx,
+                               at::Tensor& staging) {
+  const Clock::time_point start = Clock::now();
+  std::vector<at::Tensor> parts;
+  for (const Entry& e : batch) parts.push_back(e.job.images);
+  absl::StatusOr<at::Tensor> probs;
+  try {
+    at::Tensor pixels = parts.size() == 1 ? parts[0].contiguous() : at::cat(parts, 0);
+    if (packed_ != nullptr && !ctx.cuda()) {
+      // The packed CPU forward (vit_cpu.h): no LibTorch op per layer.
+      at::Tensor out = at::empty({pixels.size(0), packed_->classes()}, at::kFloat);
+      const absl::Status st =
+          packed_->Forward(pixels.data_ptr<uint8_t>(), pixels.size(0), out.data_ptr<float>());
+      probs = st.ok() ? absl::StatusOr<at::Tensor>(out) : absl::StatusOr<at::Tensor>(st);
+    } else {
+      if (ctx.cuda()) {
+        if (!staging.defined() || staging.size(0) < pixels.size(0) ||
+            staging.scalar_type() != pixels.scalar_type()) {
+          std::vector<int64_t> shape = pixels.sizes().vec();
+          shape[0] = std::max(pixels.size(0), options_.max_batch_size);
+          staging = ctx.HostBuffer(shape, pixels.scalar_type());
+        }
+        // Reused once this batch's results are back on the host (the copy below waits).
+        pixels = staging.narrow(0, 0, pixels.size(0)).copy_(pixels);
+      }
+      const at::Tensor x =
+          NormalizePixels(model_->config(), pixels.to(ctx.device(), /*non_blocking=*/true));
+      probs = at::softmax(model_->Forward(x, ForwardImpl(options_.attention_impl)), -1)
+                  .to(at::kCPU)
+                  .contiguous();
+    }
+  } catch (const std::exception& e) {
+    probs = absl::InternalError(absl::StrCat("classifier forward failed: ", ExceptionMessage(e)));
+  }
+  const double compute = std::chrono::duration<double>(Clock::now() - start).count();
+  int64_t images = 0;
+  for (const Entry& e : batch) images += e.job.images.size(0);
+  // Reported before the replies go out, so whoever sees a reply also sees its batch counted.
+  if (on_batch_) on_batch_(BatchEvent{images, static_cast<int64_t>(batch.size()), compute});
+  int64_t offset = 0;
+  for (Entry& e : batch) {
+    const int64_t n = e.job.images.size(0);
+    const double queue_s = std::chrono::duration<double>(start - e.enqueued).count();
+    if (probs.ok()) {
+      e.job.done(probs->narrow(0, offset, n), queue_s);
+    } else {
+      e.job.done(probs.status(), queue_s);
+    }
+    offset += n;
+  }
+}
+
+}  // namespace krause::server

@@ -1,0 +1,126 @@
+// The dynamic batcher of one classifier: requests (each a few images of the model's shape) queue
+// up; one worker thread forms batches as PlanClassifyBatch (scheduling.h) decides: natural
+// batching (an idle batcher runs a request at once, requests arriving meanwhile form the next
+// batch, the oldest whole requests up to max_batch_size images), with max_queue_delay as an
+// opt-in wait for company. It runs ONE forward per batch and hands each request its rows of the
+// probabilities. RPC threads enqueue; an idle CPU batcher without a queue delay runs an arriving
+// request on the arriving thread itself (RunOnArrival: no batch changes, one wake-up less).
+//
+// Requests whose deadline passed or whose caller cancelled are dropped before a batch forms
+// (DEADLINE_EXCEEDED / CANCELLED). A full queue refuses with UNAVAILABLE. Stop() fails what is
+// still queued with UNAVAILABLE and joins the thread.
+//
+// Thread-safety: Enqueue and the accessors from any thread; callbacks run on the worker thread or
+// inside Enqueue.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "model/engine/device_context.h"
+#include "model/vit.h"
+#include "model/vit_cpu.h"
+#include "server/core/defaults.h"
+
+namespace krause::server {
+
+using Clock = std::chrono::steady_clock;
+
+struct ClassifyJob {
+  at::Tensor images;  // [n, C, H, W] uint8 on the CPU, 1 <= n <= max_batch_size
+  Clock::time_point deadline = Clock::time_point::max();
+  std::function<bool()> cancelled;  // polled before the job joins a batch (may be empty)
+  // Softmax probabilities [n, classes] (float, CPU), or the reason the job did not run.
+  // `queue_seconds`: time from Enqueue to the start of its batch's forward. Runs on the batcher
+  // thread, or on the thread that called Enqueue (RunOnArrival), before Enqueue returns.
+  std::function<void(absl::StatusOr<at::Tensor>, double queue_seconds)> done;
+};
+
+// Work beside the batches (the Inspect RPC): one forward of its own on the batcher thread (the
+// model's device and stream), between two batches as PlanSideWork (scheduling.h) decides.
+struct SideJob {
+  Clock::time_point deadline = Clock::time_point::max();
+  std::function<bool()> cancelled;  // polled while the job waits (may be empty)
+  std::function<absl::Status(const ViT& model)> work;
+  // `work`'s status, or the reason it did not run (UNAVAILABLE stopping, DEADLINE_EXCEEDED,
+  // CANCELLED, INTERNAL when it threw). On the batcher thread.
+  std::function<void(absl::Status)> done;
+};
+
+struct BatchingOptions {
+  int64_t max_batch_size = defaults::kMaxBatchSize;
+  std::chrono::microseconds max_queue_delay{0};  // 0: natural batching only
+  int64_t max_queued_images = defaults::kMaxQueuedImages;
+  // The serving implementation of the LibTorch forward (no packed forward): kWindowed runs the
+  // windowed operator, anything else the device's kernel (ForwardImpl).
+  KrauseImpl attention_impl = KrauseImpl::kAuto;
+};
+
+// What the batcher did with one batch (for metrics and tests).
+struct BatchEvent {
+  int64_t images = 0;
+  int64_t requests = 0;
+  double compute_seconds = 0;
+};
+
+class ClassifyBatcher {
+ public:
+  // `packed`: the model's packed CPU forward (vit_cpu.h), which a CPU batcher runs; null on a GPU
+  // (and for tests of the LibTorch path), where batches run ViT::Forward.
+  ClassifyBatcher(std::shared_ptr<const ViT> model, std::string device, BatchingOptions options,
+                  std::function<void(const BatchEvent&)> on_batch = {},
+                  std::shared_ptr<const CpuViT> packed = nullptr);
+  ~ClassifyBatcher();
+  ClassifyBatcher(const ClassifyBatcher&) = delete;
+  ClassifyBatcher& operator=(const ClassifyBatcher&) = delete;
+
+  // Queues the job, or returns UNAVAILABLE (queue full / stopped) without calling `done`.
+  absl::Status Enqueue(ClassifyJob job);
+  // Queues a side job (at most kMaxSideJobs waiting), or returns UNAVAILABLE without calling
+  // `done`.
+  absl::Status EnqueueSide(SideJob job);
+  static constexpr size_t kMaxSideJobs = 64;
+  void Stop();
+
+  int64_t queued_images() const;
+  const BatchingOptions& options() const { return options_; }
+
+ private:
+  struct Entry {
+    ClassifyJob job;
+    Clock::time_point enqueued;
+  };
+  void Loop();
+  // One forward for `batch` and its replies; on the batcher thread, or on an arriving thread
+  // (scheduling.h: RunOnArrival) with a CPU context.
+  void RunBatch(std::vector<Entry>& batch, const DeviceContext& ctx, at::Tensor& staging);
+
+  const std::shared_ptr<const ViT> model_;
+  const std::shared_ptr<const CpuViT> packed_;
+  const std::string device_;
+  const bool packed_cpu_;  // the packed CPU forward runs batches (and may run them on arrival)
+  const BatchingOptions options_;
+  const std::function<void(const BatchEvent&)> on_batch_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Entry> queue_;
+  std::deque<SideJob> side_;
+  bool last_was_side_ = false;  // the batcher thread's previous unit of work (under mu_)
+  int64_t queued_images_ = 0;
+  bool stopping_ = false;
+  bool running_ = false;     // a batch is running (on the batcher thread or an arriving one)
+  bool on_arrival_ = false;  // ... on an arriving thread (Stop waits for it)
+  std::thread thread_;
+};
+
+}  // namespace krause::server

@@ -1,0 +1,33 @@
+// What every front end's calls share, whatever their protocol: the gate (and through it the
+// registry), the call observer (the metrics), the request log, the reply pool where replies are
+// built off the model threads, the bound on an Inspect reply, and the tests' fault hook.
+// KrauseServer owns one and lends it to each front end (krause.v1, the Open Inference Protocol
+// over gRPC and REST); no front end reaches another's service for these.
+// Thread-safety: set up before serving, read-only afterwards (the pointees are thread-safe).
+#pragma once
+
+#include <cstdint>
+
+#include "server/core/defaults.h"
+#include "server/core/operations.h"
+#include "server/core/reply_pool.h"
+#include "server/edge/call_book.h"
+#include "server/edge/gate.h"
+#include "server/edge/request_log.h"
+
+namespace krause::server {
+
+struct FrontEndContext {
+  Gate* gate = nullptr;
+  CallObserver* observer = nullptr;   // may be null
+  RequestLog* request_log = nullptr;  // may be null
+  ReplyPool* replies = nullptr;
+  int64_t inspect_max_entries = defaults::kInspectMaxEntries;
+  FaultHook fault;  // tests only; may be empty
+
+  void Fault(const char* point) const {
+    if (fault) fault(point);
+  }
+};
+
+}  // namespace krause::server

@@ -1,0 +1,113 @@
+#include "server/oip/oip_service.h"
+
+#include "server/edge/status.h"
+#include "server/oip/oip_infer.h"
+#include "server/oip/oip_proto.h"
+
+namespace krause::server {
+namespace {
+
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& st) {
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(ToGrpcStatus(st));
+  return r;
+}
+
+// The readiness probes' view: models loaded and not draining.
+bool Ready(const Gate& gate) { return gate.registry() != nullptr && !gate.draining(); }
+
+}  // namespace
+
+grpc::ServerUnaryReactor* OipService::ServerLive(grpc::CallbackServerContext* ctx,
+                                                 const inference::ServerLiveRequest*,
+                                                 inference::ServerLiveResponse* response) {
+  response->set_live(true);
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* OipService::ServerReady(grpc::CallbackServerContext* ctx,
+                                                  const inference::ServerReadyRequest*,
+                                                  inference::ServerReadyResponse* response) {
+  response->set_ready(Ready(*edge_->gate));
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* OipService::ModelReady(grpc::CallbackServerContext* ctx,
+                                                 const inference::ModelReadyRequest* request,
+                                                 inference::ModelReadyResponse* response) {
+  const Gate& gate = *edge_->gate;
+  if (gate.registry() == nullptr) {  // still loading: no model is ready yet
+    response->set_ready(false);
+    return Done(ctx, absl::OkStatus());
+  }
+  auto m = oip::FindModel(*gate.registry(), request->name(), request->version());
+  if (m.status().code() == absl::StatusCode::kUnavailable) {  // unloaded by model control
+    response->set_ready(false);
+    return Done(ctx, absl::OkStatus());
+  }
+  if (!m.ok()) return Done(ctx, m.status());
+  response->set_ready(!gate.draining());
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* OipService::ServerMetadata(grpc::CallbackServerContext* ctx,
+                                                     const inference::ServerMetadataRequest*,
+                                                     inference::ServerMetadataResponse* response) {
+  UnaryCall call(edge_->gate, edge_->observer, edge_->request_log, ctx, "ServerMetadata",
+                 kProtocolOipGrpc);
+  if (!call.Enter(ctx)) return call.reactor();
+  response->set_name(oip::kServerName);
+  response->set_version(oip::ServerVersion());
+  for (const std::string& e : oip::Extensions()) response->add_extensions(e);
+  call.Finish(absl::OkStatus());
+  return call.reactor();
+}
+
+grpc::ServerUnaryReactor* OipService::ModelMetadata(grpc::CallbackServerContext* ctx,
+                                                    const inference::ModelMetadataRequest* request,
+                                                    inference::ModelMetadataResponse* response) {
+  UnaryCall call(edge_->gate, edge_->observer, edge_->request_log, ctx, "ModelMetadata",
+                 kProtocolOipGrpc);
+  if (!call.Enter(ctx)) return call.reactor();
+  call.Finish(Guarded("ModelMetadata", [&]() -> absl::Status {
+    auto m = oip::FindModel(*edge_->gate->registry(), request->name(), request->version());
+    if (!m.ok()) return m.status();
+    call.book()->set_model(*m);
+    oip::ToProto(oip::MetadataOf(**m, edge_->gate->registry()->Versions(request->name())),
+                 response);
+    return absl::OkStatus();
+  }));
+  return call.reactor();
+}
+
+grpc::ServerUnaryReactor* OipService::ModelInfer(grpc::CallbackServerContext* ctx,
+                                                 const inference::ModelInferRequest* request,
+                                                 inference::ModelInferResponse* response) {
+  auto call = std::make_shared<UnaryCall>(edge_->gate, edge_->observer, edge_->request_log, ctx,
+                                          "ModelInfer", kProtocolOipGrpc);
+  grpc::ServerUnaryReactor* reactor = call->reactor();
+  if (!call->Enter(ctx)) return reactor;
+  const absl::Status st = Guarded("ModelInfer", [&]() -> absl::Status {
+    auto parsed = oip::FromProto(*request);
+    if (!parsed.ok()) return parsed.status();
+    oip::InferContext c;
+    c.deadline = SteadyDeadline(ctx);
+    c.cancelled = [ctx] { return ctx->IsCancelled(); };
+    c.book = call->book();
+    c.observer = edge_->observer;
+    c.replies = edge_->replies;
+    c.fault = edge_->fault;
+    return oip::StartInfer(*edge_->gate->registry(), std::move(*parsed), c,
+                           [call, response](absl::StatusOr<oip::InferResponse> r) {
+                             call->Finish(Guarded("ModelInfer", [&]() -> absl::Status {
+                               if (!r.ok()) return r.status();
+                               oip::ToProto(*r, response);
+                               return absl::OkStatus();
+                             }));
+                           });
+  });
+  if (!st.ok()) call->Finish(st);
+  return reactor;
+}
+
+}  // namespace krause::server

@@ -1,0 +1,71 @@
+// krause.v1.KrauseService on gRPC's callback API: the handlers and the replies. Handlers check
+// the request (requests.h turns it into native types) and hand work to the model's worker
+// (ClassifyBatcher / GeneratorWorker); they run no model, except that a Classify may run its
+// forward on the RPC thread when it arrives at an idle batcher (RunOnArrival,
+// classify_batcher.h). The workers hand results to the service's ReplyPool, whose threads build
+// the reply messages (PNG encoding included) and finish or write the calls, so a model thread
+// does not serialise while work waits for it (a classify batcher with an empty queue replies
+// itself: then the hop would only add latency). A Generate call is its own object
+// (generate_call.h). Every call passes the Gate first: authentication, and refusal while loading
+// or draining. Thread-safety: all handlers may run concurrently.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+
+#include "krause/v1/krause.grpc.pb.h"
+#include "model/engine/inspect.h"
+#include "server/core/model_control.h"
+#include "server/core/registry.h"
+#include "server/edge/front_end.h"
+#include "server/v1/requests.h"
+
+namespace krause::server {
+
+class KrauseService final : public v1::KrauseService::CallbackService {
+ public:
+  // `edge` (the gate, observer, request log, reply pool, fault hook) must outlive the service.
+  explicit KrauseService(const FrontEndContext* edge) : edge_(edge) {}
+
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* ctx,
+                                       const v1::ListModelsRequest* request,
+                                       v1::ListModelsResponse* response) override;
+  grpc::ServerUnaryReactor* GetModel(grpc::CallbackServerContext* ctx,
+                                     const v1::GetModelRequest* request,
+                                     v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* Classify(grpc::CallbackServerContext* ctx,
+                                     const v1::ClassifyRequest* request,
+                                     v1::ClassifyResponse* response) override;
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* ctx, const v1::ScoreRequest* request,
+                                  v1::ScoreResponse* response) override;
+  // Inspect: the model's attention on one image (model/engine/inspect.h), run by the model's
+  // batcher or worker beside its other work.
+  grpc::ServerUnaryReactor* Inspect(grpc::CallbackServerContext* ctx,
+                                    const v1::InspectRequest* request,
+                                    v1::InspectResponse* response) override;
+  // Model control (service_control.cc): admin calls.
+  grpc::ServerUnaryReactor* LoadModel(grpc::CallbackServerContext* ctx,
+                                      const v1::LoadModelRequest* request,
+                                      v1::LoadModelResponse* response) override;
+  grpc::ServerUnaryReactor* UnloadModel(grpc::CallbackServerContext* ctx,
+                                        const v1::UnloadModelRequest* request,
+                                        v1::UnloadModelResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* ctx,
+                                            const v1::RepositoryIndexRequest* request,
+                                            v1::RepositoryIndexResponse* response) override;
+  // A versioned repository's model control (null: a manifest or the flat layout, fixed at
+  // start-up). Set once, when the models are loaded.
+  void SetModelControl(ModelControl* control) { control_.store(control); }
+
+  const FrontEndContext& edge() const { return *edge_; }
+  Gate* gate() const { return edge_->gate; }
+
+ private:
+  const FrontEndContext* const edge_;
+  std::atomic<ModelControl*> control_{nullptr};
+};
+
+}  // namespace krause::server
