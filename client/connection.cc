@@ -4,13 +4,20 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include <algorithm>
 #include <chrono>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "model/util/files.h"
 #include "server/edge/status.h"
 
 namespace krause::client {
+
+bool RetryableCode(grpc::StatusCode code) {
+  return std::find(std::begin(kRetryableCodes), std::end(kRetryableCodes), code) !=
+         std::end(kRetryableCodes);
+}
 
 std::string ServiceConfigJson(bool retry) {
   // Round robin over every resolved address (gRPC's default, pick_first, would send every call
@@ -25,7 +32,10 @@ std::string ServiceConfigJson(bool retry) {
     }
     json += R"(], "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.05s", )"
             R"("maxBackoff": "1s", "backoffMultiplier": 2, )"
-            R"("retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"]}}])";
+            R"("retryableStatusCodes": [)";
+    for (size_t i = 0; i < std::size(kRetryableCodes); ++i)
+      json += absl::StrCat(i ? ", " : "", "\"", server::GrpcCodeName(kRetryableCodes[i]), "\"");
+    json += "]}}]";
   }
   return json + "}";
 }

@@ -13,13 +13,20 @@
 
 namespace krause::client {
 
+// The codes a call is tried again on, on another address: UNAVAILABLE (a replica gone, draining,
+// restarting or full) and CANCELLED from the server (a replica shutting down cancels the calls
+// that reach it meanwhile; the client's own cancel is never retried). The one list: the
+// channel's retry policy (ServiceConfigJson) and the resuming Generate (resume.h) read it.
+inline constexpr grpc::StatusCode kRetryableCodes[] = {grpc::StatusCode::UNAVAILABLE,
+                                                       grpc::StatusCode::CANCELLED};
+bool RetryableCode(grpc::StatusCode code);
+
 struct ConnectionOptions {
   // Any gRPC target: host:port, dns:///name:port (every address the name resolves to, e.g. a
   // headless Kubernetes Service), ipv4:a:p,b:p. Calls are spread round-robin over the addresses.
   std::string server = "localhost:50051";
-  // Retry UNAVAILABLE (a replica draining, restarting or full) and CANCELLED from the server (a
-  // replica shutting down cancels the calls that reach it meanwhile; the client's own cancel is
-  // never retried) on another address, up to 4 attempts with backoff from 50 ms, or after the
+  // Retry the kRetryableCodes on another address, up to 4 attempts with backoff from 50 ms, or
+  // after the
   // server's pushback (its RetryInfo): ListModels, GetModel, Classify and Score, and Generate
   // before its first message (gRPC commits a call once the server answered).
   bool retry = false;

@@ -18,8 +18,7 @@ double Seconds(std::chrono::steady_clock::duration d) {
 // cancelled the call (CANCELLED that this client did not ask for: a server stopping cancels what
 // reaches it during its shutdown), or this attempt ran past its own timeout.
 bool Retryable(const grpc::Status& st, bool timed_out) {
-  return st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-         st.error_code() == grpc::StatusCode::CANCELLED ||
+  return RetryableCode(st.error_code()) ||
          (timed_out && st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
 }
 

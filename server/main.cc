@@ -82,6 +82,9 @@ ABSL_FLAG(int, http_threads, kDefaults.http_threads,
 ABSL_FLAG(int, http_timeout_ms, kDefaults.http_timeout_ms,
           "REST: milliseconds to read a request (headers and body; else 408) and to write a "
           "reply");
+ABSL_FLAG(double, http_deadline_seconds, kDefaults.http_deadline_seconds,
+          "REST: an inference ends with 504 (its work stopped) after this many seconds unless its "
+          "request's `timeout` parameter (microseconds) says sooner; 0: no default deadline");
 ABSL_FLAG(std::string, metrics_tokens, "",
           "file of bearer tokens, one per line: scrapes need 'Authorization: Bearer <token>' "
           "(separate from --auth_tokens)");
@@ -162,6 +165,7 @@ int main(int argc, char** argv) {
   o.http_listen = absl::GetFlag(FLAGS_http_listen);
   o.http_threads = absl::GetFlag(FLAGS_http_threads);
   o.http_timeout_ms = absl::GetFlag(FLAGS_http_timeout_ms);
+  o.http_deadline_seconds = absl::GetFlag(FLAGS_http_deadline_seconds);
   o.quiet = absl::GetFlag(FLAGS_quiet);
   if (auto mode = krause::server::ParseKernelCheckMode(absl::GetFlag(FLAGS_kernel_check));
       mode.ok()) {

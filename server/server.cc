@@ -208,6 +208,8 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
     ho.threads = options.http_threads;
     ho.request_timeout_ms = options.http_timeout_ms;
     ho.max_body_bytes = options.max_message_bytes;
+    ho.deadline_ms =
+        static_cast<int64_t>(std::clamp(options.http_deadline_seconds, 0.0, 1e7) * 1e3);
     auto http = OipHttp::Start(ho, &s->edge_);
     if (!http.ok()) {
       s->server_->Shutdown(std::chrono::system_clock::now());

@@ -4,8 +4,12 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+#include <arpa/inet.h>
 #include <c10/core/InferenceMode.h>
 #include <grpcpp/generic/generic_stub.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -651,6 +655,91 @@ TEST_F(ServerTest, ClientCancelStopsGenerationAndFreesTheSlot) {
   next.set_model("karm-big");
   next.set_stream_rows(false);
   EXPECT_TRUE(RunGenerate(*stub_, next).status.ok());
+}
+
+// A TCP connection to 127.0.0.1:port that has sent `request` (-1 when it could not connect).
+int SendHttp(int port, const std::string& request) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+std::string InferPost(const std::string& model, const std::string& body) {
+  return "POST /v2/models/" + model + "/infer HTTP/1.1\r\nHost: x\r\nContent-Type: " +
+         "application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+// Everything the server sends on `fd` until it closes or 10 s pass.
+std::string ReadAll(int fd) {
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    if (out.find("\r\n\r\n") != std::string::npos && out.find("}") != std::string::npos) break;
+  }
+  return out;
+}
+
+// A REST generation whose client goes away is cancelled: its cache slot is free again at the
+// next decode step (the slots gauge back to 0), long before the image would have been done (768
+// steps of 20 ms: 15 s; SlotsFree waits 5 s at most), and the slot serves the next call.
+TEST_F(ServerTest, RestGenerationWhoseClientLeavesFreesItsSlots) {
+  server_->Shutdown();
+  server::ServerOptions o = LoopbackOptions(models_.manifest);
+  o.http_listen = "127.0.0.1:0";
+  StartServer(o, {}, milliseconds(20));
+  const int fd = SendHttp(server_->http_port(),
+                          InferPost("karm-big", R"({"inputs": [], "parameters": {"seed": 3}})"));
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(Eventually([&] { return Worker("karm-big").active() == 1; }));
+  close(fd);  // the client leaves mid-generation
+  EXPECT_TRUE(SlotsFree("karm-big"));
+  const auto g = Served<server::ServedGenerator>("karm-big").Gauges();
+  ASSERT_TRUE(g.cache.has_value());
+  EXPECT_EQ(g.cache->slots_in_use, 0);
+  // The slot serves the next call.
+  v1::GenerateRequest next;
+  next.set_model("karm-big");
+  next.set_num_images(1);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, next);
+  v1::GenerateResponse m;
+  ASSERT_TRUE(reader->Read(&m));
+  EXPECT_TRUE(Eventually([&] { return Worker("karm-big").active() == 1; }));
+  ctx.TryCancel();
+  while (reader->Read(&m)) {
+  }
+  reader->Finish();
+}
+
+// A REST inference has a deadline: its `timeout` parameter (microseconds), else the server's
+// default; past it the work stops (the slot is freed) and the reply is 504.
+TEST_F(ServerTest, RestGenerationStopsAtItsTimeoutParameter) {
+  server_->Shutdown();
+  server::ServerOptions o = LoopbackOptions(models_.manifest);
+  o.http_listen = "127.0.0.1:0";
+  StartServer(o, {}, milliseconds(20));
+  const int fd = SendHttp(server_->http_port(), InferPost("karm-big", R"({"inputs": [],
+      "parameters": {"timeout": 50000}})"));
+  ASSERT_GE(fd, 0);
+  const std::string reply = ReadAll(fd);
+  close(fd);
+  EXPECT_NE(reply.find("HTTP/1.1 504"), std::string::npos) << reply;
+  EXPECT_NE(reply.find("deadline exceeded"), std::string::npos) << reply;
+  EXPECT_TRUE(SlotsFree("karm-big"));
 }
 
 TEST_F(ServerTest, GenerateDeadlineStopsTheWork) {

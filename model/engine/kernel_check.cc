@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "model/engine/decode_engine.h"
 #include "model/kv_cache.h"
 #include "model/util/tensor_checks.h"
@@ -109,12 +110,14 @@ at::Tensor CheckImages(const ViTConfig& c) {
 }  // namespace
 
 absl::StatusOr<KrauseImpl> ParseServingImpl(const std::string& name) {
-  for (KrauseImpl impl :
-       {KrauseImpl::kAuto, KrauseImpl::kCuda, KrauseImpl::kFusedCpu, KrauseImpl::kWindowed}) {
-    if (name == KrauseImplName(impl)) return impl;
+  const bool serving = std::find(std::begin(kServingImplNames), std::end(kServingImplNames),
+                                 name) != std::end(kServingImplNames);
+  for (KrauseImpl impl : {KrauseImpl::kAuto, KrauseImpl::kReference, KrauseImpl::kWindowed,
+                          KrauseImpl::kFusedCpu, KrauseImpl::kCuda, KrauseImpl::kFusedCpuTrain}) {
+    if (serving && name == KrauseImplName(impl)) return impl;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("attention_impl \"", name, "\" is not one of auto, cuda, fused_cpu, windowed"));
+  return absl::InvalidArgumentError(absl::StrCat("attention_impl \"", name, "\" is not one of ",
+                                                 absl::StrJoin(kServingImplNames, ", ")));
 }
 
 absl::StatusOr<std::vector<ServingChoice>> ServingChain(const std::string& device,

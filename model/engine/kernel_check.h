@@ -55,8 +55,12 @@ struct ServingChoice {
 absl::StatusOr<std::vector<ServingChoice>> ServingChain(const std::string& device,
                                                         KrauseImpl forced);
 
-// Parses a serving implementation's name: auto, cuda, fused_cpu, windowed. InvalidArgument
-// naming the accepted ones otherwise.
+// The implementations a model may be served on, by name (a manifest's "attention_impl"; "auto"
+// lets the kernel check choose among the others). The one list: the server's manifest checks
+// and ParseServingImpl read it.
+inline constexpr const char* kServingImplNames[] = {"auto", "cuda", "fused_cpu", "windowed"};
+// Parses a serving implementation's name (kServingImplNames). InvalidArgument naming the accepted
+// ones otherwise.
 absl::StatusOr<KrauseImpl> ParseServingImpl(const std::string& name);
 
 enum class CheckOutcome { kPassed, kMismatch, kNonFinite, kError, kUnchecked };

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "model/engine/kernel_check.h"
 #include "model/util/files.h"
 
 namespace krause::server {
@@ -188,11 +189,11 @@ absl::Status ReadServingOptions(const nlohmann::json& m, const std::string& wher
         w, "kv_cache_dtype must be float32, bfloat16 or float16, got \"", cache_dtype, "\""));
   }
   s.kv_cache_dtype = *dtype;
-  if (std::find(std::begin(kAttentionImpls), std::end(kAttentionImpls), s.attention_impl) ==
-      std::end(kAttentionImpls)) {
+  if (std::find(std::begin(kServingImplNames), std::end(kServingImplNames), s.attention_impl) ==
+      std::end(kServingImplNames)) {
     return absl::InvalidArgumentError(absl::StrCat(w, "attention_impl must be ",
-                                                   absl::StrJoin(kAttentionImpls, ", "), ", got \"",
-                                                   s.attention_impl, "\""));
+                                                   absl::StrJoin(kServingImplNames, ", "),
+                                                   ", got \"", s.attention_impl, "\""));
   }
   return absl::OkStatus();
 }

@@ -53,10 +53,6 @@ enum class KernelCheckMode { kFallback, kStrict, kOff };
 const char* KernelCheckModeName(KernelCheckMode mode);  // "fallback", "strict", "off"
 absl::StatusOr<KernelCheckMode> ParseKernelCheckMode(const std::string& name);
 
-// The serving implementations a manifest entry's "attention_impl" may name (the check picks among
-// cuda, fused_cpu and windowed with "auto"; any other forces that one).
-inline constexpr const char* kAttentionImpls[] = {"auto", "cuda", "fused_cpu", "windowed"};
-
 struct ModelSpec {
   std::string name;        // [A-Za-z0-9._-]{1,64}, unique
   std::string checkpoint;  // safetensors file written by krause-train / tools/convert_pth.py
@@ -85,8 +81,8 @@ struct ModelSpec {
   // checkpoint's own.
   SamplingDefaults sampling;
   // "attention_impl": auto (the kernel check's choice) or one implementation to serve on, the
-  // operator's escape hatch (cuda, fused_cpu, windowed: kAttentionImpls). Forced, it is still
-  // checked; failing, the model is not served.
+  // operator's escape hatch (cuda, fused_cpu, windowed: kServingImplNames,
+  // model/engine/kernel_check.h). Forced, it is still checked; failing, the model is not served.
   std::string attention_impl = "auto";
   // The server's --kernel_check (not a manifest key).
   KernelCheckMode kernel_check = KernelCheckMode::kFallback;
@@ -127,6 +123,8 @@ struct ServerOptions {
   std::string http_listen = "0.0.0.0:8000";
   int http_threads = 256;      // REST connections served at once
   int http_timeout_ms = 5000;  // REST: to read a request (headers and body) and write a reply
+  // REST: an inference's deadline when its request sets no `timeout` parameter; 0: none.
+  double http_deadline_seconds = 600;
   // One JSON line per finished call (server/edge/request_log.h) to this file, "-" for stderr;
   // empty: none.
   std::string request_log;

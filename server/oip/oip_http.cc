@@ -1,9 +1,20 @@
 #include "server/oip/oip_http.h"
 
 #include <CivetServer.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
-#include <condition_variable>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -99,11 +110,75 @@ std::optional<ModelPath> ParseModelPath(const std::vector<absl::string_view>& pa
   return std::nullopt;
 }
 
+// The text form of a socket address's host and its port (IPv4 or IPv6), as civetweb reports a
+// peer; false for other families.
+bool HostAndPort(const sockaddr_storage& a, std::string* host, int* port) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&a);
+    if (inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf)) == nullptr) return false;
+    *port = ntohs(in->sin_port);
+  } else if (a.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    if (inet_ntop(AF_INET6, &in6->sin6_addr, buf, sizeof(buf)) == nullptr) return false;
+    *port = ntohs(in6->sin6_port);
+  } else {
+    return false;
+  }
+  *host = buf;
+  return true;
+}
+
+// The socket of a civetweb connection, which civetweb keeps to itself: among the process's
+// sockets, the one whose own port is `local_port` and whose peer is `peer`:`peer_port` (a TCP
+// connection is unique by its two ends). -1 when none is found. The socket stays open while its
+// handler runs (civetweb closes it after the handler returns).
+int FindConnectionSocket(int local_port, const std::string& peer, int peer_port) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0') continue;
+    struct stat st;
+    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_storage local{}, remote{};
+    socklen_t ll = sizeof(local), rl = sizeof(remote);
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+        getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&remote), &rl) != 0)
+      continue;
+    std::string lhost, rhost;
+    int lport = 0, rport = 0;
+    if (!HostAndPort(local, &lhost, &lport) || !HostAndPort(remote, &rhost, &rport)) continue;
+    if (lport == local_port && rport == peer_port && rhost == peer) {
+      found = static_cast<int>(fd);
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+// A REST inference in flight: the core's answer, and an eventfd the answer signals so that the
+// waiting civetweb worker can watch it and the client's socket together (no condition
+// variable: a client that goes away is seen while the core works).
+struct InFlight {
+  std::mutex mu;
+  std::optional<absl::StatusOr<oip::InferResponse>> result;
+  std::atomic<bool> client_gone{false};
+  int event_fd = -1;
+  ~InFlight() {
+    if (event_fd >= 0) close(event_fd);
+  }
+};
+
 }  // namespace
 
 class OipHttp::Handler : public CivetHandler {
  public:
-  Handler(const OipHttpOptions& options, const FrontEndContext* edge) : o_(options), edge_(edge) {}
+  Handler(const OipHttpOptions& options, const FrontEndContext* edge, int port)
+      : o_(options), edge_(edge), port_(port) {}
 
   bool handleGet(CivetServer*, mg_connection* conn) override { return Serve(conn, false); }
   bool handlePost(CivetServer*, mg_connection* conn) override { return Serve(conn, true); }
@@ -246,33 +321,58 @@ class OipHttp::Handler : public CivetHandler {
     }
     auto request = oip::ParseInferJson(body, mp.name, mp.version);
     if (!request.ok()) return request.status();
-    struct Wait {
-      std::mutex mu;
-      std::condition_variable cv;
-      std::optional<absl::StatusOr<oip::InferResponse>> result;
-    };
-    auto wait = std::make_shared<Wait>();
+    auto f = std::make_shared<InFlight>();
+    f->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (f->event_fd < 0) return absl::ResourceExhaustedError("no eventfd for the call");
     oip::InferContext c;
     c.book = book;
     c.observer = edge_->observer;
     c.replies = edge_->replies;
     c.fault = edge_->fault;
+    // The call's deadline: its `timeout` parameter (StartInfer), within the server's default.
+    if (o_.deadline_ms > 0) c.deadline = book->start() + std::chrono::milliseconds(o_.deadline_ms);
+    c.cancelled = [f] { return f->client_gone.load(); };
     absl::Status st = oip::StartInfer(*edge_->gate->registry(), std::move(*request), c,
-                                      [wait](absl::StatusOr<oip::InferResponse> r) {
-                                        std::lock_guard<std::mutex> lock(wait->mu);
-                                        wait->result = std::move(r);
-                                        wait->cv.notify_one();
+                                      [f](absl::StatusOr<oip::InferResponse> r) {
+                                        std::lock_guard<std::mutex> lock(f->mu);
+                                        f->result = std::move(r);
+                                        const uint64_t one = 1;
+                                        (void)!write(f->event_fd, &one, sizeof(one));
                                       });
     if (!st.ok()) return st;
-    std::unique_lock<std::mutex> lock(wait->mu);
-    wait->cv.wait(lock, [&] { return wait->result.has_value(); });
-    if (!wait->result->ok()) return wait->result->status();
-    reply->ok_body_ = oip::InferResponseJson(**wait->result);
+    WaitFor(conn, f.get());
+    std::lock_guard<std::mutex> lock(f->mu);
+    if (f->client_gone.load()) reply->override_status_ = 499;  // nobody reads it
+    if (!f->result->ok()) return f->result->status();
+    reply->ok_body_ = oip::InferResponseJson(**f->result);
     return absl::OkStatus();
+  }
+
+  // Until the core answers `f`. Past kWatchAfter the client's socket is watched as well: when
+  // the client goes away (the peer closed or reset the connection), the call is cancelled and
+  // the core stops its work (a generation frees its cache slots at the next decode step); the
+  // answer still comes, exactly once, and is dropped. The core ends the work at the call's
+  // deadline itself.
+  void WaitFor(mg_connection* conn, InFlight* f) {
+    constexpr int kWatchAfterMs = 20;
+    pollfd fds[2] = {{f->event_fd, POLLIN, 0}, {-1, POLLRDHUP, 0}};
+    if (poll(fds, 1, kWatchAfterMs) > 0) return;
+    const mg_request_info* ri = mg_get_request_info(conn);
+    fds[1].fd = FindConnectionSocket(port_, ri->remote_addr, ri->remote_port);
+    for (;;) {
+      const int n = poll(fds, fds[1].fd >= 0 ? 2 : 1, -1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 || (fds[0].revents & POLLIN)) return;
+      if (fds[1].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+        f->client_gone = true;
+        fds[1].fd = -1;  // told once; now only the answer
+      }
+    }
   }
 
   const OipHttpOptions o_;
   const FrontEndContext* const edge_;
+  const int port_;  // the listening port (to find a connection's socket)
 };
 
 absl::StatusOr<std::unique_ptr<OipHttp>> OipHttp::Start(const OipHttpOptions& options,
@@ -286,7 +386,7 @@ absl::StatusOr<std::unique_ptr<OipHttp>> OipHttp::Start(const OipHttpOptions& op
                         std::to_string(options.keep_alive_timeout_ms), "enable_keep_alive", "yes"});
   if (!host.ok()) return host.status();
   h->host_ = std::move(*host);
-  h->handler_ = std::make_unique<Handler>(options, edge);
+  h->handler_ = std::make_unique<Handler>(options, edge, h->host_->port());
   h->host_->server()->addHandler("/", h->handler_.get());
   return h;
 }

@@ -11,7 +11,9 @@
 // the request timeout is 408. Each connection holds one of `threads` workers while it is read or
 // answered (civetweb's model); an idle connection is closed after the request timeout (no request
 // yet) or the keep-alive timeout (between requests), so idle clients cannot hold every worker for
-// long.
+// long. While the core works, the worker waits for its answer and watches the client's socket:
+// a client that goes away cancels its call (a generation's slots are freed at the next decode
+// step). Each inference has a deadline: its `timeout` parameter, else `deadline_ms`.
 // Thread-safety: handlers run concurrently on civetweb's workers.
 #pragma once
 
@@ -31,6 +33,7 @@ struct OipHttpOptions {
   int request_timeout_ms = 5000;         // to read a request (headers and body) and to write
   int keep_alive_timeout_ms = 2000;      // an idle kept-alive connection is closed after this
   int64_t max_body_bytes = 64 << 20;     // larger bodies: 413
+  int64_t deadline_ms = 600000;          // an inference's deadline (0: none) unless it sets one
 };
 
 class OipHttp {

@@ -20,6 +20,7 @@ namespace krause::server::oip {
 namespace {
 
 constexpr char kRpc[] = "ModelInfer";
+constexpr int64_t kMaxTimeoutMicroseconds = int64_t{24} * 3600 * 1000000;  // a day
 
 // The request's inputs by name; an unknown or repeated name, or a missing required one, is an
 // error naming it and the model's inputs.
@@ -358,11 +359,23 @@ absl::StatusOr<ModelRef> FindModel(const Registry& registry, const std::string& 
   return registry.FindAny(name, version);
 }
 
-absl::Status StartInfer(const Registry& registry, InferRequest request, const InferContext& ctx,
+absl::Status StartInfer(const Registry& registry, InferRequest request, InferContext ctx,
                         InferDone done) {
   auto found = FindModel(registry, request.model, request.version);
   if (!found.ok()) return found.status();
   const ModelRef& m = *found;
+  // The request's own deadline (Triton's `timeout` parameter, in microseconds), within the call's.
+  if (auto t = request.parameters.find("timeout"); t != request.parameters.end()) {
+    auto us = IntegerParameter("timeout", t->second);
+    if (!us.ok()) return us.status();
+    if (*us < 0 || *us > kMaxTimeoutMicroseconds)
+      return absl::InvalidArgumentError(absl::StrCat("parameter timeout is ", *us,
+                                                     " us; it must be in [0, ",
+                                                     kMaxTimeoutMicroseconds, "] (0: none)"));
+    if (*us > 0)
+      ctx.deadline = std::min(ctx.deadline, ctx.book->start() + std::chrono::microseconds(*us));
+    request.parameters.erase(t);
+  }
   ctx.book->set_model(m);  // the book keeps the model for the call's life
   if (m->kind() == ModelKind::kClassifier) return Classify(request, m, ctx, std::move(done));
   auto inputs = InputsByName(request, *m, {"class_index", "image"});

@@ -34,8 +34,9 @@ using InferDone = std::function<void(absl::StatusOr<InferResponse>)>;
 
 // Checks `request` and queues its work. OK: `done` runs exactly once, later or (an idle
 // classifier runs at once) before this returns. An error: nothing was queued and `done` never
-// runs.
-absl::Status StartInfer(const Registry& registry, InferRequest request, const InferContext& ctx,
+// runs. A `timeout` parameter (microseconds, as Triton's; 0: none) brings the call's deadline
+// nearer: past it the work stops and the call ends with DEADLINE_EXCEEDED.
+absl::Status StartInfer(const Registry& registry, InferRequest request, InferContext ctx,
                         InferDone done);
 
 // The model's tensors (the contract above), with the versions served of its name.
