@@ -84,6 +84,14 @@ def main():
                     if fragment.lower() not in anchors(dest):
                         problems.append(f"{rel}:{number}: no heading #{fragment} in "
                                         f"{dest.relative_to(ROOT)}")
+    # proto/README.md names every RPC of the protos it describes.
+    readme = (ROOT / "proto" / "README.md").read_text(encoding="utf-8")
+    for proto in sorted((ROOT / "proto").rglob("*.proto")):
+        for match in re.finditer(r"^\s*rpc\s+(\w+)\s*\(", proto.read_text(encoding="utf-8"),
+                                 re.M):
+            if f"`{match.group(1)}`" not in readme:
+                problems.append(f"proto/README.md: does not name rpc {match.group(1)} of "
+                                f"{proto.relative_to(ROOT)}")
     checked = sum(1 for _ in doc_files())
     for problem in problems:
         print(problem)
