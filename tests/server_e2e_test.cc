@@ -750,6 +750,39 @@ TEST_F(ServerTest, GenerateDeadlineStopsTheWork) {
   EXPECT_TRUE(SlotsFree("karm-big"));
 }
 
+// GenerateStart is the first message of every call, sent as soon as its images are queued: a
+// call whose image waits for karm-big's one cache slot gets it (with its seed and the waiting
+// count) while the slot's holder is still generating.
+TEST_F(ServerTest, GenerateStartReachesACallThatWaitsForASlot) {
+  grpc::ClientContext hold_ctx;
+  v1::GenerateRequest hold;
+  hold.set_model("karm-big");
+  auto holder = stub_->Generate(&hold_ctx, hold);
+  v1::GenerateResponse m;
+  ASSERT_TRUE(holder->Read(&m));
+  ASSERT_TRUE(Eventually([&] { return Worker("karm-big").active() == 1; }));
+  grpc::ClientContext wait_ctx;
+  v1::GenerateRequest waits;
+  waits.set_model("karm-big");
+  waits.set_seed(77);
+  auto waiter = stub_->Generate(&wait_ctx, waits);
+  ASSERT_TRUE(waiter->Read(&m));
+  EXPECT_TRUE(m.has_start());
+  EXPECT_EQ(m.start().seed(), 77u);
+  EXPECT_EQ(m.progress().waiting(), 1u);
+  EXPECT_EQ(m.progress().pixels_done(), 0u);
+  EXPECT_EQ(Worker("karm-big").waiting(), 1);  // still waiting: the holder has the slot
+  hold_ctx.TryCancel();
+  wait_ctx.TryCancel();
+  while (holder->Read(&m)) {
+  }
+  while (waiter->Read(&m)) {
+  }
+  holder->Finish();
+  waiter->Finish();
+  EXPECT_TRUE(SlotsFree("karm-big"));
+}
+
 TEST_F(ServerTest, FullGeneratorQueueIsUnavailable) {
   // karm-big: 1 slot and 1 waiting image. Occupy the slot, then ask for 3 more.
   grpc::ClientContext ctx;

@@ -8,11 +8,9 @@
 #include "server/core/errors.h"
 
 namespace krause::server {
-namespace {
-
-std::string ShapeString(int64_t h, int64_t w, int64_t c) { return absl::StrCat(h, "x", w, "x", c); }
-
-}  // namespace
+std::string ImageSizeText(int64_t h, int64_t w, int64_t c) {
+  return absl::StrCat(h, "x", w, "x", c);
+}
 
 // The one shape rule, applied to a header before decoding.
 absl::Status CheckImageBounds(int64_t h, int64_t w, int64_t c, const std::string& field,
@@ -21,12 +19,12 @@ absl::Status CheckImageBounds(int64_t h, int64_t w, int64_t c, const std::string
   if (!b.prompt) {
     if (h == s.height && w == s.width && c == s.channels) return absl::OkStatus();
     return InvalidField(
-        field, absl::StrCat(field, ": image is ", ShapeString(h, w, c), " (HxWxC) but model ",
-                            b.model, " takes ", ShapeString(s.height, s.width, s.channels)));
+        field, absl::StrCat(field, ": image is ", ImageSizeText(h, w, c), " (HxWxC) but model ",
+                            b.model, " takes ", ImageSizeText(s.height, s.width, s.channels)));
   }
   if (w == s.width && c == s.channels && h >= 1 && h <= s.height) return absl::OkStatus();
   return InvalidField(
-      field, absl::StrCat(field, ": image is ", ShapeString(h, w, c), " (HxWxC) but model ",
+      field, absl::StrCat(field, ": image is ", ImageSizeText(h, w, c), " (HxWxC) but model ",
                           b.model, " takes prompts of width ", s.width, ", ", s.channels,
                           " channel(s) and at most ", s.height, " rows"));
 }

@@ -24,6 +24,9 @@ struct ImageBounds {
   bool prompt = false;  // a completion prompt: width and channels exact, height 1..shape.height
 };
 
+// "28x28x1": an image's size as the errors write it (HxWxC).
+std::string ImageSizeText(int64_t h, int64_t w, int64_t c);
+
 // OK when an image of h x w x c is within `bounds`; else InvalidArgument naming `field`, the size
 // and what the model takes ("images[3]: image is 32x32x3 (HxWxC) but model m takes 28x28x1").
 absl::Status CheckImageBounds(int64_t h, int64_t w, int64_t c, const std::string& field,

@@ -46,11 +46,18 @@ uint64_t ImageSeed(uint64_t seed, uint64_t image) {
   return image == 0 ? seed : CounterBits(seed, kImageStream | image);
 }
 
+absl::Status CheckImageCount(const ModelInfo& m, int64_t images) {
+  if (images >= 1 && images <= m.max_images_per_request) return absl::OkStatus();
+  return InvalidField(
+      "num_images",
+      images < 1
+          ? absl::StrCat("num_images is ", images, "; model ", m.name, " generates at least 1")
+          : absl::StrCat("num_images is ", images, "; model ", m.name, " allows at most ",
+                         m.max_images_per_request, " per request"));
+}
+
 absl::StatusOr<GeneratePlan> ResolveGenerate(const ModelInfo& m, GenerateAsk ask) {
-  if (ask.images < 1 || ask.images > m.max_images_per_request)
-    return InvalidField("num_images", absl::StrCat("num_images is ", ask.images, "; model ", m.name,
-                                                   " allows at most ", m.max_images_per_request,
-                                                   " per request (and at least 1)"));
+  if (absl::Status st = CheckImageCount(m, ask.images); !st.ok()) return st;
   // A setting the request leaves unset gets the model's default (ModelInfo), else the engine's.
   SamplingParams sp;
   sp.temperature = ask.temperature.value_or(m.default_temperature.value_or(sp.temperature));
@@ -58,6 +65,9 @@ absl::StatusOr<GeneratePlan> ResolveGenerate(const ModelInfo& m, GenerateAsk ask
   sp.top_k = ask.top_k.value_or(m.default_top_k.value_or(sp.top_k));
   if (absl::Status st = ValidateSampling(sp); !st.ok()) return WithField(st, SamplingField(st));
   if (ask.classes.empty()) ask.classes.assign(static_cast<size_t>(ask.images), -1);
+  if (static_cast<int64_t>(ask.classes.size()) != ask.images)
+    return InvalidField("class_index", absl::StrCat(ask.classes.size(), " classes for ", ask.images,
+                                                    " images (one per image)"));
   // Without a guidance, an image with a class gets the model's default guidance, one without
   // none.
   GeneratePlan plan;

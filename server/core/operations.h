@@ -87,9 +87,13 @@ struct GeneratePlan {
   int64_t passes = 1;  // forward passes per image: 2 with classifier-free guidance
 };
 
-// The model's defaults for what `ask` leaves unset, then the checks: InvalidArgument with a
-// google.rpc.BadRequest naming the setting ("num_images", "temperature", "top_p", "top_k",
-// "guidance"), its message starting with that name and the limit.
+// The number of images one generation may ask of `model`: 1 to its per-request limit, else
+// InvalidArgument naming num_images and the limit.
+absl::Status CheckImageCount(const ModelInfo& model, int64_t images);
+
+// The model's defaults for what `ask` leaves unset, then the checks (CheckImageCount first):
+// InvalidArgument with a google.rpc.BadRequest naming the setting ("num_images", "temperature",
+// "top_p", "top_k", "guidance"), its message starting with that name and the limit.
 absl::StatusOr<GeneratePlan> ResolveGenerate(const ModelInfo& model, GenerateAsk ask);
 
 // A generation answered once (the Open Inference Protocol's infer): collects the images'

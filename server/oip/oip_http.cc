@@ -348,11 +348,11 @@ class OipHttp::Handler : public CivetHandler {
     return absl::OkStatus();
   }
 
-  // Until the core answers `f`. Past kWatchAfter the client's socket is watched as well: when
-  // the client goes away (the peer closed or reset the connection), the call is cancelled and
-  // the core stops its work (a generation frees its cache slots at the next decode step); the
-  // answer still comes, exactly once, and is dropped. The core ends the work at the call's
-  // deadline itself.
+  // Until the core answers `f` (it always does, exactly once). Past kWatchAfterMs the client's
+  // socket is watched as well: when the client goes away (the peer closed or reset the
+  // connection), the call is cancelled and the core stops its work (a generation frees its cache
+  // slots at the next decode step); the answer still comes and is dropped. The core ends the work
+  // at the call's deadline itself.
   void WaitFor(mg_connection* conn, InFlight* f) {
     constexpr int kWatchAfterMs = 20;
     pollfd fds[2] = {{f->event_fd, POLLIN, 0}, {-1, POLLRDHUP, 0}};
@@ -361,8 +361,11 @@ class OipHttp::Handler : public CivetHandler {
     fds[1].fd = FindConnectionSocket(port_, ri->remote_addr, ri->remote_port);
     for (;;) {
       const int n = poll(fds, fds[1].fd >= 0 ? 2 : 1, -1);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 || (fds[0].revents & POLLIN)) return;
+      if (n < 0) {
+        if (errno != EINTR) fds[1].fd = -1;  // watch the answer alone
+        continue;
+      }
+      if (fds[0].revents & POLLIN) return;
       if (fds[1].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
         f->client_gone = true;
         fds[1].fd = -1;  // told once; now only the answer

@@ -281,11 +281,9 @@ absl::Status Generate(const InferRequest& r, const ModelRef& m,
     images = static_cast<int64_t>(ask.classes.size());
   }
   ask.images = images == -1 ? 1 : images;
-  if (ask.images < 1 || ask.images > info.max_images_per_request)
+  if (absl::Status st = CheckImageCount(info, ask.images); !st.ok())
     return absl::InvalidArgumentError(
-        absl::StrCat(ask.classes.empty() ? "parameter num_images" : "input class_index", ": ",
-                     ask.images, " images; model ", m->name(), " generates 1 to ",
-                     info.max_images_per_request, " per request"));
+        absl::StrCat(ask.classes.empty() ? "parameter " : "input class_index: ", st.message()));
   for (auto [name, field] : {std::pair{"temperature", &ask.temperature},
                              {"top_p", &ask.top_p},
                              {"guidance", &ask.guidance}}) {

@@ -1,8 +1,9 @@
 // An Open Inference Protocol inference (oip.h's native types) run on the served models, for both
-// OIP front ends: the request is checked against the model's tensor contract (oip.h), then handed
-// to the same worker a krause.v1 call would use: a classifier's dynamic batcher (OIP and native
-// requests share batches), a generator's decode engine (the images of ImageRequests: the same
-// seed gives the same images as native Generate) or its Score jobs. Every check happens before
+// OIP front ends: the request is checked against the model's tensor contract (oip.h), then
+// converted to the same operations of the core a krause.v1 call uses (core/operations.h):
+// Classify (OIP and krause.v1 requests share batches), Score, or a generation resolved by
+// ResolveGenerate (the same defaults, and the same seed gives the same images as krause.v1's
+// Generate) and answered once by UnaryGeneration. Every check happens before
 // anything is queued; each error is InvalidArgument naming the tensor or parameter and what it
 // must be (NOT_FOUND for an unknown model or version).
 // Thread-safety: StartInfer from any thread; `done` runs on a model thread or the reply pool.

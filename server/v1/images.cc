@@ -10,12 +10,6 @@
 #include "server/v1/raw_image.h"
 
 namespace krause::server {
-namespace {
-
-std::string ShapeString(int64_t h, int64_t w, int64_t c) { return absl::StrCat(h, "x", w, "x", c); }
-
-}  // namespace
-
 absl::StatusOr<at::Tensor> DecodeImage(const v1::Image& image, const std::string& field,
                                        const ImageBounds& bounds) {
   switch (image.data_case()) {
@@ -35,7 +29,7 @@ absl::StatusOr<at::Tensor> DecodeImage(const v1::Image& image, const std::string
             field + ".raw.pixels",
             absl::StrCat(field, ".raw.pixels has ", r.pixels().size(),
                          " bytes but height*width*channels = ",
-                         ShapeString(r.height(), r.width(), r.channels()), " = ", want));
+                         ImageSizeText(r.height(), r.width(), r.channels()), " = ", want));
       at::Tensor t =
           at::empty({int64_t{r.height()}, int64_t{r.width()}, int64_t{r.channels()}}, at::kByte);
       std::memcpy(t.data_ptr<uint8_t>(), r.pixels().data(), static_cast<size_t>(want));

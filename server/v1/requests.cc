@@ -18,10 +18,8 @@ absl::StatusOr<ParsedGenerate> ParseGenerate(const v1::GenerateRequest& req, con
   const ModelInfo& info = m.info();
   GenerateAsk ask;
   ask.images = req.num_images() == 0 ? 1 : req.num_images();
-  if (ask.images > info.max_images_per_request)  // before the prompt is decoded
-    return InvalidField("num_images", absl::StrCat("num_images is ", ask.images, "; model ",
-                                                   m.name(), " allows at most ",
-                                                   info.max_images_per_request, " per request"));
+  // Before the prompt is decoded (ResolveGenerate checks it again, for every front end).
+  if (absl::Status st = CheckImageCount(info, ask.images); !st.ok()) return st;
   const int64_t interval = req.update_interval_ms() == 0 ? 100 : req.update_interval_ms();
   if (interval < 10 || interval > 10000)
     return InvalidField(

@@ -1,13 +1,11 @@
-// krause.v1.KrauseService on gRPC's callback API: the handlers and the replies. Handlers check
-// the request (requests.h turns it into native types) and hand work to the model's worker
-// (ClassifyBatcher / GeneratorWorker); they run no model, except that a Classify may run its
-// forward on the RPC thread when it arrives at an idle batcher (RunOnArrival,
-// classify_batcher.h). The workers hand results to the service's ReplyPool, whose threads build
-// the reply messages (PNG encoding included) and finish or write the calls, so a model thread
-// does not serialise while work waits for it (a classify batcher with an empty queue replies
-// itself: then the hop would only add latency). A Generate call is its own object
-// (generate_call.h). Every call passes the Gate first: authentication, and refusal while loading
-// or draining. Thread-safety: all handlers may run concurrently.
+// krause.v1.KrauseService on gRPC's callback API: the krause.v1 front end. Handlers check the
+// request (requests.h turns it into the core's types) and start an operation of the served model
+// (core/operations.h: Classify, Score, Generate, Inspect); the reply is built in the
+// operation's `done`, on the reply pool or (an idle classifier) on the model's thread: the rule
+// is the core's. They run no model, except that a Classify may run its forward on the RPC thread
+// when it arrives at an idle batcher (RunOnArrival, classify_batcher.h). A Generate call is its
+// own object (generate_call.h). Every call passes the Gate first: authentication, and refusal
+// while loading or draining. Thread-safety: all handlers may run concurrently.
 #pragma once
 
 #include <atomic>
