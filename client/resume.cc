@@ -206,7 +206,7 @@ std::vector<ResumeState::Attempt> ResumeState::OnEnd(int id, const grpc::Status&
     for (int64_t i : unfinished) resumable = resumable || images_[i].rows <= original_prompt_rows_;
     const bool in_time = !deadline_ || now < *deadline_;
     if (!options_.resume || !resumable || !Retryable(st, timed_out) || !in_time ||
-        stats_.resumed_calls >= options_.max_resumes) {
+        static_cast<int64_t>(stats_.breaks.size()) >= options_.max_resumes) {
       done_ = true;
       status_ = st;
       return next;

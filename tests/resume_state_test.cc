@@ -257,6 +257,23 @@ TEST(ResumeState, GivesUpOnAnErrorABreakCannotCureOrTooManyBreaks) {
     ASSERT_TRUE(s.done());
     EXPECT_EQ(s.stats().resumed_calls, 2);
   }
+  {  // max_resumes counts breaks, not the calls one break makes: a break of a 3-image call whose
+     // images all have rows resumes them as 3 calls and uses one break of the two allowed.
+    ResumeOptions o;
+    o.max_resumes = 2;
+    ResumeState s(Request(3), o, 7, t0);
+    const auto a = s.First();
+    v1::GenerateResponse m = Start();
+    for (uint32_t i = 0; i < 3; ++i) AddRows(&m, i, i, 0, 1);
+    s.OnMessage(a.id, m, t0);
+    const auto n = s.OnEnd(a.id, kReset, "p", false, t0);
+    ASSERT_EQ(n.size(), 3u);
+    EXPECT_EQ(s.OnEnd(n.at(0).id, kReset, "p", false, t0).size(), 1u);  // the second break
+    EXPECT_FALSE(s.done());
+    EXPECT_TRUE(s.OnEnd(n.at(1).id, kReset, "p", false, t0).empty());  // the third: given up
+    ASSERT_TRUE(s.done());
+    EXPECT_EQ(s.stats().breaks.size(), 2u);
+  }
   {  // The whole call's deadline passed: no more attempts.
     ResumeOptions o;
     o.deadline_seconds = 1;

@@ -659,14 +659,9 @@ TEST_F(ServerTest, ClientCancelStopsGenerationAndFreesTheSlot) {
 
 // A TCP connection to 127.0.0.1:port that has sent `request` (-1 when it could not connect).
 int SendHttp(int port, const std::string& request) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
-          static_cast<ssize_t>(request.size())) {
+  const int fd = ConnectLoopback(port);
+  if (fd >= 0 && send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+                     static_cast<ssize_t>(request.size())) {
     close(fd);
     return -1;
   }

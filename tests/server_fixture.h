@@ -3,9 +3,13 @@
 #pragma once
 
 #include <ATen/core/grad_mode.h>
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -136,6 +140,20 @@ inline std::unique_ptr<v1::KrauseService::Stub> Stub(const client::ConnectionOpt
   auto ch = client::MakeChannel(c);
   EXPECT_TRUE(ch.ok());
   return v1::KrauseService::NewStub(*ch);
+}
+
+// A TCP connection to 127.0.0.1:port (-1 when none), for tests that speak HTTP by hand.
+inline int ConnectLoopback(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 }  // namespace krause::testing

@@ -331,23 +331,9 @@ TEST_F(HardeningTest, AnUnparseableRequestIsRefusedByGrpcAndChangesNothing) {
   }
 }
 
-// A TCP connection to 127.0.0.1:port (or -1).
-int Connect(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // Sends `request` as is and returns everything the server sends until it closes (5 s at most).
 std::string RawHttp(int port, const std::string& request) {
-  const int fd = Connect(port);
+  const int fd = ConnectLoopback(port);
   if (fd < 0) return "";
   timeval tv{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -373,7 +359,7 @@ TEST_F(HardeningTest, SlowAndIdleMetricsClientsDoNotBlindTheScrape) {
   const int port = server_->metrics_port();
   std::atomic<bool> stop{false};
   std::thread slow([&] {
-    const int fd = Connect(port);
+    const int fd = ConnectLoopback(port);
     const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
     for (size_t i = 0; i < request.size() && !stop.load(); ++i) {
       if (send(fd, request.data() + i, 1, MSG_NOSIGNAL) != 1) break;  // closed by the timeout
@@ -383,7 +369,7 @@ TEST_F(HardeningTest, SlowAndIdleMetricsClientsDoNotBlindTheScrape) {
     close(fd);
   });
   std::vector<int> idle;
-  for (int i = 0; i < 200; ++i) idle.push_back(Connect(port));
+  for (int i = 0; i < 200; ++i) idle.push_back(ConnectLoopback(port));
   for (int fd : idle) EXPECT_GE(fd, 0);
   const auto t0 = std::chrono::steady_clock::now();
   auto text = client::HttpGet("127.0.0.1:" + std::to_string(port), "/metrics", 10);
