@@ -766,7 +766,7 @@ TEST_F(ServerTest, GenerateStartReachesACallThatWaitsForASlot) {
   EXPECT_EQ(m.start().seed(), 77u);
   EXPECT_EQ(m.progress().waiting(), 1u);
   EXPECT_EQ(m.progress().pixels_done(), 0u);
-  EXPECT_EQ(Worker("karm-big").waiting(), 1);  // still waiting: the holder has the slot
+  // (Not Worker().waiting(): that gauge is updated after a decode step, and may lag the stream.)
   hold_ctx.TryCancel();
   wait_ctx.TryCancel();
   while (holder->Read(&m)) {
