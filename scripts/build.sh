@@ -9,6 +9,11 @@
 #   SKIP_INSTALL=0           1: do not run scripts/install-deps.sh
 #   CMAKE_ARGS=              extra CMake arguments (e.g. -DKRAUSE_BUILD_TESTS=OFF)
 #   CONFIGURE_ONLY=0         1: configure, do not build (the caller builds chosen targets)
+#   TARGETS=                 build only these targets (space-separated, e.g. "krause-server
+#                            krause-client", as scripts/serve.sh does); default: everything
+# While it builds it shows the step count, the time elapsed and an estimate of the time left
+# (scripts/lib/build-progress.awk; one line updated in place on a terminal, a line per step
+# otherwise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,4 +33,13 @@ if [ -n "${CMAKE_ARGS:-}" ]; then read -r -a extra <<< "$CMAKE_ARGS"; args+=("${
 cmake "${args[@]}"
 if [ "${CONFIGURE_ONLY:-0}" = "1" ]; then exit 0; fi
 # 2 cores and ~1.5 GiB per LibTorch translation unit: one job per core.
-cmake --build "$BUILD_DIR" -j "$(nproc)"
+build_args=(--build "$BUILD_DIR" -j "$(nproc)")
+if [ -n "${TARGETS:-}" ]; then
+  read -r -a targets <<< "$TARGETS"
+  build_args+=(--target "${targets[@]}")
+fi
+tty=0
+if [ -t 1 ]; then tty=1; fi
+source scripts/lib/line-awk.sh
+NINJA_STATUS="[%f/%t %e] " cmake "${build_args[@]}" |
+  "${LINE_AWK[@]}" -v tty="$tty" -v what="${TARGETS:-}" -f scripts/lib/build-progress.awk

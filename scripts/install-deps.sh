@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Installs every Debian package that krause-serve's build, tests, benchmarks and tools use.
 # Idempotent: packages already present are left alone; safe to run on every build.
-# Usage: scripts/install-deps.sh [--fuzz | --build-only | --containers]   (as root, or with sudo)
+# Usage: scripts/install-deps.sh [--serve | --fuzz | --build-only | --containers]   (as root, or
+# with sudo)
+#   --serve:      what scripts/serve.sh needs: the build packages and GoogleTest's headers (CMake
+#                 configures the test suites too, so that build/ is configured exactly as
+#                 scripts/test.sh configures it and the test command reuses what serve built);
+#                 not the Python, data set and Prometheus packages the tests use
 #   --fuzz:       also clang-14 with libFuzzer and the sanitizer runtimes (scripts/fuzz.sh; kept
 #                 out of the default set so that images built with this script do not carry a
 #                 compiler twice)
@@ -23,10 +28,12 @@ BUILD_PACKAGES=(
   # JSON (safetensors headers, model configs, reports)
   nlohmann-json3-dev
 )
+# Configuring the tree (tests/CMakeLists.txt: find_package(GTest REQUIRED)).
+CONFIGURE_PACKAGES=(libgtest-dev libgmock-dev)
 PACKAGES=(
   "${BUILD_PACKAGES[@]}"
   # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev
+  "${CONFIGURE_PACKAGES[@]}" libbenchmark-dev
   # the TLS tests make throw-away certificates
   openssl
   # the deployment kit test: promtool (in Debian's prometheus package) and YAML
@@ -40,12 +47,13 @@ PACKAGES=(
 )
 case "${1:-}" in
   "") ;;
+  --serve) PACKAGES=("${BUILD_PACKAGES[@]}" "${CONFIGURE_PACKAGES[@]}") ;;
   --fuzz) PACKAGES+=(clang-14 libclang-rt-14-dev libomp-14-dev) ;;
   --build-only) PACKAGES=("${BUILD_PACKAGES[@]}") ;;
   # uidmap: podman's user namespaces; the rest builds, imports and runs the images
   --containers) PACKAGES+=(podman buildah runc debootstrap uidmap) ;;
   *)
-    echo "install-deps: unknown argument $1 (usage: install-deps.sh [--fuzz | --build-only | --containers])" >&2
+    echo "install-deps: unknown argument $1 (usage: install-deps.sh [--serve | --fuzz | --build-only | --containers])" >&2
     exit 2
     ;;
 esac
