@@ -16,8 +16,10 @@ The revisions run one after the other in one run of this tool, so that they meet
   build after serve.sh.
 --container IMAGE: run each clone inside a fresh container of IMAGE (podman, as root; the clone
   is mounted at /src), so that `scripts/serve.sh` starts from nothing installed: the time then
-  includes installing the dependencies (apt from the image's mirror). The container checks out
-  the clone, not this working tree.
+  includes installing the dependencies (apt from the image's mirror). After the server stops, the
+  same container installs the rest of the packages and configures as `scripts/test.sh` does, and
+  reports what ninja would still do for the server and client (nothing, if test.sh reuses them)
+  and for the rest.
 
 Progress goes to stderr (the build's own progress line every 10 steps, with its estimate of the
 time left); the result table to stdout, and the figures to --json.
@@ -43,49 +45,39 @@ def clock(seconds):
 
 
 def run_streamed(argv, cwd, env, label, stop_at=None, stop=None):
-    """Runs argv in its own process group; returns (seconds to the stop_at line or to the end,
-    the number of build steps seen, the exit code or None when stopped, the output's tail).
-    At the stop_at line it calls stop(proc), by default SIGINT to the process group (Ctrl-C)."""
+    """Runs argv in its own process group to its end; returns (seconds to the stop_at line, or
+    to the end without one; the number of build steps seen; the exit code; every line). At the
+    stop_at line it calls stop(proc), by default SIGINT to the process group (Ctrl-C)."""
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", start_new_session=True)
-    steps, tail, at, last_shown = 0, [], None, 0.0
-    try:
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            tail = (tail + [line])[-40:]
-            # Today's progress line ("build ...: step 12 of 119 ...") or ninja's own ("[12/278]").
-            m = (re.search(r"\bstep (\d+) of (\d+)\b", line) or
-                 re.match(r"\[(\d+)/(\d+)\]", line))
-            now = time.monotonic() - t0
-            if m:
-                done, total = int(m.group(1)), int(m.group(2))
-                steps = max(steps, total)
-                if done % 10 == 0 or done == total or now - last_shown > 30:
-                    print(f"  [{label} {clock(now)}] {line[:110]}", file=sys.stderr, flush=True)
-                    last_shown = now
-            elif re.search(r"install-deps:|krause-server: (listening|serving)|FAILED|error:",
-                           line):
+    steps, lines, at, last_shown = 0, [], None, 0.0
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        lines.append(line)
+        # Today's progress line ("build ...: step 12 of 119 ...") or ninja's own ("[12/278]").
+        m = (re.search(r"\bstep (\d+) of (\d+)\b", line) or
+             re.match(r"\[(\d+)/(\d+)\]", line))
+        now = time.monotonic() - t0
+        if m and at is None:
+            done, total = int(m.group(1)), int(m.group(2))
+            steps = max(steps, total)
+            if done % 10 == 0 or done == total or now - last_shown > 30:
                 print(f"  [{label} {clock(now)}] {line[:110]}", file=sys.stderr, flush=True)
-            if stop_at and re.search(stop_at, line):
-                at = now
-                if stop:
-                    stop(proc)
-                else:
-                    os.killpg(proc.pid, signal.SIGINT)
-                break
-    finally:
-        if at is not None:
-            try:
-                proc.communicate(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
-        else:
-            proc.wait()
+                last_shown = now
+        elif re.search(r"install-deps:|krause-server: (listening|serving)|FAILED|error:|^first_serve",
+                       line):
+            print(f"  [{label} {clock(now)}] {line[:110]}", file=sys.stderr, flush=True)
+        if stop_at and at is None and re.search(stop_at, line):
+            at = now
+            if stop:
+                stop(proc)
+            else:
+                os.killpg(proc.pid, signal.SIGINT)
+    rc = proc.wait()
     seconds = at if at is not None else time.monotonic() - t0
-    return seconds, steps, (None if at is not None else proc.returncode), tail
+    return seconds, steps, rc, lines
 
 
 def main():
@@ -114,7 +106,7 @@ def main():
             stop = None
             if args.container:
                 # The container's first process is bash, which ignores a forwarded SIGINT as
-                # PID 1: the container is removed instead (its server has served).
+                # PID 1: Ctrl-C goes to the server inside.
                 conf = os.path.join(work, "containers.conf")
                 with open(conf, "w") as f:
                     # As scripts/container-check.sh: no default ulimits on these machines.
@@ -122,26 +114,41 @@ def main():
                 env["CONTAINERS_CONF"] = conf
 
                 def stop(proc, name=name):
-                    subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True)
-                inner = ("cd /src && CCACHE_DIR=/src/.ccache-fresh scripts/serve.sh " +
-                         " ".join(SERVE_ARGS))
+                    subprocess.run(
+                        ["podman", "exec", name, "bash", "-c",
+                         "for p in /proc/[0-9]*; do [ \"$(cat $p/comm 2> /dev/null)\" = "
+                         "krause-server ] && kill -INT ${p#/proc/}; done"], capture_output=True)
+                # serve.sh; once its server is stopped, what the test command's build would do
+                # in the same container: install the rest of the packages, configure, and ask
+                # ninja (-n) whether the server and client are up to date, and how many steps the
+                # rest takes.
+                inner = ("cd /src && export CCACHE_DIR=/src/.ccache-fresh && scripts/serve.sh " +
+                         " ".join(SERVE_ARGS) + " && scripts/install-deps.sh > /dev/null && "
+                         "SKIP_INSTALL=1 CONFIGURE_ONLY=1 scripts/build.sh > /dev/null && "
+                         "echo first_serve: serve targets: $(ninja -C build -n krause-server "
+                         "krause-client | tail -1) && "
+                         "echo first_serve: the rest: $(ninja -C build -n | tail -1)")
                 argv = ["podman", "--runtime", "runc", "run", "--rm", "--network", "host",
                         "--name", name, "-v", f"{clone}:/src", args.container, "bash", "-c", inner]
             else:
                 argv = ["scripts/serve.sh"] + SERVE_ARGS
-            serve_s, serve_steps, rc, tail = run_streamed(
+            serve_s, serve_steps, rc, lines = run_streamed(
                 argv, clone, env, sha, stop_at=r" krause-server: serving$", stop=stop)
-            if rc is not None:
-                print("\n".join(tail), file=sys.stderr)
-                sys.exit(f"first_serve: {rev}: serve.sh exited with {rc} before serving")
+            if rc != 0 or not any(re.search(r" krause-server: serving$", l) for l in lines):
+                print("\n".join(lines[-40:]), file=sys.stderr)
+                sys.exit(f"first_serve: {rev}: exit code {rc}")
             row = {"rev": rev, "commit": sha, "serve_seconds": round(serve_s, 1),
                    "serve_build_steps": serve_steps,
                    "where": f"container {args.container}" if args.container else "host"}
+            for l in lines:
+                m = re.match(r"first_serve: (serve targets|the rest): (.*)", l)
+                if m:
+                    row["then_ninja_" + m.group(1).replace(" ", "_")] = m.group(2)
             if args.then_build and not args.container:
-                build_s, build_steps, rc, tail = run_streamed(
+                build_s, build_steps, rc, lines = run_streamed(
                     ["scripts/build.sh"], clone, env, sha + " build.sh")
                 if rc != 0:
-                    print("\n".join(tail), file=sys.stderr)
+                    print("\n".join(lines[-40:]), file=sys.stderr)
                     sys.exit(f"first_serve: {rev}: scripts/build.sh failed ({rc})")
                 row["then_build_seconds"] = round(build_s, 1)
                 row["then_build_steps"] = build_steps
@@ -167,6 +174,11 @@ def main():
                 if "then_build_seconds" in r else f"{'':>14} {'':>6}")
         print(f"{r['rev']:<12} {r['commit']:<9} {r['where']:<28} {r['serve_seconds']:>9.0f} s"
               f" {r['serve_build_steps']:>6} {then}")
+    for r in results:
+        for key in ("then_ninja_serve_targets", "then_ninja_the_rest"):
+            if key in r:
+                print(f"{r['commit']}: after serve.sh and the rest of the packages, ninja -n for "
+                      f"{'the server and client' if 'serve' in key else 'everything'}: {r[key]}")
     if len(results) >= 2:
         print(f"ratio, last to first: {results[-1]['serve_seconds'] / results[0]['serve_seconds']:.3f}")
     if args.json:

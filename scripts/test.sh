@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what it needs, builds, runs every ctest test (labels unit,
-# slow, build, parity, e2e; gpu tests skip themselves without a GPU), then the fuzzers for 30 s each
-# (scripts/fuzz.sh; FUZZ_SECONDS=0 skips them), then the container check (scripts/container-check.sh:
-# builds the CPU image and runs it; needs root; CONTAINER_CHECK=0 skips it), then the threaded tests
-# under ThreadSanitizer (scripts/sanitize.sh --thread, in build-tsan/; TSAN=0 skips them). Extra
-# arguments go to ctest, e.g.
+# The whole test suite: installs what it needs, builds (everything in build/; after
+# scripts/serve.sh only what serve did not build: the same folder and configuration), runs every
+# ctest test (labels unit, slow, build, parity, e2e; gpu tests skip themselves without a GPU),
+# then the fuzzers for 30 s each (scripts/fuzz.sh; FUZZ_SECONDS=0 skips them), then the
+# container check (scripts/container-check.sh: builds the CPU image and runs it; needs root;
+# CONTAINER_CHECK=0 skips it), then the threaded tests under ThreadSanitizer (scripts/sanitize.sh
+# --thread, in build-tsan/; TSAN=0 skips them). Extra arguments go to ctest, e.g.
 #   scripts/test.sh -L parity
 set -euo pipefail
 cd "$(dirname "$0")/.."
