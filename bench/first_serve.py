@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time from `scripts/serve.sh` on a fresh clone to the server's "serving" line, per revision.
 
-  bench/first_serve.py [--revs OLD NEW ...] [--then-build] [--container IMAGE]
+  bench/first_serve.py [--revs OLD NEW ...] [--then-build | --then-test] [--container IMAGE]
                        [--json bench/results/first-serve.json]
 
 Each revision is cloned afresh from this repository into a temporary folder and its
@@ -14,6 +14,8 @@ The revisions run one after the other in one run of this tool, so that they meet
 --then-build: after the server stops, run `scripts/build.sh` in the same clone (what
   `scripts/test.sh` builds before its tests) and time it: what the test command still has to
   build after serve.sh.
+--then-test: after the server stops, run `scripts/test.sh` (the whole test command, as CI runs it)
+  in the same clone and time it; the tool fails if it fails.
 --container IMAGE: run each clone inside a fresh container of IMAGE (podman, as root; the clone
   is mounted at /src), so that `scripts/serve.sh` starts from nothing installed: the time then
   includes installing the dependencies (apt from the image's mirror). After the server stops, the
@@ -46,13 +48,16 @@ def clock(seconds):
 
 def run_streamed(argv, cwd, env, label, stop_at=None, stop=None):
     """Runs argv in its own process group to its end; returns (seconds to the stop_at line, or
-    to the end without one; the number of build steps seen; the exit code; every line). At the
+    to the end without one; the number of build steps seen; the exit code; every line; the time
+    install-deps finished, when it ran). At the
     stop_at line it calls stop(proc), by default SIGINT to the process group (Ctrl-C)."""
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", start_new_session=True)
     steps, lines, at, last_shown = 0, [], None, 0.0
+    marks = {}  # when install-deps finished
+
     for line in proc.stdout:
         line = line.rstrip("\n")
         lines.append(line)
@@ -66,9 +71,12 @@ def run_streamed(argv, cwd, env, label, stop_at=None, stop=None):
             if done % 10 == 0 or done == total or now - last_shown > 30:
                 print(f"  [{label} {clock(now)}] {line[:110]}", file=sys.stderr, flush=True)
                 last_shown = now
-        elif re.search(r"install-deps:|krause-server: (listening|serving)|FAILED|error:|^first_serve",
-                       line):
+        elif re.search(r"install-deps:|krause-server: (listening|serving)|FAILED|error:|"
+                       r"^first_serve|tests passed|tests failed|^fuzz|^container-check|"
+                       r"^sanitize|\*\*\*Failed|Total Test time", line):
             print(f"  [{label} {clock(now)}] {line[:110]}", file=sys.stderr, flush=True)
+        if re.match(r"install-deps: (done|all \d+ packages present)", line):
+            marks.setdefault("install_seconds", round(now, 1))
         if stop_at and at is None and re.search(stop_at, line):
             at = now
             if stop:
@@ -77,13 +85,14 @@ def run_streamed(argv, cwd, env, label, stop_at=None, stop=None):
                 os.killpg(proc.pid, signal.SIGINT)
     rc = proc.wait()
     seconds = at if at is not None else time.monotonic() - t0
-    return seconds, steps, rc, lines
+    return seconds, steps, rc, lines, marks
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--revs", nargs="+", default=["HEAD"])
     ap.add_argument("--then-build", action="store_true")
+    ap.add_argument("--then-test", action="store_true")
     ap.add_argument("--container", default="")
     ap.add_argument("--json", default="")
     ap.add_argument("--keep", action="store_true", help="keep the temporary clones")
@@ -132,31 +141,44 @@ def main():
                         "--name", name, "-v", f"{clone}:/src", args.container, "bash", "-c", inner]
             else:
                 argv = ["scripts/serve.sh"] + SERVE_ARGS
-            serve_s, serve_steps, rc, lines = run_streamed(
+            serve_s, serve_steps, rc, lines, marks = run_streamed(
                 argv, clone, env, sha, stop_at=r" krause-server: serving$", stop=stop)
             if rc != 0 or not any(re.search(r" krause-server: serving$", l) for l in lines):
                 print("\n".join(lines[-40:]), file=sys.stderr)
                 sys.exit(f"first_serve: {rev}: exit code {rc}")
             row = {"rev": rev, "commit": sha, "serve_seconds": round(serve_s, 1),
-                   "serve_build_steps": serve_steps,
+                   "serve_build_steps": serve_steps, **marks,
                    "where": f"container {args.container}" if args.container else "host"}
             for l in lines:
                 m = re.match(r"first_serve: (serve targets|the rest): (.*)", l)
                 if m:
                     row["then_ninja_" + m.group(1).replace(" ", "_")] = m.group(2)
             if args.then_build and not args.container:
-                build_s, build_steps, rc, lines = run_streamed(
+                build_s, build_steps, rc, lines, _ = run_streamed(
                     ["scripts/build.sh"], clone, env, sha + " build.sh")
                 if rc != 0:
                     print("\n".join(lines[-40:]), file=sys.stderr)
                     sys.exit(f"first_serve: {rev}: scripts/build.sh failed ({rc})")
                 row["then_build_seconds"] = round(build_s, 1)
                 row["then_build_steps"] = build_steps
+            elif args.then_test and not args.container:
+                test_s, _, rc, lines, _ = run_streamed(["scripts/test.sh"], clone, env,
+                                                       sha + " test.sh")
+                row["then_test_seconds"] = round(test_s, 1)
+                row["then_test_exit_code"] = rc
+                row["then_test_summary"] = [l for l in lines if re.search(
+                    r"tests passed|Total Test time|^fuzz: |^container-check: (all|FAILED)|"
+                    r"^sanitize", l)][-12:]
+                if rc != 0:
+                    print("\n".join(lines[-60:]), file=sys.stderr)
+                    sys.exit(f"first_serve: {rev}: scripts/test.sh failed ({rc})")
             results.append(row)
             print(f"first_serve: {rev} ({sha}): serving after {serve_s:.0f} s "
                   f"({serve_steps} build steps)" +
                   (f"; then scripts/build.sh {row['then_build_seconds']:.0f} s "
-                   f"({row['then_build_steps']} steps)" if "then_build_seconds" in row else ""),
+                   f"({row['then_build_steps']} steps)" if "then_build_seconds" in row else "") +
+                  (f"; then scripts/test.sh passed in {row['then_test_seconds']:.0f} s"
+                   if "then_test_seconds" in row else ""),
                   file=sys.stderr, flush=True)
     finally:
         if args.keep:
@@ -167,14 +189,20 @@ def main():
     machine = {"nproc": os.cpu_count(),
                "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
                             if l.startswith("model name")), "?")}
-    print(f"{'revision':<12} {'commit':<9} {'where':<28} {'to serving':>11} {'steps':>6}"
+    where = max([len("where")] + [len(r["where"]) for r in results])
+    print(f"{'revision':<12} {'commit':<9} {'where':<{where}} {'to serving':>11} {'steps':>6}"
           f" {'then build.sh':>14} {'steps':>6}")
     for r in results:
         then = (f"{r['then_build_seconds']:>12.0f} s {r['then_build_steps']:>6}"
-                if "then_build_seconds" in r else f"{'':>14} {'':>6}")
-        print(f"{r['rev']:<12} {r['commit']:<9} {r['where']:<28} {r['serve_seconds']:>9.0f} s"
-              f" {r['serve_build_steps']:>6} {then}")
+                if "then_build_seconds" in r else "")
+        print(f"{r['rev']:<12} {r['commit']:<9} {r['where']:<{where}} {r['serve_seconds']:>9.0f} s"
+              f" {r['serve_build_steps']:>6} {then}".rstrip())
     for r in results:
+        if "then_test_seconds" in r:
+            print(f"{r['commit']}: then scripts/test.sh: exit code {r['then_test_exit_code']} "
+                  f"after {r['then_test_seconds']:.0f} s")
+            for l in r["then_test_summary"]:
+                print("  " + l)
         for key in ("then_ninja_serve_targets", "then_ninja_the_rest"):
             if key in r:
                 print(f"{r['commit']}: after serve.sh and the rest of the packages, ninja -n for "
