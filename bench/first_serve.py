@@ -167,8 +167,8 @@ def main():
                 row["then_test_seconds"] = round(test_s, 1)
                 row["then_test_exit_code"] = rc
                 row["then_test_summary"] = [l for l in lines if re.search(
-                    r"tests passed|Total Test time|^fuzz: |^container-check: (all|FAILED)|"
-                    r"^sanitize", l)][-12:]
+                    r"tests passed|Total Test time|^fuzz: (built|all)|^container-check: passed|"
+                    r"^sanitize: (built|threaded)", l)]
                 if rc != 0:
                     print("\n".join(lines[-60:]), file=sys.stderr)
                     sys.exit(f"first_serve: {rev}: scripts/test.sh failed ({rc})")
