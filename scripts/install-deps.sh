@@ -27,6 +27,8 @@ BUILD_PACKAGES=(
   libpng-dev zlib1g-dev
   # JSON (safetensors headers, model configs, reports)
   nlohmann-json3-dev
+  # Boost.Beast and Asio (header-only): the event-driven HTTP server (server/edge/http_server.h)
+  libboost-dev
 )
 # Configuring the tree (tests/CMakeLists.txt: find_package(GTest REQUIRED)).
 CONFIGURE_PACKAGES=(libgtest-dev libgmock-dev)

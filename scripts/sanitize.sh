@@ -21,10 +21,9 @@ if [ "${1:-}" = "--thread" ]; then
   BUILD_DIR=${BUILD_DIR:-build-tsan}
   tests=(threads_test decode_engine_test cpu_decoder_test scheduling_test reply_pool_test
          generator_worker_test server_e2e_test server_hardening_test server_metrics_test
-         model_control_test)
-  BUILD_DIR="$BUILD_DIR" BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} CONFIGURE_ONLY=1 \
+         model_control_test http_server_test)
+  BUILD_DIR="$BUILD_DIR" BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} TARGETS="${tests[*]}" \
     CMAKE_ARGS="-DKRAUSE_TSAN=ON -DKRAUSE_BUILD_BENCH=OFF ${CMAKE_ARGS:-}" scripts/build.sh
-  cmake --build "$BUILD_DIR" -j "$(nproc)" --target "${tests[@]}"
   built=$(date +%s)
   echo "sanitize: built in $((built - start)) s"
   # halt_on_error: the first report fails the binary that printed it. The shared libraries
