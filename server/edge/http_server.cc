@@ -84,6 +84,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // bytes (closed quietly if none come), then read the headers.
   void WaitForBytes(bool first);
   void ReadHeader();
+  bool ReadFailed(error_code ec, Deadline phase);
   void OnHeader(error_code ec);
   void ReadBody();
   void OnBody(error_code ec);
@@ -253,32 +254,32 @@ void Session::ReadHeader() {
                           });
 }
 
-void Session::OnHeader(error_code ec) {
-  if (closed_) return;
-  if (ec == net::error::operation_aborted && expired_ == Deadline::kHeader) {
-    Refuse(408, absl::StrCat("the request's headers did not arrive within ",
-                             shared_->options.header_timeout_ms, " ms"));
-    return;
-  }
-  if (ec == http::error::header_limit) {
-    Refuse(431, absl::StrCat("the request's headers exceed ", shared_->options.max_header_bytes,
-                             " bytes"));
-    return;
-  }
-  if (ec == http::error::body_limit) {
-    Refuse(413,
-           absl::StrCat("the request's body exceeds ", shared_->options.max_body_bytes, " bytes"));
-    return;
-  }
-  if (ec == http::error::end_of_stream || ec == net::error::eof ||
-      ec == net::error::connection_reset || ec == net::error::operation_aborted) {
+// A read of the request that failed, or whose deadline passed: the answer the client gets, if
+// any (408, 413, 431 or 400; a client that closed gets none). False when there was no error.
+bool Session::ReadFailed(error_code ec, Deadline phase) {
+  if (!ec) return false;
+  const HttpServerOptions& o = shared_->options;
+  if (ec == net::error::operation_aborted && expired_ == phase) {
+    const bool header = phase == Deadline::kHeader;
+    Refuse(408,
+           absl::StrCat("the request's ", header ? "headers" : "body", " did not arrive within ",
+                        header ? o.header_timeout_ms : o.body_timeout_ms, " ms"));
+  } else if (ec == http::error::header_limit) {
+    Refuse(431, absl::StrCat("the request's headers exceed ", o.max_header_bytes, " bytes"));
+  } else if (ec == http::error::body_limit) {
+    Refuse(413, absl::StrCat("the request's body exceeds ", o.max_body_bytes, " bytes"));
+  } else if (ec == http::error::end_of_stream || ec == http::error::partial_message ||
+             ec == net::error::eof || ec == net::error::connection_reset ||
+             ec == net::error::operation_aborted) {
     Close();
-    return;
-  }
-  if (ec) {
+  } else {
     Refuse(400, absl::StrCat("bad request: ", ec.message()));
-    return;
   }
+  return true;
+}
+
+void Session::OnHeader(error_code ec) {
+  if (closed_ || ReadFailed(ec, Deadline::kHeader)) return;
   if (parser_->is_done()) {
     Dispatch();
     return;
@@ -310,27 +311,7 @@ void Session::ReadBody() {
 }
 
 void Session::OnBody(error_code ec) {
-  if (closed_) return;
-  if (ec == net::error::operation_aborted && expired_ == Deadline::kBody) {
-    Refuse(408, absl::StrCat("the request's body did not arrive within ",
-                             shared_->options.body_timeout_ms, " ms"));
-    return;
-  }
-  if (ec == http::error::body_limit) {
-    Refuse(413,
-           absl::StrCat("the request's body exceeds ", shared_->options.max_body_bytes, " bytes"));
-    return;
-  }
-  if (ec == http::error::end_of_stream || ec == net::error::eof ||
-      ec == net::error::connection_reset || ec == net::error::operation_aborted ||
-      ec == http::error::partial_message) {
-    Close();
-    return;
-  }
-  if (ec) {
-    Refuse(400, absl::StrCat("bad request: ", ec.message()));
-    return;
-  }
+  if (closed_ || ReadFailed(ec, Deadline::kBody)) return;
   Dispatch();
 }
 
