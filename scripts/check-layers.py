@@ -74,7 +74,8 @@ EXTRA = {
 # Third-party headers a layer may not include (the core knows no protocol). The google.rpc
 # messages are not a protocol: core/errors.cc stores a status's details in their encoding.
 PROTOCOL_HEADERS = re.compile(r'\s*#\s*include\s+[<"]((grpc|grpcpp|prometheus|inference|krause/v1)/'
-                              r'[^>"]*|CivetServer\.h|civetweb\.h|(?!google/rpc/)[^>"]*\.pb\.h)[>"]')
+                              r'[^>"]*|boost/(beast|asio)[^>"]*|CivetServer\.h|civetweb\.h|'
+                              r'(?!google/rpc/)[^>"]*\.pb\.h)[>"]')
 FORBIDDEN = {"server_core": PROTOCOL_HEADERS}
 
 
@@ -126,6 +127,7 @@ if SELF_TEST:
         ("server/v1/x.cc", '#include "server/oip/oip_infer.h"', True),
         ("server/core/x.cc", "#include <grpcpp/grpcpp.h>", True),
         ("server/core/x.h", "#include <CivetServer.h>", True),
+        ("server/core/x.h", "#include <boost/beast/http.hpp>", True),
         ("server/core/x.h", '#include "krause/v1/krause.pb.h"', True),
         ("server/core/x.cc", '#include "server/edge/gate.h"', True),
         ("server/edge/x.cc", '#include "server/v1/requests.h"', True),

@@ -22,7 +22,7 @@ BUILD_PACKAGES=(
   libtorch-dev libopenblas0-pthread
   # gRPC, protobuf, Abseil, Prometheus
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
-  prometheus-cpp-dev libcivetweb-dev
+  prometheus-cpp-dev
   # image and compressed-data I/O
   libpng-dev zlib1g-dev
   # JSON (safetensors headers, model configs, reports)

@@ -77,11 +77,11 @@ ABSL_FLAG(std::string, http_listen, kDefaults.http_listen,
           "address:port for the Open Inference Protocol's REST API (KServe v2: /v2/...; empty: "
           "off); the protocol's gRPC service is always on --listen");
 ABSL_FLAG(int, http_threads, kDefaults.http_threads,
-          "REST connections served at once (each open connection holds one while it is read or "
-          "answered; idle ones are closed after --http_timeout_ms)");
+          "REST: event-loop threads; together they hold every connection, idle, being read, "
+          "waiting for its answer or streaming it (1 to 64)");
 ABSL_FLAG(int, http_timeout_ms, kDefaults.http_timeout_ms,
-          "REST: milliseconds to read a request (headers and body; else 408) and to write a "
-          "reply");
+          "REST: milliseconds to read a request's headers, then its body (else 408), and to write "
+          "an answer or a piece of a stream (else the connection is dropped)");
 ABSL_FLAG(double, http_deadline_seconds, kDefaults.http_deadline_seconds,
           "REST: an inference ends with 504 (its work stopped) after this many seconds unless its "
           "request's `timeout` parameter (microseconds) says sooner; 0: no default deadline");

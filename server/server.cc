@@ -191,11 +191,11 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0)
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
-  if (!(options.http_threads >= 1 && options.http_threads <= 4096) ||
+  if (!(options.http_threads >= 1 && options.http_threads <= 64) ||
       !(options.http_timeout_ms >= 1 && options.http_timeout_ms <= 3600000)) {
     s->server_->Shutdown(std::chrono::system_clock::now());
     return absl::InvalidArgumentError(absl::StrCat(
-        "--http_threads must be in [1, 4096] and --http_timeout_ms in [1, 3600000], got ",
+        "--http_threads must be in [1, 64] and --http_timeout_ms in [1, 3600000], got ",
         options.http_threads, " and ", options.http_timeout_ms));
   }
   grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();

@@ -209,8 +209,24 @@ TEST(HttpServer, ABodyOverTheLimitGets413BeforeItIsSent) {
   SendAll(fd, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n");
   const std::string r = ReadResponse(fd);
   EXPECT_EQ(r.substr(0, 12), "HTTP/1.1 413") << r;
-  EXPECT_NE(r.find("exceeds 1000 bytes"), std::string::npos) << r;
+  EXPECT_NE(r.find("over the limit of 1000 bytes"), std::string::npos) << r;
   EXPECT_FALSE(called);
+  close(fd);
+}
+
+// A client that sends its whole oversized body anyway (as most HTTP libraries do) still reads
+// the 413: the server drops what follows instead of resetting the connection.
+TEST(HttpServer, AClientStillSendingAnOversizedBodyReadsThe413) {
+  HttpServerOptions o = Loopback();
+  o.max_body_bytes = 1000;
+  auto server = StartOrDie(o, Echo());
+  const int fd = Connect(server->port());
+  const std::string body(5 << 20, 'x');
+  SendAll(fd, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+                  "\r\n\r\n");
+  SendAll(fd, body);  // fails (and the test with it) if the server reset the connection
+  const std::string r = ReadResponse(fd);
+  EXPECT_EQ(r.substr(0, 12), "HTTP/1.1 413") << r.substr(0, 200);
   close(fd);
 }
 

@@ -121,7 +121,7 @@ struct ServerOptions {
   std::string metrics_tokens_file;  // tokens a scrape must send as a bearer token; empty: none
   // host:port for the Open Inference Protocol's REST API (oip_http.h); empty: off.
   std::string http_listen = "0.0.0.0:8000";
-  int http_threads = 256;      // REST connections served at once
+  int http_threads = 2;        // REST: event-loop threads (they hold every connection)
   int http_timeout_ms = 5000;  // REST: to read a request (headers and body) and write a reply
   // REST: an inference's deadline when its request sets no `timeout` parameter; 0: none.
   double http_deadline_seconds = 600;

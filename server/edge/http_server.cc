@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <array>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -41,7 +42,7 @@ struct Shared {
 };
 
 // Why a read was cancelled by the session's timer.
-enum class Deadline { kNone, kFirstBytes, kHeader, kBody, kWrite };
+enum class Deadline { kNone, kFirstBytes, kHeader, kBody, kWrite, kLinger };
 
 class Exchange;
 
@@ -53,7 +54,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void Start() {
     error_code ec;
     const tcp::endpoint peer = socket_.remote_endpoint(ec);
-    if (!ec) peer_ = absl::StrCat(peer.address().to_string(), ":", peer.port());
+    if (!ec) {
+      peer_ = peer.address().is_v6()
+                  ? absl::StrCat("ipv6:[", peer.address().to_string(), "]:", peer.port())
+                  : absl::StrCat("ipv4:", peer.address().to_string(), ":", peer.port());
+    }
     socket_.set_option(tcp::no_delay(true), ec);
     net::post(socket_.get_executor(), [self = shared_from_this()] { self->WaitForBytes(true); });
   }
@@ -93,6 +98,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnWatch(error_code ec, uint64_t generation);
   void Refuse(int status, const std::string& why);
   void AfterAnswer();
+  void Linger();
+  void DrainUntilClosed();
   void PumpStream();
   void Gone();
   void Arm(int ms, Deadline what);
@@ -111,6 +118,7 @@ class Session : public std::enable_shared_from_this<Session> {
   Deadline expired_ = Deadline::kNone;
   bool closed_ = false;
   bool keep_alive_ = true;
+  bool head_request_ = false;
   unsigned version_ = 11;
   std::shared_ptr<Exchange> current_;  // the request waiting for (or in) its answer
   uint64_t watch_generation_ = 0;      // a watch of an older request is ignored
@@ -124,6 +132,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool writing_ = false;
   bool ending_ = false;
   std::deque<std::string> pieces_;
+  std::array<char, 16384> scratch_;  // what a lingering connection still sends, dropped
   decltype(http::make_chunk_last()) last_chunk_ = http::make_chunk_last();
 };
 
@@ -265,9 +274,11 @@ bool Session::ReadFailed(error_code ec, Deadline phase) {
            absl::StrCat("the request's ", header ? "headers" : "body", " did not arrive within ",
                         header ? o.header_timeout_ms : o.body_timeout_ms, " ms"));
   } else if (ec == http::error::header_limit) {
-    Refuse(431, absl::StrCat("the request's headers exceed ", o.max_header_bytes, " bytes"));
+    Refuse(431, absl::StrCat("the request's headers are over the limit of ", o.max_header_bytes,
+                             " bytes"));
   } else if (ec == http::error::body_limit) {
-    Refuse(413, absl::StrCat("the request's body exceeds ", o.max_body_bytes, " bytes"));
+    Refuse(413,
+           absl::StrCat("the request's body is over the limit of ", o.max_body_bytes, " bytes"));
   } else if (ec == http::error::end_of_stream || ec == http::error::partial_message ||
              ec == net::error::eof || ec == net::error::connection_reset ||
              ec == net::error::operation_aborted) {
@@ -320,6 +331,7 @@ void Session::Dispatch() {
   parser_.reset();
   keep_alive_ = msg.keep_alive();
   version_ = msg.version();
+  head_request_ = msg.method() == http::verb::head;
   HttpRequest request;
   request.method = std::string(msg.method_string());
   request.target = std::string(msg.target());
@@ -379,6 +391,7 @@ void Session::Gone() {
 
 void Session::Refuse(int status, const std::string& why) {
   keep_alive_ = false;
+  head_request_ = false;
   version_ = 11;
   current_.reset();
   WriteReply({status, {{"Content-Type", "application/json"}}, ErrorBody(why)});
@@ -390,9 +403,13 @@ void Session::WriteReply(HttpResponse response) {
   reply_->version(version_);
   reply_->result(static_cast<unsigned>(response.status));
   for (auto& [name, value] : response.headers) reply_->set(name, value);
-  reply_->body() = std::move(response.body);
   reply_->keep_alive(keep_alive_);
-  reply_->prepare_payload();
+  if (head_request_) {  // HEAD: the length the body would have, no body
+    reply_->content_length(response.body.size());
+  } else {
+    reply_->body() = std::move(response.body);
+    reply_->prepare_payload();
+  }
   Arm(shared_->options.write_timeout_ms, Deadline::kWrite);
   http::async_write(socket_, *reply_, [self = shared_from_this()](error_code ec, size_t) {
     self->Disarm();
@@ -413,10 +430,34 @@ void Session::AfterAnswer() {
   if (!keep_alive_) {
     error_code ignored;
     socket_.shutdown(tcp::socket::shutdown_send, ignored);
-    Close();
+    Linger();
     return;
   }
   WaitForBytes(false);
+}
+
+// After the last answer on a connection (a refusal such as 413 while the client may still be
+// sending its body, or a Connection: close): the answer is sent and our side shut; what the
+// client still sends is read and dropped until it closes, for at most kLingerMs. Closing at once
+// would make the kernel reset the connection when more bytes arrive, and a client still sending
+// would see "connection reset" instead of the answer.
+void Session::Linger() {
+  constexpr int kLingerMs = 2000;
+  if (closed_) return;
+  Arm(kLingerMs, Deadline::kLinger);
+  DrainUntilClosed();
+}
+
+void Session::DrainUntilClosed() {
+  socket_.async_read_some(net::buffer(scratch_),
+                          [self = shared_from_this()](error_code ec, size_t) {
+                            if (ec || self->closed_) {
+                              self->Disarm();
+                              self->Close();
+                              return;
+                            }
+                            self->DrainUntilClosed();
+                          });
 }
 
 void Session::WriteStreamHead(int status, HttpHeaders headers) {

@@ -52,7 +52,7 @@ struct HttpRequest {
   int version = 11;    // 10 or 11
   HttpHeaders headers;
   std::string body;
-  std::string peer;  // "ip:port" of the client
+  std::string peer;  // the client, as gRPC names peers: "ipv4:1.2.3.4:5", "ipv6:[::1]:5"
   // The first header of that name (case-insensitive), or "".
   std::string_view Header(std::string_view name) const;
 };

@@ -1,5 +1,5 @@
 // Prometheus metrics of krause-server (prometheus-cpp's metric types and text format), served on
-// `/metrics` on their own port by civetweb (server/edge/http_endpoint.h). Names follow
+// `/metrics` on their own port (server/edge/http_endpoint.h, one event-loop thread). Names follow
 // Prometheus conventions (base units, _total, _seconds, _bytes); labels are model (a served model's
 // name, or "" when the request named none that exists), version (the served version, "" with no
 // model), rpc, code and (calls) protocol (krause.v1, oip-grpc, oip-rest), so cardinality is
