@@ -355,6 +355,37 @@ TEST(HttpServer, StreamsChunksThenServesTheNextRequest) {
   close(fd);
 }
 
+// A stream with a keep-alive writes its piece whenever it has had nothing to write for the
+// interval, and not while it is sending; the pieces end with the stream.
+TEST(HttpServer, AnIdleStreamSendsItsKeepAlive) {
+  std::promise<std::shared_ptr<HttpExchange>> got;
+  auto server = StartOrDie(Loopback(), [&](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+    ex->StartStream(200, {}, {": ping\n\n", 20});
+    got.set_value(ex);
+  });
+  const int fd = Connect(server->port());
+  SendAll(fd, "GET /s HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::shared_ptr<HttpExchange> ex = got.get_future().get();
+  bool complete = false;
+  // Two pings on an idle stream, then an event, then the end.
+  std::string r = ReadUntil(fd, [&](const std::string& t) {
+    const size_t head = t.find("\r\n\r\n");
+    if (head == std::string::npos) return false;
+    return Dechunk(t.substr(head + 4), &complete) == ": ping\n\n: ping\n\n";
+  });
+  ex->Send("data: x\n\n");
+  ex->End();
+  r += ReadUntil(fd, [&](const std::string& t) {
+    Dechunk(Body(r + t), &complete);
+    return complete;
+  });
+  ASSERT_TRUE(complete) << r;
+  const std::string body = Dechunk(Body(r), &complete);
+  EXPECT_EQ(body.substr(0, 16), ": ping\n\n: ping\n\n") << body;
+  EXPECT_NE(body.find("data: x\n\n"), std::string::npos) << body;
+  close(fd);
+}
+
 TEST(HttpServer, AnHttp10StreamEndsWithTheConnection) {
   auto server = StartOrDie(Loopback(), [](HttpRequest, std::shared_ptr<HttpExchange> ex) {
     ex->StartStream(200, {});

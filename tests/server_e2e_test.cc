@@ -27,7 +27,7 @@
 #include "model/util/threads.h"
 #include "server/core/served_classifier.h"
 #include "server/core/served_generator.h"
-#include "server_fixture.h"
+#include "server_test.h"
 #include "test_util.h"
 
 namespace krause::testing {
@@ -36,117 +36,7 @@ namespace {
 using std::chrono::milliseconds;
 namespace v1 = krause::v1;
 
-class ServerTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    krause::SetCpuThreads(1);
-    models_ = WriteTinyModels("e2e");
-    StartServer(LoopbackOptions(models_.manifest));
-  }
-  // karm-big's decode steps take at least `step_delay` (a hook on the engine thread), so that
-  // its streams surely outlast what the tests do meanwhile.
-  void StartServer(const server::ServerOptions& o, server::WorkerHooks hooks = {},
-                   milliseconds step_delay = milliseconds(1)) {
-    if (!hooks.on_decode_step)
-      hooks.on_decode_step = [step_delay](const std::string& model, const server::DecodeEvent&) {
-        if (model == "karm-big") std::this_thread::sleep_for(step_delay);
-      };
-    auto s = server::KrauseServer::Start(o, hooks);
-    ASSERT_TRUE(s.ok()) << s.status();
-    server_ = std::move(*s);
-    conn_ = ClientFor(server_->port());
-    stub_ = Stub(conn_);
-  }
-  void TearDown() override {
-    if (server_) server_->Shutdown();
-    std::filesystem::remove_all(models_.dir);
-  }
-  // A served model's worker, to wait for states another thread reaches.
-  template <typename Kind>
-  Kind& Served(const std::string& name) {
-    auto m = server_->registry().Find<Kind>(name);
-    EXPECT_TRUE(m.ok()) << m.status();
-    return **m;
-  }
-  server::GeneratorWorker& Worker(const std::string& name) {
-    return Served<server::ServedGenerator>(name).worker();
-  }
-  // Polls `done` (up to 5 s): for states another thread reaches, never a fixed wait.
-  template <typename F>
-  static bool Eventually(F done) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (std::chrono::steady_clock::now() < until) {
-      if (done()) return true;
-      std::this_thread::sleep_for(milliseconds(2));
-    }
-    return done();
-  }
-  // Waits (up to 5 s) until `model` holds no active or waiting sequence.
-  bool SlotsFree(const std::string& model) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (std::chrono::steady_clock::now() < until) {
-      if (Worker(model).active() == 0 && Worker(model).waiting() == 0) return true;
-      std::this_thread::sleep_for(milliseconds(5));
-    }
-    return false;
-  }
-
-  TinyModels models_;
-  std::unique_ptr<server::KrauseServer> server_;
-  client::ConnectionOptions conn_;
-  std::unique_ptr<v1::KrauseService::Stub> stub_;
-};
-
 v1::Image RawImage(const at::Tensor& hwc) { return server::EncodeRawImage(hwc); }
-
-at::Tensor RandomImages(int64_t n, int64_t h, int64_t w, int64_t c, uint64_t seed) {
-  at::Generator gen = at::detail::createCPUGenerator(seed);
-  return at::randint(0, 256, {n, h, w, c}, gen, at::kLong).to(at::kByte);
-}
-
-struct Stream {
-  std::vector<v1::GenerateResponse> messages;
-  grpc::Status status;
-};
-
-Stream RunGenerate(v1::KrauseService::Stub& stub, const v1::GenerateRequest& req,
-                   double timeout_s = 0, const std::string& token = "") {
-  grpc::ClientContext ctx;
-  if (timeout_s > 0)
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6)));
-  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
-  Stream s;
-  auto reader = stub.Generate(&ctx, req);
-  v1::GenerateResponse m;
-  while (reader->Read(&m)) s.messages.push_back(m);
-  s.status = reader->Finish();
-  return s;
-}
-
-// The rows streamed for each image, reassembled, and the final PNGs decoded.
-std::map<uint32_t, std::string> RowsOf(const Stream& s) {
-  std::map<uint32_t, std::string> rows;
-  for (const auto& m : s.messages)
-    for (const auto& r : m.rows()) {
-      EXPECT_EQ(r.first_row() * 6u, rows[r.image()].size()) << "rows arrive in order, once";
-      rows[r.image()] += r.pixels();
-    }
-  return rows;
-}
-
-std::map<uint32_t, std::string> PngsOf(const Stream& s) {
-  std::map<uint32_t, std::string> out;
-  for (const auto& m : s.messages)
-    for (const auto& im : m.images()) {
-      auto t = DecodePng(im.png());
-      EXPECT_TRUE(t.ok());
-      const at::Tensor c = t->contiguous();
-      out[im.image()] =
-          std::string(reinterpret_cast<const char*>(c.data_ptr<uint8_t>()), c.numel());
-    }
-  return out;
-}
 
 // ---------------------------------------------------------------------------------------------
 
@@ -655,37 +545,6 @@ TEST_F(ServerTest, ClientCancelStopsGenerationAndFreesTheSlot) {
   next.set_model("karm-big");
   next.set_stream_rows(false);
   EXPECT_TRUE(RunGenerate(*stub_, next).status.ok());
-}
-
-// A TCP connection to 127.0.0.1:port that has sent `request` (-1 when it could not connect).
-int SendHttp(int port, const std::string& request) {
-  const int fd = ConnectLoopback(port);
-  if (fd >= 0 && send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
-                     static_cast<ssize_t>(request.size())) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-std::string InferPost(const std::string& model, const std::string& body) {
-  return "POST /v2/models/" + model + "/infer HTTP/1.1\r\nHost: x\r\nContent-Type: " +
-         "application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-}
-
-// Everything the server sends on `fd` until it closes or 10 s pass.
-std::string ReadAll(int fd) {
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  std::string out;
-  char buf[4096];
-  for (;;) {
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-    if (out.find("\r\n\r\n") != std::string::npos && out.find("}") != std::string::npos) break;
-  }
-  return out;
 }
 
 // A REST generation whose client goes away is cancelled: its cache slot is free again at the

@@ -1,5 +1,7 @@
 #include "server/core/operations.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -54,6 +56,32 @@ absl::Status CheckImageCount(const ModelInfo& m, int64_t images) {
           ? absl::StrCat("num_images is ", images, "; model ", m.name, " generates at least 1")
           : absl::StrCat("num_images is ", images, "; model ", m.name, " allows at most ",
                          m.max_images_per_request, " per request"));
+}
+
+absl::StatusOr<StreamParams> ResolveStreamParams(int64_t interval_ms, std::optional<bool> rows) {
+  const int64_t interval = interval_ms == 0 ? 100 : interval_ms;
+  if (interval < 10 || interval > 10000)
+    return InvalidField(
+        "update_interval_ms",
+        absl::StrCat("update_interval_ms must be 0 (100) or in [10, 10000], got ", interval));
+  StreamParams p;
+  p.interval = std::chrono::milliseconds(interval);
+  p.rows = rows.value_or(true);
+  return p;
+}
+
+absl::StatusOr<std::vector<uint8_t>> PromptRows(const at::Tensor& prompt, int64_t rows,
+                                                const ModelInfo& m) {
+  if (rows < 1 || rows >= m.shape.height)
+    return InvalidField("prompt_rows",
+                        absl::StrCat("prompt_rows must be in [1, ", m.shape.height - 1,
+                                     "] with a prompt, got ", rows));
+  if (rows > prompt.size(0))
+    return InvalidField("prompt_rows",
+                        absl::StrCat("prompt_rows is ", rows, " but the prompt image has only ",
+                                     prompt.size(0), " rows"));
+  const at::Tensor kept = prompt.narrow(0, 0, rows).contiguous();
+  return std::vector<uint8_t>(kept.data_ptr<uint8_t>(), kept.data_ptr<uint8_t>() + kept.numel());
 }
 
 absl::StatusOr<GeneratePlan> ResolveGenerate(const ModelInfo& m, GenerateAsk ask) {

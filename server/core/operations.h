@@ -87,6 +87,28 @@ struct GeneratePlan {
   int64_t passes = 1;  // forward passes per image: 2 with classifier-free guidance
 };
 
+// How a streamed generation sends what it has (krause.v1's Generate, the HTTP generate_stream).
+struct StreamParams {
+  std::chrono::milliseconds interval{100};  // progress at most this often
+  bool rows = true;                         // whole rows as they complete
+};
+
+// A streamed generation's request, read by its front end: the plan and how it streams.
+struct ParsedGenerate {
+  GeneratePlan plan;
+  StreamParams stream;
+};
+
+// The stream's settings: `interval_ms` 0 (100) or in [10, 10000], else InvalidArgument naming
+// update_interval_ms; rows unset: true.
+absl::StatusOr<StreamParams> ResolveStreamParams(int64_t interval_ms, std::optional<bool> rows);
+
+// A completion prompt's kept subpixels: the first `rows` rows of `prompt` ([h, W, C] uint8, its
+// width and channels the model's), with 1 <= rows < the model's height and rows <= h; else
+// InvalidArgument naming prompt_rows and the limit.
+absl::StatusOr<std::vector<uint8_t>> PromptRows(const at::Tensor& prompt, int64_t rows,
+                                                const ModelInfo& model);
+
 // The number of images one generation may ask of `model`: 1 to its per-request limit, else
 // InvalidArgument naming num_images and the limit.
 absl::Status CheckImageCount(const ModelInfo& model, int64_t images);

@@ -49,7 +49,10 @@ class Exchange;
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, std::shared_ptr<Shared> shared)
-      : socket_(std::move(socket)), timer_(socket_.get_executor()), shared_(std::move(shared)) {}
+      : socket_(std::move(socket)),
+        timer_(socket_.get_executor()),
+        ping_timer_(socket_.get_executor()),
+        shared_(std::move(shared)) {}
 
   void Start() {
     error_code ec;
@@ -79,7 +82,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Called from Exchange on the strand.
   void WriteReply(HttpResponse response);
-  void WriteStreamHead(int status, HttpHeaders headers);
+  void WriteStreamHead(int status, HttpHeaders headers, StreamKeepAlive keep_alive);
   void QueuePiece(std::string piece);
   void QueueEnd();
   void Close();
@@ -101,6 +104,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void Linger();
   void DrainUntilClosed();
   void PumpStream();
+  void ArmPing();
   void Gone();
   void Arm(int ms, Deadline what);
   void Disarm() {
@@ -110,6 +114,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   tcp::socket socket_;
   net::steady_timer timer_;
+  net::steady_timer ping_timer_;  // a stream's keep-alive
   std::shared_ptr<Shared> shared_;
   std::string peer_;
   beast::flat_buffer buffer_;
@@ -132,6 +137,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool writing_ = false;
   bool ending_ = false;
   std::deque<std::string> pieces_;
+  StreamKeepAlive keep_alive_piece_;
+  uint64_t ping_generation_ = 0;  // a ping armed for an older stream is ignored
+  std::chrono::steady_clock::time_point last_write_{};
   std::array<char, 16384> scratch_;  // what a lingering connection still sends, dropped
   decltype(http::make_chunk_last()) last_chunk_ = http::make_chunk_last();
 };
@@ -146,11 +154,12 @@ class Exchange : public HttpExchange {
     Session::Post(*shared_, session_,
                   [r = std::move(response)](Session& s) mutable { s.WriteReply(std::move(r)); });
   }
-  void StartStream(int status, HttpHeaders headers) override {
+  void StartStream(int status, HttpHeaders headers, StreamKeepAlive keep_alive) override {
     if (!Claim()) return;
-    Session::Post(*shared_, session_, [status, h = std::move(headers)](Session& s) mutable {
-      s.WriteStreamHead(status, std::move(h));
-    });
+    Session::Post(*shared_, session_,
+                  [status, h = std::move(headers), k = std::move(keep_alive)](Session& s) mutable {
+                    s.WriteStreamHead(status, std::move(h), std::move(k));
+                  });
   }
   void Send(std::string piece) override {
     if (piece.empty() || Gone()) return;
@@ -423,6 +432,8 @@ void Session::WriteReply(HttpResponse response) {
 }
 
 void Session::AfterAnswer() {
+  ++ping_generation_;
+  ping_timer_.cancel();
   if (current_) current_->MarkEnded();
   current_.reset();
   watching_ = false;
@@ -460,8 +471,9 @@ void Session::DrainUntilClosed() {
                           });
 }
 
-void Session::WriteStreamHead(int status, HttpHeaders headers) {
+void Session::WriteStreamHead(int status, HttpHeaders headers, StreamKeepAlive keep_alive) {
   if (closed_) return;
+  keep_alive_piece_ = std::move(keep_alive);
   stream_head_.emplace();
   stream_head_->version(version_);
   stream_head_->result(static_cast<unsigned>(status));
@@ -487,6 +499,8 @@ void Session::WriteStreamHead(int status, HttpHeaders headers) {
                                return;
                              }
                              self->head_written_ = true;
+                             self->last_write_ = std::chrono::steady_clock::now();
+                             self->ArmPing();
                              self->PumpStream();
                            });
 }
@@ -520,6 +534,7 @@ void Session::PumpStream() {
         self->current_->backlog -= static_cast<int64_t>(self->pieces_.front().size());
       }
       self->pieces_.pop_front();
+      self->last_write_ = std::chrono::steady_clock::now();
       self->PumpStream();
     };
     if (chunked_) {
@@ -550,6 +565,30 @@ void Session::PumpStream() {
   });
 }
 
+// While a stream with a keep-alive is open: its piece goes out whenever nothing has been
+// written for the interval (nothing queued, nothing being written).
+void Session::ArmPing() {
+  const int ms = keep_alive_piece_.interval_ms;
+  if (ms <= 0 || keep_alive_piece_.piece.empty() || closed_) return;
+  const uint64_t generation = ++ping_generation_;
+  const auto now = std::chrono::steady_clock::now();
+  auto due = last_write_ + std::chrono::milliseconds(ms);
+  if (due <= now) due = now + std::chrono::milliseconds(ms);  // a write still going: later
+  ping_timer_.expires_at(due);
+  ping_timer_.async_wait([self = shared_from_this(), generation](error_code ec) {
+    if (ec || self->closed_ || generation != self->ping_generation_) return;
+    const auto idle = std::chrono::steady_clock::now() - self->last_write_;
+    if (idle >= std::chrono::milliseconds(self->keep_alive_piece_.interval_ms) && !self->writing_ &&
+        self->pieces_.empty() && !self->ending_) {
+      if (self->current_) {
+        self->current_->backlog += static_cast<int64_t>(self->keep_alive_piece_.piece.size());
+      }
+      self->QueuePiece(self->keep_alive_piece_.piece);
+    }
+    self->ArmPing();
+  });
+}
+
 void Session::Close() {
   if (closed_) return;
   closed_ = true;
@@ -557,6 +596,7 @@ void Session::Close() {
   current_.reset();
   error_code ignored;
   timer_.cancel();
+  ping_timer_.cancel();
   socket_.close(ignored);  // pending operations complete with operation_aborted
   shared_->open.fetch_sub(1);
   std::shared_ptr<Session> self = shared_from_this();

@@ -46,6 +46,13 @@ struct HttpServerOptions {
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 
+// A streamed answer's keep-alive: `piece` is written whenever the stream has had nothing to
+// write for `interval_ms` (a Server-Sent Events comment, so that proxies keep it open).
+struct StreamKeepAlive {
+  std::string piece;
+  int interval_ms = 0;  // 0: none
+};
+
 struct HttpRequest {
   std::string method;  // "GET", "POST", ...
   std::string target;  // path and query, as sent
@@ -70,7 +77,7 @@ class HttpExchange {
   virtual void Reply(HttpResponse response) = 0;
   // A streamed answer: the status and headers now (Transfer-Encoding: chunked on HTTP/1.1; on
   // HTTP/1.0 the body runs to the connection's end), then the body in pieces, then End().
-  virtual void StartStream(int status, HttpHeaders headers) = 0;
+  virtual void StartStream(int status, HttpHeaders headers, StreamKeepAlive keep_alive = {}) = 0;
   virtual void Send(std::string piece) = 0;
   virtual void End() = 0;
   // Bytes handed to Send that the client has not yet taken (a slow reader's backlog).

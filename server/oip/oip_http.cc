@@ -12,60 +12,17 @@
 #include "absl/strings/string_view.h"
 #include "server/edge/call_book.h"
 #include "server/edge/status.h"
+#include "server/oip/oip_generate.h"
 #include "server/oip/oip_infer.h"
 #include "server/oip/oip_json.h"
+#include "server/oip/rest_reply.h"
 
 namespace krause::server {
 namespace {
 
-void Send(HttpExchange* ex, int status, std::string body, HttpHeaders headers = {}) {
-  headers.emplace_back("Content-Type", "application/json");
-  ex->Reply({status, std::move(headers), std::move(body)});
-}
-
-// One REST call, as CallBook sees it: Finish(status) writes the reply (the success body set
-// before, or {"error": ...} with the code's HTTP status, or `override_status` when set).
-class RestReply {
- public:
-  RestReply(const HttpRequest& request, std::shared_ptr<HttpExchange> exchange)
-      : exchange_(std::move(exchange)) {
-    for (const char* key : {"X-Request-Id", "traceparent"}) {
-      std::string v(request.Header(key).substr(0, 256));
-      if (!v.empty()) echo_.emplace_back(key, std::move(v));
-    }
-  }
-  void Finish(const grpc::Status& st) {
-    if (st.ok()) {
-      Send(exchange_.get(), 200, std::move(ok_body_), echo_);
-      return;
-    }
-    auto headers = echo_;
-    if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED)
-      headers.emplace_back("WWW-Authenticate", "Bearer");
-    const int http = override_status_ != 0 ? override_status_ : HttpStatus(st.error_code());
-    Send(exchange_.get(), http, oip::ErrorJson(st.error_message()), std::move(headers));
-  }
-  std::string request_id() const {
-    for (const auto& [k, v] : echo_)
-      if (k[0] == 'X') return v;
-    return "";
-  }
-  std::string traceparent() const {
-    for (const auto& [k, v] : echo_)
-      if (k[0] == 't') return v;
-    return "";
-  }
-  HttpExchange* exchange() const { return exchange_.get(); }
-  std::string ok_body_;
-  int override_status_ = 0;
-
- private:
-  std::shared_ptr<HttpExchange> exchange_;
-  HttpHeaders echo_;
-};
-
 // The path's parts after /v2/models/: name, version (may be empty), and the action ("" for the
-// metadata, "ready", "infer"); nullopt when the path is not of that form.
+// metadata, "ready", "infer", "generate", "generate_stream"); nullopt when the path is not of that
+// form.
 struct ModelPath {
   std::string name, version, action;
 };
@@ -81,7 +38,8 @@ std::optional<ModelPath> ParseModelPath(const std::vector<absl::string_view>& pa
     at += 2;
   }
   if (parts.size() == at) return p;
-  if (parts.size() == at + 1 && (parts[at] == "ready" || parts[at] == "infer")) {
+  if (parts.size() == at + 1 && (parts[at] == "ready" || parts[at] == "infer" ||
+                                 parts[at] == "generate" || parts[at] == "generate_stream")) {
     p.action = std::string(parts[at]);
     return p;
   }
@@ -115,11 +73,11 @@ class OipHttp::Handler {
     const Gate& gate = *edge_->gate;
     if (parts.size() == 4 && parts[2] == "health") {
       if (post) return NotAllowed(ex.get(), "GET");
-      if (parts[3] == "live") return Send(ex.get(), 200, R"({"live":true})");
+      if (parts[3] == "live") return SendJson(ex.get(), 200, R"({"live":true})");
       if (parts[3] == "ready") {
         const bool ready = gate.registry() != nullptr && !gate.draining();
-        return Send(ex.get(), ready ? 200 : 503,
-                    ready ? R"({"ready":true})" : R"({"ready":false})");
+        return SendJson(ex.get(), ready ? 200 : 503,
+                        ready ? R"({"ready":true})" : R"({"ready":false})");
       }
       return NotFound(ex.get(), path);
     }
@@ -133,17 +91,20 @@ class OipHttp::Handler {
     if (parts[2] != "models") return NotFound(ex.get(), path);
     const std::optional<ModelPath> mp = ParseModelPath(parts);
     if (!mp) return NotFound(ex.get(), path);
-    if ((mp->action == "infer") != post) return NotAllowed(ex.get(), post ? "GET" : "POST");
+    const bool posted_action =
+        mp->action == "infer" || mp->action == "generate" || mp->action == "generate_stream";
+    if (posted_action != post) return NotAllowed(ex.get(), post ? "GET" : "POST");
     if (mp->action == "ready") {
-      if (gate.registry() == nullptr) return Send(ex.get(), 503, R"({"ready":false})");
+      if (gate.registry() == nullptr) return SendJson(ex.get(), 503, R"({"ready":false})");
       auto m = oip::FindModel(*gate.registry(), mp->name, mp->version);
       if (m.status().code() == absl::StatusCode::kUnavailable)  // unloaded by model control
-        return Send(ex.get(), 503, R"({"ready":false})");
+        return SendJson(ex.get(), 503, R"({"ready":false})");
       if (!m.ok())
-        return Send(ex.get(), HttpStatus(ToGrpcStatus(m.status()).error_code()),
-                    oip::ErrorJson(m.status().message()));
+        return SendJson(ex.get(), HttpStatus(ToGrpcStatus(m.status()).error_code()),
+                        oip::ErrorJson(m.status().message()));
       const bool ready = !gate.draining();
-      return Send(ex.get(), ready ? 200 : 503, ready ? R"({"ready":true})" : R"({"ready":false})");
+      return SendJson(ex.get(), ready ? 200 : 503,
+                      ready ? R"({"ready":true})" : R"({"ready":false})");
     }
     if (mp->action.empty()) {
       return Call(request, ex, "ModelMetadata", [&](RestCall* call) -> absl::Status {
@@ -155,6 +116,13 @@ class OipHttp::Handler {
         return absl::OkStatus();
       });
     }
+    if (mp->action != "infer") {
+      HttpGenerateOptions go;
+      go.stream = mp->action == "generate_stream";
+      go.ping_ms = o_.stream_ping_ms;
+      go.deadline_ms = o_.deadline_ms;
+      return StartHttpGeneration(edge_, request, ex, mp->name, mp->version, go);
+    }
     Start(request, ex, "ModelInfer", [&](const std::shared_ptr<RestCall>& call, bool* started) {
       return Infer(request, *mp, call, started);
     });
@@ -162,14 +130,14 @@ class OipHttp::Handler {
 
  private:
   void NotAllowed(HttpExchange* ex, const char* allow) {
-    Send(ex, 405, oip::ErrorJson(absl::StrCat("method not allowed here; use ", allow)),
-         {{"Allow", allow}});
+    SendJson(ex, 405, oip::ErrorJson(absl::StrCat("method not allowed here; use ", allow)),
+             {{"Allow", allow}});
   }
 
   void NotFound(HttpExchange* ex, const std::string& path) {
-    Send(ex, 404,
-         oip::ErrorJson(
-             absl::StrCat("no such path: ", path.substr(0, 128), " (the API is under /v2)")));
+    SendJson(ex, 404,
+             oip::ErrorJson(
+                 absl::StrCat("no such path: ", path.substr(0, 128), " (the API is under /v2)")));
   }
 
   // A counted call: through the gate, then `body`, which either finishes the call (an error, or
@@ -179,11 +147,7 @@ class OipHttp::Handler {
   void Start(const HttpRequest& request, const std::shared_ptr<HttpExchange>& ex, const char* rpc,
              Body&& body) {
     auto call = std::make_shared<RestCall>(edge_, rpc, request, ex);
-    std::optional<std::string_view> authorization;
-    const std::string_view auth = request.Header("Authorization");
-    if (!auth.empty()) authorization = auth;
-    absl::Status st = call->book.Enter(authorization, call->reply.request_id(),
-                                       call->reply.traceparent(), request.peer);
+    absl::Status st = EnterRest(call->book, request, call->reply);
     bool started = false;
     if (st.ok()) st = Guarded(rpc, [&] { return body(call, &started); });
     if (!started) call->book.Finish(&call->reply, st);

@@ -6,6 +6,9 @@
 //   GET  /v2/models/{name}[/versions/{v}]           model metadata
 //   GET  /v2/models/{name}[/versions/{v}]/ready     a probe
 //   POST /v2/models/{name}[/versions/{v}]/infer     an inference (oip_json.h, oip_infer.h)
+//   POST /v2/models/{name}[/versions/{v}]/generate_stream, /generate
+//                                                   a generation over Server-Sent Events, or
+//                                                   answered once (oip_generate.h)
 // Errors are {"error": "..."} with the HTTP status of the call's code (status.h: 400, 401, 403,
 // 404, 503, ...); the HTTP server itself answers a body over the limit with 413 before it is
 // read, and a request that does not arrive within the request timeout with 408. A few loop
@@ -33,6 +36,7 @@ struct OipHttpOptions {
   int keep_alive_timeout_ms = 2000;      // an idle kept-alive connection is closed after this
   int64_t max_body_bytes = 64 << 20;     // larger bodies: 413
   int64_t deadline_ms = 600000;          // an inference's deadline (0: none) unless it sets one
+  int stream_ping_ms = 15000;            // a `: ping` comment on a generate_stream this idle
 };
 
 class OipHttp {

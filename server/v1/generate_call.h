@@ -1,35 +1,25 @@
-// One krause.v1 Generate call: the server-streaming reactor, the receiver of its images' updates
-// from the generator's worker, and the owner of its stream state (a GenerateStream).
-//
-// The path is one way: the worker hands each iteration's CallUpdate to OnUpdate (worker thread),
-// which records it in the stream and, when a message is due, posts Flush to the reply pool; Flush
-// builds the message (PNGs included) and starts the write; OnWriteDone flushes what accumulated
-// meanwhile. Every way the call can stop early (the deadline, the client leaving, a flush that
-// failed) goes down one path, StopImages(), which tells the worker to cancel the call's images.
+// One krause.v1 Generate call: the server-streaming reactor over a StreamedGeneration
+// (server/edge/streamed_generation.h: the stream state, the worker's updates, the flushes). This
+// file adds what is gRPC's: the request read into a plan (requests.h), each chunk as a
+// GenerateResponse message written with StartWrite, the client's cancel, and the call's end.
 //
 // Ownership: the call is held by shared_ptr: its own reference (gRPC's, dropped in OnDone), the
 // worker's (until its last image is done) and each posted flush's. Nothing else points at it.
-// Thread-safety: mu_ guards the stream; message_ belongs to the flush that got a kWrite until
-// its write is done.
+// Thread-safety: message_ belongs to the flush that got a chunk until its write is done.
 #pragma once
 
 #include <memory>
-#include <mutex>
-#include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "krause/v1/krause.grpc.pb.h"
-#include "server/core/generate_stream.h"
-#include "server/core/generator_worker.h"
-#include "server/core/served_model.h"
-#include "server/edge/call_book.h"
 #include "server/edge/front_end.h"
+#include "server/edge/streamed_generation.h"
 
 namespace krause::server {
 
 class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>,
-                           public GenerationReceiver,
-                           public std::enable_shared_from_this<GenerateCall> {
+                           public StreamedGeneration {
  public:
   // Enters the gate, validates and submits the images; on an error the call finishes at once.
   // Returns the reactor for gRPC.
@@ -37,33 +27,17 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
                                                                grpc::CallbackServerContext* ctx,
                                                                const v1::GenerateRequest* request);
 
-  void OnUpdate(const CallUpdate& update) override;  // worker thread
-  void OnWriteDone(bool ok) override;
-  void OnCancel() override;
+  void OnWriteDone(bool ok) override { WriteDone(ok); }
+  void OnCancel() override { ClientGone(); }
   void OnDone() override { self_.reset(); }
 
  private:
-  explicit GenerateCall(const FrontEndContext* edge);
-  absl::Status Begin(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& request);
-  // Sends what is due, or finishes the call once every image is done and the last message has
-  // gone (reply pool, or gRPC's thread in OnWriteDone). PNGs are encoded outside the lock.
-  void Flush();
-  void FlushOnce();
-  // The chunk as the message to write (PNG-encoding its finished images).
-  void BuildMessage(GenerateStream::Chunk& chunk);
-  void StopImages();
-  // Finishes exactly once (the stream guarantees it for the streaming part).
-  void FinishCall(const absl::Status& status);
+  explicit GenerateCall(const FrontEndContext* edge) : StreamedGeneration(edge, kProtocolKrause) {}
+  void WriteChunk(GenerateStream::Chunk& chunk, std::vector<EncodedImage> images) override;
+  void EndCall(const grpc::Status& status) override { Finish(status); }
 
-  const FrontEndContext* const edge_;
-  CallBook book_;
   std::shared_ptr<GenerateCall> self_;  // gRPC's reference, until OnDone
-  ServedModel* model_ = nullptr;        // set before the images are submitted (the book holds it)
-
-  mutable std::mutex mu_;
-  std::optional<GenerateStream> stream_;  // set before the images are submitted
-  bool worker_stopping_ = false;          // an update said the worker is stopping
-  v1::GenerateResponse message_;          // the message being written (one write at a time)
+  v1::GenerateResponse message_;        // the message being written (one write at a time)
 };
 
 }  // namespace krause::server

@@ -20,29 +20,19 @@ absl::StatusOr<ParsedGenerate> ParseGenerate(const v1::GenerateRequest& req, con
   ask.images = req.num_images() == 0 ? 1 : req.num_images();
   // Before the prompt is decoded (ResolveGenerate checks it again, for every front end).
   if (absl::Status st = CheckImageCount(info, ask.images); !st.ok()) return st;
-  const int64_t interval = req.update_interval_ms() == 0 ? 100 : req.update_interval_ms();
-  if (interval < 10 || interval > 10000)
-    return InvalidField(
-        "update_interval_ms",
-        absl::StrCat("update_interval_ms must be 0 (100) or in [10, 10000], got ", interval));
-  out.stream.interval = std::chrono::milliseconds(interval);
-  out.stream.rows = !req.has_stream_rows() || req.stream_rows();
+  auto stream = ResolveStreamParams(
+      req.update_interval_ms(),
+      req.has_stream_rows() ? std::optional<bool>(req.stream_rows()) : std::nullopt);
+  if (!stream.ok()) return stream.status();
+  out.stream = *stream;
   if (req.has_prompt()) {
     if (fault) fault("decode");
     auto t =
         DecodeImage(req.prompt(), "prompt", ImageBounds{info.shape, m.name(), /*prompt=*/true});
     if (!t.ok()) return t.status();
-    const int64_t rows = req.prompt_rows();
-    if (rows < 1 || rows >= info.shape.height)
-      return InvalidField("prompt_rows",
-                          absl::StrCat("prompt_rows must be in [1, ", info.shape.height - 1,
-                                       "] with a prompt, got ", rows));
-    if (rows > t->size(0))
-      return InvalidField("prompt_rows",
-                          absl::StrCat("prompt_rows is ", rows, " but the prompt image has only ",
-                                       t->size(0), " rows"));
-    const at::Tensor kept = t->narrow(0, 0, rows).contiguous();
-    ask.prompt.assign(kept.data_ptr<uint8_t>(), kept.data_ptr<uint8_t>() + kept.numel());
+    auto kept = PromptRows(*t, req.prompt_rows(), info);
+    if (!kept.ok()) return kept.status();
+    ask.prompt = *std::move(kept);
   } else if (req.prompt_rows() != 0) {
     return InvalidField("prompt_rows", absl::StrCat("prompt_rows is ", req.prompt_rows(),
                                                     " but there is no prompt"));

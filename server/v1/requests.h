@@ -21,16 +21,6 @@
 
 namespace krause::server {
 
-// How a Generate stream sends what it has.
-struct StreamParams {
-  std::chrono::milliseconds interval{100};  // progress at most this often
-  bool rows = true;                         // whole rows as they complete
-};
-
-struct ParsedGenerate {
-  GeneratePlan plan;
-  StreamParams stream;
-};
 // Reads, in this order: num_images (0: 1), update_interval_ms, the prompt and prompt_rows, the
 // class (label or class_index); then ResolveGenerate (operations.h) applies the model's defaults
 // and checks the sampling settings and guidance, and takes the seed (the request's, or a random

@@ -1,0 +1,399 @@
+#include "server/oip/oip_generate.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <limits>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/core/errors.h"
+#include "server/core/image_input.h"
+#include "server/edge/status.h"
+#include "server/edge/streamed_generation.h"
+#include "server/oip/rest_reply.h"
+
+namespace krause::server {
+namespace oip {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr int64_t kMaxTimeoutMicroseconds = int64_t{24} * 3600 * 1000000;  // a day
+
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+absl::Status Bad(absl::string_view field, absl::string_view what) {
+  return InvalidField(field, absl::StrCat(field, " ", what));
+}
+
+// A JSON integer in [lo, hi].
+absl::StatusOr<int64_t> IntegerIn(const Json& j, const char* field, int64_t lo, int64_t hi) {
+  if (j.is_number_unsigned()) {
+    const uint64_t u = j.get<uint64_t>();
+    if (u <= static_cast<uint64_t>(hi) && static_cast<int64_t>(u) >= lo)
+      return static_cast<int64_t>(u);
+  } else if (j.is_number_integer()) {
+    const int64_t v = j.get<int64_t>();
+    if (v >= lo && v <= hi) return v;
+  } else {
+    return Bad(field, "must be an integer");
+  }
+  return Bad(field, absl::StrCat("must be in [", lo, ", ", hi, "], got ", Dump(j)));
+}
+
+absl::StatusOr<uint64_t> Unsigned(const Json& j, const char* field) {
+  if (j.is_number_unsigned()) return j.get<uint64_t>();
+  if (j.is_number_integer()) return Bad(field, absl::StrCat("must be >= 0, got ", Dump(j)));
+  return Bad(field, "must be an integer");
+}
+
+absl::StatusOr<double> Number(const Json& j, const char* field) {
+  if (!j.is_number()) return Bad(field, "must be a number");
+  return j.get<double>();
+}
+
+}  // namespace
+
+absl::StatusOr<GenerateBody> ParseGenerateBody(std::string_view text) {
+  Json doc = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded())
+    return absl::InvalidArgumentError("the body is not valid JSON (send a JSON object)");
+  if (!doc.is_object())
+    return absl::InvalidArgumentError("the body must be a JSON object of generation settings");
+  // Settings at the top level, or in "parameters" (the generate extension's habit).
+  Json fields = Json::object();
+  for (auto& [name, value] : doc.items()) {
+    if (name != "parameters") {
+      fields[name] = value;
+      continue;
+    }
+    if (!value.is_object()) return Bad("parameters", "must be an object");
+    for (auto& [pname, pvalue] : value.items()) {
+      if (doc.contains(pname))
+        return Bad(pname.substr(0, 64), "is given twice (at the top and in parameters)");
+      fields[pname] = pvalue;
+    }
+  }
+  GenerateBody b;
+  for (const auto& [name, v] : fields.items()) {
+    const char* f = name.c_str();
+    if (name == "num_images") {
+      auto n = IntegerIn(v, f, 0, std::numeric_limits<int32_t>::max());
+      if (!n.ok()) return n.status();
+      b.num_images = *n;
+    } else if (name == "seed") {
+      auto s = Unsigned(v, f);
+      if (!s.ok()) return s.status();
+      b.seed = *s;
+    } else if (name == "temperature" || name == "top_p" || name == "guidance") {
+      auto x = Number(v, f);
+      if (!x.ok()) return x.status();
+      (name == "temperature" ? b.temperature : name == "top_p" ? b.top_p : b.guidance) = *x;
+    } else if (name == "top_k") {
+      auto k = IntegerIn(v, f, 0, std::numeric_limits<int32_t>::max());
+      if (!k.ok()) return k.status();
+      b.top_k = *k;
+    } else if (name == "label") {
+      if (!v.is_string()) return Bad(f, "must be a string (one of the model's labels)");
+      b.label = v.get<std::string>();
+    } else if (name == "class_index") {
+      auto c = IntegerIn(v, f, 0, std::numeric_limits<int32_t>::max());
+      if (!c.ok()) return c.status();
+      b.class_index = *c;
+    } else if (name == "prompt_png") {
+      if (!v.is_string()) return Bad(f, "must be a string (a base64 PNG)");
+      absl::string_view s = v.get_ref<const std::string&>();
+      if (absl::StartsWith(s, "data:")) {  // a data: URL, as a browser's canvas gives it
+        const size_t comma = s.find(',');
+        if (comma == absl::string_view::npos || !absl::StrContains(s.substr(0, comma), ";base64"))
+          return Bad(f, "is a data: URL but not a base64 one");
+        s.remove_prefix(comma + 1);
+      }
+      std::string png;
+      if (!absl::Base64Unescape(s, &png)) return Bad(f, "is not valid base64");
+      b.prompt_png = std::move(png);
+    } else if (name == "prompt_rows") {
+      auto r = IntegerIn(v, f, 0, std::numeric_limits<int32_t>::max());
+      if (!r.ok()) return r.status();
+      b.prompt_rows = *r;
+    } else if (name == "update_interval_ms") {
+      auto r = IntegerIn(v, f, 0, std::numeric_limits<int32_t>::max());
+      if (!r.ok()) return r.status();
+      b.update_interval_ms = *r;
+    } else if (name == "stream_rows") {
+      if (!v.is_boolean()) return Bad(f, "must be true or false");
+      b.stream_rows = v.get<bool>();
+    } else if (name == "first_image") {
+      auto s = Unsigned(v, f);
+      if (!s.ok()) return s.status();
+      b.first_image = *s;
+    } else if (name == "timeout") {
+      auto t = IntegerIn(v, f, 0, kMaxTimeoutMicroseconds);
+      if (!t.ok()) return t.status();
+      b.timeout_us = *t;
+    } else {
+      return InvalidField(
+          name.substr(0, 64),
+          absl::StrCat("unknown setting \"", name.substr(0, 64),
+                       "\"; the settings are num_images, seed, temperature, top_p, top_k, "
+                       "guidance, label, class_index, prompt_png, prompt_rows, "
+                       "update_interval_ms, stream_rows, first_image, timeout"));
+    }
+  }
+  if (b.label && b.class_index) return Bad("label", "and class_index: give at most one of the two");
+  return b;
+}
+
+absl::StatusOr<ParsedGenerate> ResolveGenerateBody(const GenerateBody& b, const ServedModel& m,
+                                                   const FaultHook& fault) {
+  // The order of krause.v1's ParseGenerate, so that a request wrong in two ways gets the same
+  // error on both front ends.
+  const ModelInfo& info = m.info();
+  GenerateAsk ask;
+  ask.images = b.num_images == 0 ? 1 : b.num_images;
+  if (absl::Status st = CheckImageCount(info, ask.images); !st.ok()) return st;
+  ParsedGenerate out;
+  auto stream = ResolveStreamParams(b.update_interval_ms, b.stream_rows);
+  if (!stream.ok()) return stream.status();
+  out.stream = *stream;
+  if (b.prompt_png) {
+    if (fault) fault("decode");
+    auto t = DecodePngImage(*b.prompt_png, "prompt_png",
+                            ImageBounds{info.shape, m.name(), /*prompt=*/true});
+    if (!t.ok()) return t.status();
+    auto kept = PromptRows(*t, b.prompt_rows, info);
+    if (!kept.ok()) return kept.status();
+    ask.prompt = *std::move(kept);
+  } else if (b.prompt_rows != 0) {
+    return InvalidField("prompt_rows", absl::StrCat("prompt_rows is ", b.prompt_rows,
+                                                    " but there is no prompt_png"));
+  }
+  if (b.label || b.class_index) {
+    auto cls = m.ClassRow(b.label.has_value(), b.label.value_or(""), b.class_index.value_or(0),
+                          b.label ? "label" : "class_index");
+    if (!cls.ok()) return cls.status();
+    ask.classes.assign(static_cast<size_t>(ask.images), *cls);
+  }
+  ask.temperature = b.temperature;
+  ask.top_p = b.top_p;
+  ask.top_k = b.top_k;
+  ask.guidance = b.guidance;
+  ask.seed = b.seed;
+  ask.first_image = b.first_image;
+  auto plan = ResolveGenerate(info, std::move(ask));
+  if (!plan.ok()) return plan.status();
+  out.plan = *std::move(plan);
+  return out;
+}
+
+}  // namespace oip
+
+namespace {
+
+using Json = nlohmann::json;
+
+std::string DumpJson(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::string Event(const Json& j) { return absl::StrCat("data: ", DumpJson(j), "\n\n"); }
+
+// One generation over HTTP: a StreamedGeneration whose chunks become Server-Sent Events (or,
+// for /generate, parts of one JSON document written at the end).
+class HttpGeneration final : public StreamedGeneration {
+ public:
+  HttpGeneration(const FrontEndContext* edge, const HttpRequest& request,
+                 std::shared_ptr<HttpExchange> exchange, const HttpGenerateOptions& options)
+      : StreamedGeneration(edge, kProtocolOipRest),
+        o_(options),
+        reply_(request, std::move(exchange)) {}
+
+  void Run(const HttpRequest& request, const std::string& name, const std::string& version) {
+    absl::Status st = EnterRest(book(), request, reply_);
+    if (st.ok()) st = Guarded("Generate", [&] { return Begin(request, name, version); });
+    if (!st.ok()) FinishCall(st);
+  }
+
+ private:
+  absl::Status Begin(const HttpRequest& request, const std::string& name,
+                     const std::string& version) {
+    auto body = oip::ParseGenerateBody(request.body);
+    if (!body.ok()) return body.status();
+    Clock::time_point deadline = Clock::time_point::max();
+    if (o_.deadline_ms > 0) deadline = book().start() + std::chrono::milliseconds(o_.deadline_ms);
+    if (body->timeout_us > 0)
+      deadline = std::min(deadline, book().start() + std::chrono::microseconds(body->timeout_us));
+    // A client that leaves stops the images (the exchange runs this on a loop thread).
+    std::weak_ptr<StreamedGeneration> weak = weak_from_this();
+    reply_.exchange()->OnGone([weak] {
+      if (auto self = weak.lock()) static_cast<HttpGeneration*>(self.get())->ClientGone();
+    });
+    return Submit(
+        name, version,
+        [&](const ServedModel& m) -> absl::StatusOr<ParsedGenerate> {
+          auto parsed = oip::ResolveGenerateBody(*body, m, edge()->fault);
+          if (!parsed.ok()) return parsed.status();
+          if (!o_.stream) parsed->stream.rows = false;  // one document: images, no rows
+          passes_ = parsed->plan.passes;
+          return parsed;
+        },
+        deadline);
+  }
+
+  // The fields every event of the call names, as JSON text: "model_name":..,"model_version":..
+  const std::string& ModelFields() {
+    if (model_fields_.empty()) {
+      Json j = {{"model_name", model().name()},
+                {"model_version", std::to_string(model().info().version)}};
+      const std::string d = DumpJson(j);
+      model_fields_ = d.substr(1, d.size() - 2);
+    }
+    return model_fields_;
+  }
+
+  void WriteChunk(GenerateStream::Chunk& c, std::vector<EncodedImage> images) override {
+    const ModelInfo& info = model().info();
+    const double n = static_cast<double>(passes_);
+    std::string out;
+    Json start;
+    if (c.first) {
+      start = {{"type", "start"},
+               {"model_name", model().name()},
+               {"model_version", std::to_string(info.version)},
+               {"seed", c.seed},
+               {"first_image", c.first_image},
+               {"num_images", c.images_total},
+               {"height", info.shape.height},
+               {"width", info.shape.width},
+               {"channels", info.shape.channels}};
+      if (o_.stream) out += Event(start);
+    }
+    if (o_.stream && !c.rows.empty()) {
+      const int64_t row_bytes = info.shape.width * info.shape.channels;
+      for (const GenerateStream::Rows& r : c.rows) {
+        for (int64_t i = 0; i < r.num_rows; ++i) {
+          absl::StrAppend(&out, "data: {\"type\":\"row\",", ModelFields(), ",\"image\":", r.image,
+                          ",\"row\":", r.first_row + i, ",\"pixels\":[");
+          const uint8_t* p = r.pixels.data() + i * row_bytes;
+          for (int64_t x = 0; x < row_bytes; ++x) {
+            if (x > 0) out += ',';
+            absl::StrAppend(&out, static_cast<int>(p[x]));
+          }
+          out += "]}\n\n";
+        }
+      }
+    } else if (o_.stream) {
+      out += Event({{"type", "progress"},
+                    {"pixels_done", c.pixels_done},
+                    {"pixels_total", c.pixels_total},
+                    {"images_done", c.images_done},
+                    {"images_total", c.images_total},
+                    {"waiting", c.waiting}});
+    }
+    for (EncodedImage& im : images) {
+      Json j = {{"type", "image"},
+                {"model_name", model().name()},
+                {"model_version", std::to_string(info.version)},
+                {"image", im.image},
+                {"seed", im.seed},
+                {"png", absl::Base64Escape(im.png)},
+                {"flops_executed", model().flops().executed_flops * n},
+                {"flops_dense_equivalent", model().flops().dense_equivalent_flops * n}};
+      if (o_.stream) {
+        out += Event(j);
+      } else {
+        j.erase("type");
+        j.erase("model_name");
+        j.erase("model_version");
+        document_images_.push_back(std::move(j));
+      }
+    }
+    if (c.has_summary) {
+      const GenerateStream::Summary& s = c.summary;
+      Json done = {{"type", "done"},
+                   {"done", true},
+                   {"model_name", model().name()},
+                   {"model_version", std::to_string(info.version)},
+                   {"images", s.images},
+                   {"pixels_generated", s.pixels_generated},
+                   {"seconds", s.seconds},
+                   {"seconds_to_first_pixel", s.seconds_to_first_pixel},
+                   {"seed", s.seed},
+                   {"flops_executed", s.flops_executed},
+                   {"flops_dense_equivalent", s.flops_dense_equivalent}};
+      if (o_.stream) {
+        out += Event(done);
+      } else {
+        done.erase("type");
+        document_.update(done);
+      }
+    }
+    if (!o_.stream) {
+      if (c.first) {
+        start.erase("type");
+        document_.update(start);
+      }
+      WriteDone(true);  // kept until the call ends
+      return;
+    }
+    HttpExchange* ex = reply_.exchange();
+    if (!started_.exchange(true)) {
+      HttpHeaders headers = reply_.echo();
+      headers.emplace_back("Content-Type", "text/event-stream");
+      headers.emplace_back("Cache-Control", "no-cache");
+      headers.emplace_back("X-Accel-Buffering", "no");
+      ex->StartStream(200, std::move(headers), {": ping\n\n", o_.ping_ms});
+    }
+    ex->Send(std::move(out));
+    // The HTTP server writes in order and drops a client that stops reading (its write
+    // timeout); one that reads too slowly for the stream is dropped here.
+    WriteDone(!ex->Gone() && ex->Backlog() <= o_.max_backlog_bytes);
+  }
+
+  void EndCall(const grpc::Status& st) override {
+    HttpExchange* ex = reply_.exchange();
+    if (!started_.load()) {  // nothing sent yet: a plain answer
+      if (st.ok()) {
+        document_["images"] = std::move(document_images_);
+        reply_.ok_body_ = DumpJson(document_);
+      } else if (ex->Gone()) {
+        reply_.override_status_ = 499;  // nobody reads it
+      }
+      reply_.Finish(st);
+      return;
+    }
+    if (!st.ok()) {
+      Json e = {{"type", "error"},
+                {"error", st.error_message()},
+                {"code", GrpcCodeName(st.error_code())},
+                {"status", HttpStatus(st.error_code())}};
+      ex->Send(absl::StrCat("event: error\n", Event(e)));
+    }
+    ex->End();
+  }
+
+  const HttpGenerateOptions o_;
+  RestReply reply_;
+  int64_t passes_ = 1;
+  std::atomic<bool> started_{false};  // the stream's head was sent
+  std::string model_fields_;          // the reply pool's, one flush at a time
+  Json document_ = Json::object();    // /generate: the answer, built chunk by chunk
+  std::vector<Json> document_images_;
+};
+
+}  // namespace
+
+void StartHttpGeneration(const FrontEndContext* edge, const HttpRequest& request,
+                         std::shared_ptr<HttpExchange> exchange, const std::string& name,
+                         const std::string& version, const HttpGenerateOptions& options) {
+  auto call = std::make_shared<HttpGeneration>(edge, request, std::move(exchange), options);
+  call->Run(request, name, version);
+}
+
+}  // namespace krause::server

@@ -1,0 +1,84 @@
+// Generation over HTTP, after the generate extension of Triton and KServe (their convention for
+// streaming over Server-Sent Events), on the REST port:
+//   POST /v2/models/{model}[/versions/{v}]/generate_stream   text/event-stream, one event per row
+//   POST /v2/models/{model}[/versions/{v}]/generate          the same call answered as one JSON
+// The body is a JSON object with krause.v1 GenerateRequest's settings under the same names (each
+// optional): num_images, seed, temperature, top_p, top_k, guidance, label or class_index,
+// prompt_png (a base64 PNG, a data: URL too) with prompt_rows, update_interval_ms, stream_rows,
+// first_image, and timeout (microseconds, as the infer's `timeout` parameter). They may also sit
+// in a "parameters" object. The same defaults, limits and seeds as krause.v1's Generate apply
+// (core/operations.h), so the same settings give the same bytes.
+//
+// The stream: `data: {json}` events, each with a "type":
+//   start   model_name, model_version, seed, first_image, num_images, height, width, channels
+//   row     model_name, model_version, image, row, pixels (the row's subpixels, HWC order)
+//   progress  pixels_done, pixels_total, images_done, images_total, waiting (with stream_rows
+//           false only: the rows are the progress otherwise)
+//   image   model_name, model_version, image, seed, png (base64), flops_executed,
+//           flops_dense_equivalent (the image's own)
+//   done    "done": true, model_name, model_version, images, pixels_generated, seconds,
+//           seconds_to_first_pixel, seed, flops_executed, flops_dense_equivalent (the call's)
+// and, for a failure after the stream began, `event: error` with data {"type": "error",
+// "error": message, "code": the gRPC code's name, "status": its HTTP status}, then the end.
+// Before the stream (bad input, an unknown model, a refusal) the answer is the REST API's JSON
+// error with its HTTP status. `: ping` comments keep an idle stream open through proxies. A
+// client that leaves cancels its images at the next decode step.
+// Thread-safety: StartHttpGeneration on a loop thread; the rest runs on the reply pool.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "server/core/operations.h"
+#include "server/core/served_model.h"
+#include "server/edge/front_end.h"
+#include "server/edge/http_server.h"
+
+namespace krause::server {
+namespace oip {
+
+// A generate body as read, before any model is known: types and ranges checked, unknown names
+// refused (InvalidArgument naming the field and what it must be).
+struct GenerateBody {
+  int64_t num_images = 0;  // 0: 1
+  std::optional<uint64_t> seed;
+  std::optional<double> temperature, top_p, guidance;
+  std::optional<int64_t> top_k;
+  std::optional<std::string> label;
+  std::optional<int64_t> class_index;
+  std::optional<std::string> prompt_png;  // the PNG's bytes
+  int64_t prompt_rows = 0;
+  int64_t update_interval_ms = 0;  // 0: 100
+  std::optional<bool> stream_rows;
+  uint64_t first_image = 0;
+  int64_t timeout_us = 0;  // 0: the server's deadline
+};
+absl::StatusOr<GenerateBody> ParseGenerateBody(std::string_view json);
+
+// The body against `model`: the plan and the stream's settings, as krause.v1's ParseGenerate
+// makes them from the same settings.
+absl::StatusOr<ParsedGenerate> ResolveGenerateBody(const GenerateBody& body,
+                                                   const ServedModel& model,
+                                                   const FaultHook& fault);
+
+}  // namespace oip
+
+struct HttpGenerateOptions {
+  bool stream = true;            // generate_stream (SSE); false: generate (one JSON)
+  int ping_ms = 15000;           // a `: ping` comment after this long without events
+  int64_t deadline_ms = 600000;  // the call's deadline unless its timeout is nearer
+  int64_t max_backlog_bytes = int64_t{16} << 20;  // a client this far behind is dropped
+};
+
+// Enters the gate, reads the body and submits the images of model `name` (version `version`,
+// "": the newest); answers the error itself when any step fails, else streams (or collects) the
+// images until the call ends.
+void StartHttpGeneration(const FrontEndContext* edge, const HttpRequest& request,
+                         std::shared_ptr<HttpExchange> exchange, const std::string& name,
+                         const std::string& version, const HttpGenerateOptions& options);
+
+}  // namespace krause::server

@@ -1,0 +1,77 @@
+// A REST call's reply, shared by the REST handlers (oip_http.cc) and the HTTP generation
+// (oip_generate.cc): the caller's X-Request-Id and traceparent echoed, a success body, or an
+// error as {"error": ...} with the HTTP status of its code.
+// Thread-safety: one call's reply is used by one thread at a time.
+#pragma once
+
+#include <grpcpp/support/status.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "server/edge/call_book.h"
+#include "server/edge/http_server.h"
+#include "server/edge/status.h"
+#include "server/oip/oip_json.h"
+
+namespace krause::server {
+
+inline void SendJson(HttpExchange* ex, int status, std::string body, HttpHeaders headers = {}) {
+  headers.emplace_back("Content-Type", "application/json");
+  ex->Reply({status, std::move(headers), std::move(body)});
+}
+
+// One REST call, as CallBook sees it: Finish(status) writes the reply (the success body set
+// before, or {"error": ...} with the code's HTTP status, or `override_status` when set).
+class RestReply {
+ public:
+  RestReply(const HttpRequest& request, std::shared_ptr<HttpExchange> exchange)
+      : exchange_(std::move(exchange)) {
+    for (const char* key : {"X-Request-Id", "traceparent"}) {
+      std::string v(request.Header(key).substr(0, 256));
+      if (!v.empty()) echo_.emplace_back(key, std::move(v));
+    }
+  }
+  void Finish(const grpc::Status& st) {
+    if (st.ok()) {
+      SendJson(exchange_.get(), 200, std::move(ok_body_), echo_);
+      return;
+    }
+    auto headers = echo_;
+    if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED)
+      headers.emplace_back("WWW-Authenticate", "Bearer");
+    const int http = override_status_ != 0 ? override_status_ : HttpStatus(st.error_code());
+    SendJson(exchange_.get(), http, oip::ErrorJson(st.error_message()), std::move(headers));
+  }
+  std::string request_id() const {
+    for (const auto& [k, v] : echo_)
+      if (k[0] == 'X') return v;
+    return "";
+  }
+  std::string traceparent() const {
+    for (const auto& [k, v] : echo_)
+      if (k[0] == 't') return v;
+    return "";
+  }
+  HttpExchange* exchange() const { return exchange_.get(); }
+  const HttpHeaders& echo() const { return echo_; }
+  std::string ok_body_;
+  int override_status_ = 0;
+
+ private:
+  std::shared_ptr<HttpExchange> exchange_;
+  HttpHeaders echo_;
+};
+
+// Enters the gate for a REST call: its bearer token, the ids it echoes, its peer.
+inline absl::Status EnterRest(CallBook& book, const HttpRequest& request, const RestReply& reply) {
+  std::optional<std::string_view> authorization;
+  const std::string_view auth = request.Header("Authorization");
+  if (!auth.empty()) authorization = auth;
+  return book.Enter(authorization, reply.request_id(), reply.traceparent(), request.peer);
+}
+
+}  // namespace krause::server
