@@ -27,8 +27,9 @@ BUILD_PACKAGES=(
   libpng-dev zlib1g-dev
   # JSON (safetensors headers, model configs, reports)
   nlohmann-json3-dev
-  # Boost.Beast and Asio (header-only): the event-driven HTTP server (server/edge/http_server.h)
-  libboost-dev
+  # Boost.Beast and Asio (header-only): the event-driven HTTP server (server/edge/http_server.h),
+  # and OpenSSL for its HTTPS
+  libboost-dev libssl-dev
 )
 # Configuring the tree (tests/CMakeLists.txt: find_package(GTest REQUIRED)).
 CONFIGURE_PACKAGES=(libgtest-dev libgmock-dev)

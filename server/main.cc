@@ -85,6 +85,13 @@ ABSL_FLAG(int, http_timeout_ms, kDefaults.http_timeout_ms,
 ABSL_FLAG(double, http_deadline_seconds, kDefaults.http_deadline_seconds,
           "REST: an inference ends with 504 (its work stopped) after this many seconds unless its "
           "request's `timeout` parameter (microseconds) says sooner; 0: no default deadline");
+ABSL_FLAG(bool, http_plaintext, kDefaults.http_plaintext,
+          "REST: serve plain HTTP even with --tls_cert (tokens and images then cross the "
+          "network unencrypted; the log says so). Without it, --tls_cert makes the REST port "
+          "HTTPS only");
+ABSL_FLAG(int, http_stream_ping_ms, kDefaults.http_stream_ping_ms,
+          "REST: a generate_stream that has sent nothing for this many milliseconds sends a "
+          "': ping' comment, so that proxies keep it open (100 to 3600000)");
 ABSL_FLAG(std::string, metrics_tokens, "",
           "file of bearer tokens, one per line: scrapes need 'Authorization: Bearer <token>' "
           "(separate from --auth_tokens)");
@@ -166,6 +173,8 @@ int main(int argc, char** argv) {
   o.http_threads = absl::GetFlag(FLAGS_http_threads);
   o.http_timeout_ms = absl::GetFlag(FLAGS_http_timeout_ms);
   o.http_deadline_seconds = absl::GetFlag(FLAGS_http_deadline_seconds);
+  o.http_plaintext = absl::GetFlag(FLAGS_http_plaintext);
+  o.http_stream_ping_ms = absl::GetFlag(FLAGS_http_stream_ping_ms);
   o.quiet = absl::GetFlag(FLAGS_quiet);
   if (auto mode = krause::server::ParseKernelCheckMode(absl::GetFlag(FLAGS_kernel_check));
       mode.ok()) {

@@ -29,24 +29,36 @@ absl::StatusOr<std::string> ReadFlagFile(const std::string& path, const char* fl
   return bytes;
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const ServerOptions& o) {
+// The TLS flags' files, read once for both ports (nullopt: no TLS).
+absl::StatusOr<std::optional<HttpTls>> TlsFiles(const ServerOptions& o) {
   if (o.tls_cert.empty() != o.tls_key.empty())
     return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
   if (o.tls_cert.empty()) {
     if (!o.tls_client_ca.empty())
       return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
-    return grpc::InsecureServerCredentials();
+    return std::nullopt;
   }
+  HttpTls tls;
   auto cert = ReadFlagFile(o.tls_cert, "--tls_cert");
   if (!cert.ok()) return cert.status();
+  tls.cert_pem = *std::move(cert);
   auto key = ReadFlagFile(o.tls_key, "--tls_key");
   if (!key.ok()) return key.status();
-  grpc::SslServerCredentialsOptions ssl;
-  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  tls.key_pem = *std::move(key);
   if (!o.tls_client_ca.empty()) {
     auto ca = ReadFlagFile(o.tls_client_ca, "--tls_client_ca");
     if (!ca.ok()) return ca.status();
-    ssl.pem_root_certs = *ca;
+    tls.client_ca_pem = *std::move(ca);
+  }
+  return tls;
+}
+
+std::shared_ptr<grpc::ServerCredentials> Credentials(const std::optional<HttpTls>& tls) {
+  if (!tls) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({tls->key_pem, tls->cert_pem});
+  if (!tls->client_ca_pem.empty()) {
+    ssl.pem_root_certs = tls->client_ca_pem;
     ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   return grpc::SslServerCredentials(ssl);
@@ -116,8 +128,9 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
     (serving ? s->gate_.SetTokens(std::move(*tokens))
              : s->gate_.SetAdminTokens(std::move(*tokens)));
   }
-  auto creds = Credentials(options);
-  if (!creds.ok()) return creds.status();
+  auto tls = TlsFiles(options);
+  if (!tls.ok()) return tls.status();
+  const std::shared_ptr<grpc::ServerCredentials> creds = Credentials(*tls);
 
   std::set<std::string> metrics_tokens;
   if (!options.metrics_tokens_file.empty()) {
@@ -166,7 +179,7 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   s->service_ = std::make_unique<KrauseService>(&s->edge_);
   s->oip_service_ = std::make_unique<OipService>(&s->edge_);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, *creds, &s->port_);
+  builder.AddListeningPort(options.listen, creds, &s->port_);
   builder.RegisterService(s->service_.get());
   builder.RegisterService(s->oip_service_.get());
   // A second server on the same port must fail, not silently share it (gRPC's default on Linux).
@@ -192,11 +205,13 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   if (!s->server_ || s->port_ == 0)
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   if (!(options.http_threads >= 1 && options.http_threads <= 64) ||
-      !(options.http_timeout_ms >= 1 && options.http_timeout_ms <= 3600000)) {
+      !(options.http_timeout_ms >= 1 && options.http_timeout_ms <= 3600000) ||
+      !(options.http_stream_ping_ms >= 100 && options.http_stream_ping_ms <= 3600000)) {
     s->server_->Shutdown(std::chrono::system_clock::now());
     return absl::InvalidArgumentError(absl::StrCat(
-        "--http_threads must be in [1, 64] and --http_timeout_ms in [1, 3600000], got ",
-        options.http_threads, " and ", options.http_timeout_ms));
+        "--http_threads must be in [1, 64], --http_timeout_ms in [1, 3600000] and "
+        "--http_stream_ping_ms in [100, 3600000], got ",
+        options.http_threads, ", ", options.http_timeout_ms, " and ", options.http_stream_ping_ms));
   }
   grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
   health->SetServingStatus(false);
@@ -210,6 +225,8 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
     ho.max_body_bytes = options.max_message_bytes;
     ho.deadline_ms =
         static_cast<int64_t>(std::clamp(options.http_deadline_seconds, 0.0, 1e7) * 1e3);
+    ho.stream_ping_ms = options.http_stream_ping_ms;
+    if (!options.http_plaintext) ho.tls = *tls;
     auto http = OipHttp::Start(ho, &s->edge_);
     if (!http.ok()) {
       s->server_->Shutdown(std::chrono::system_clock::now());
@@ -218,12 +235,21 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
     }
     s->http_ = std::move(*http);
   }
-  s->Log(absl::StrCat("listening on port ", s->port_, options.tls_cert.empty() ? "" : " (TLS)",
-                      s->http_ ? absl::StrCat(", REST (v2) on port ", s->http_->port()) : "",
-                      s->metrics_port_ ? absl::StrCat(", /metrics on port ", s->metrics_port_) : "",
-                      "; loading ",
-                      repository ? "the repository " + options.models_dir
-                                 : absl::StrCat(specs->size(), " model(s)")));
+  s->Log(absl::StrCat(
+      "listening on port ", s->port_, options.tls_cert.empty() ? "" : " (TLS)",
+      s->http_ ? absl::StrCat(", REST (v2) on port ", s->http_->port(),
+                              !tls->has_value()        ? ""
+                              : options.http_plaintext ? " (plain HTTP: --http_plaintext)"
+                                                       : " (HTTPS)")
+               : "",
+      s->metrics_port_ ? absl::StrCat(", /metrics on port ", s->metrics_port_) : "", "; loading ",
+      repository ? "the repository " + options.models_dir
+                 : absl::StrCat(specs->size(), " model(s)")));
+
+  if (s->http_ && tls->has_value() && options.http_plaintext)
+    s->Log(absl::StrCat("warning: --http_plaintext: REST on port ", s->http_->port(),
+                        " serves plain HTTP although TLS is on; bearer tokens and images cross "
+                        "the network unencrypted"));
 
   if (repository) {
     // Model control loads the repository's policy versions (and later changes them).

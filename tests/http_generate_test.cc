@@ -1,7 +1,7 @@
 // Generation over HTTP (server/oip/oip_generate.h) against krause.v1's Generate: the same seed and
 // settings give the same rows and PNG bytes (plain, guided, completion); a client that leaves
 // frees its cache slots; a failure mid-stream is an `event: error`; bad input is a 4xx JSON
-// error before any stream.
+// error before any stream. With the TLS flags the REST port is HTTPS only.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,6 +12,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_split.h"
+#include "https_client.h"
 #include "server_test.h"
 
 namespace krause::testing {
@@ -318,6 +319,64 @@ TEST_F(HttpGenerateTest, BadInputIsA4xxBeforeTheStream) {
   const SseReply get = ReadEvents(fd);
   close(fd);
   EXPECT_NE(get.head.find(" 405 "), std::string::npos) << get.head;
+}
+
+// With --tls_cert/--tls_key the REST port serves HTTPS (with the token) and gives a plain-HTTP
+// request no answer, so a token sent in clear is never read; with --tls_client_ca a client
+// without a certificate gets nothing; --http_plaintext serves plain HTTP anyway.
+TEST_F(HttpGenerateTest, RestIsHttpsOnlyWithTheTlsFlags) {
+  server_->Shutdown();
+  const std::string certs = models_.dir + "/certs";
+  std::filesystem::create_directories(certs);
+  const std::string script = std::string(KRAUSE_SOURCE_DIR) + "/tests/make_test_certs.sh";
+  ASSERT_EQ(std::system(("sh " + script + " " + certs).c_str()), 0) << "openssl failed";
+  WriteText(models_.dir + "/tokens", "secret\n");
+  server::ServerOptions o = LoopbackOptions(models_.manifest);
+  o.http_listen = "127.0.0.1:0";
+  o.tls_cert = certs + "/server.pem";
+  o.tls_key = certs + "/server.key";
+  o.auth_tokens_file = models_.dir + "/tokens";
+  StartServer(o);
+  const std::string get =
+      "GET /v2/models/karm HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\n"
+      "Connection: close\r\n\r\n";
+  const auto https = HttpsRequest(server_->http_port(), get, certs + "/ca.pem");
+  ASSERT_TRUE(https.handshake_ok) << https.error;
+  EXPECT_NE(https.received.find("HTTP/1.1 200"), std::string::npos) << https.received;
+  EXPECT_NE(https.received.find("\"name\":\"karm\""), std::string::npos) << https.received;
+  const int fd = SendHttp(server_->http_port(), get);
+  ASSERT_GE(fd, 0);
+  const std::string plain = ReadAll(fd);
+  close(fd);
+  EXPECT_EQ(plain, "") << "plain HTTP to the HTTPS port must get no answer";
+  // A streamed generation over HTTPS.
+  const std::string body = R"({"seed": 3})";
+  const auto stream = HttpsRequest(
+      server_->http_port(),
+      "POST /v2/models/karm/generate_stream HTTP/1.0\r\nAuthorization: Bearer secret\r\n"
+      "Content-Length: " +
+          std::to_string(body.size()) + "\r\n\r\n" + body,
+      certs + "/ca.pem");
+  EXPECT_NE(stream.received.find("\"type\":\"done\""), std::string::npos) << stream.received;
+  server_->Shutdown();
+
+  o.tls_client_ca = certs + "/ca.pem";
+  StartServer(o);
+  const auto without = HttpsRequest(server_->http_port(), get, certs + "/ca.pem");
+  EXPECT_EQ(without.received.find("HTTP/"), std::string::npos) << without.received;
+  const auto with = HttpsRequest(server_->http_port(), get, certs + "/ca.pem",
+                                 certs + "/client.pem", certs + "/client.key");
+  EXPECT_NE(with.received.find("HTTP/1.1 200"), std::string::npos) << with.error;
+  server_->Shutdown();
+
+  o.tls_client_ca = "";
+  o.http_plaintext = true;
+  StartServer(o);
+  const int fd2 = SendHttp(server_->http_port(), get);
+  ASSERT_GE(fd2, 0);
+  const std::string allowed = ReadAll(fd2);
+  close(fd2);
+  EXPECT_NE(allowed.find("HTTP/1.1 200"), std::string::npos) << allowed;
 }
 
 }  // namespace

@@ -125,6 +125,11 @@ struct ServerOptions {
   int http_timeout_ms = 5000;  // REST: to read a request (headers and body) and write a reply
   // REST: an inference's deadline when its request sets no `timeout` parameter; 0: none.
   double http_deadline_seconds = 600;
+  // REST with tls_cert/tls_key: HTTPS (the same certificate; client certificates with
+  // tls_client_ca). http_plaintext serves plain HTTP there anyway (logged as such).
+  bool http_plaintext = false;
+  // REST: a `: ping` comment on a generate_stream that has sent nothing for this long.
+  int http_stream_ping_ms = 15000;
   // One JSON line per finished call (server/edge/request_log.h) to this file, "-" for stderr;
   // empty: none.
   std::string request_log;

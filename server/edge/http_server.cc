@@ -5,6 +5,7 @@
 #include <array>
 #include <atomic>
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cerrno>
@@ -14,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <type_traits>
 #include <unordered_set>
 
 #include "absl/strings/ascii.h"
@@ -34,6 +36,7 @@ class Session;
 // What the server, its sessions and the exchanges that may outlive it share.
 struct Shared {
   HttpServerOptions options;
+  std::unique_ptr<net::ssl::context> tls;  // set: every connection is HTTPS
   HttpHandler handler;
   std::mutex mu;
   bool stopped = false;                                   // guarded by mu
@@ -46,25 +49,18 @@ enum class Deadline { kNone, kFirstBytes, kHeader, kBody, kWrite, kLinger };
 
 class Exchange;
 
+// A connection, whatever carries it (plain TCP or TLS): what the exchanges and the server
+// reach it by.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, std::shared_ptr<Shared> shared)
-      : socket_(std::move(socket)),
-        timer_(socket_.get_executor()),
-        ping_timer_(socket_.get_executor()),
-        shared_(std::move(shared)) {}
-
-  void Start() {
-    error_code ec;
-    const tcp::endpoint peer = socket_.remote_endpoint(ec);
-    if (!ec) {
-      peer_ = peer.address().is_v6()
-                  ? absl::StrCat("ipv6:[", peer.address().to_string(), "]:", peer.port())
-                  : absl::StrCat("ipv4:", peer.address().to_string(), ":", peer.port());
-    }
-    socket_.set_option(tcp::no_delay(true), ec);
-    net::post(socket_.get_executor(), [self = shared_from_this()] { self->WaitForBytes(true); });
-  }
+  virtual ~Session() = default;
+  virtual void Start() = 0;
+  // Called from Exchange on the strand.
+  virtual void WriteReply(HttpResponse response) = 0;
+  virtual void WriteStreamHead(int status, HttpHeaders headers, StreamKeepAlive keep_alive) = 0;
+  virtual void QueuePiece(std::string piece) = 0;
+  virtual void QueueEnd() = 0;
+  virtual net::any_io_executor executor() = 0;
 
   // Runs `fn(session)` on the session's strand unless the server has stopped. The session is
   // taken from `weak` under the server's lock, and handed to the io_context with the work: no
@@ -76,18 +72,51 @@ class Session : public std::enable_shared_from_this<Session> {
     if (shared.stopped) return;
     std::shared_ptr<Session> s = weak.lock();
     if (!s) return;
-    auto executor = s->socket_.get_executor();
+    auto executor = s->executor();
     net::post(executor, [s = std::move(s), fn = std::move(fn)]() mutable { fn(*s); });
   }
+};
 
-  // Called from Exchange on the strand.
-  void WriteReply(HttpResponse response);
-  void WriteStreamHead(int status, HttpHeaders headers, StreamKeepAlive keep_alive);
-  void QueuePiece(std::string piece);
-  void QueueEnd();
+// A session over `Stream`: tcp::socket (HTTP) or ssl::stream<tcp::socket> (HTTPS, which shakes
+// hands before the first request).
+template <class Stream>
+class StreamSession final : public Session {
+ public:
+  static constexpr bool kTls = !std::is_same_v<Stream, tcp::socket>;
+
+  StreamSession(Stream stream, std::shared_ptr<Shared> shared)
+      : stream_(std::move(stream)),
+        timer_(stream_.get_executor()),
+        ping_timer_(stream_.get_executor()),
+        shared_(std::move(shared)) {}
+
+  void Start() override {
+    error_code ec;
+    const tcp::endpoint peer = Socket().remote_endpoint(ec);
+    if (!ec) {
+      peer_ = peer.address().is_v6()
+                  ? absl::StrCat("ipv6:[", peer.address().to_string(), "]:", peer.port())
+                  : absl::StrCat("ipv4:", peer.address().to_string(), ":", peer.port());
+    }
+    Socket().set_option(tcp::no_delay(true), ec);
+    net::post(stream_.get_executor(), [self = Self()] { self->Handshake(); });
+  }
+  net::any_io_executor executor() override { return stream_.get_executor(); }
+
+  void WriteReply(HttpResponse response) override;
+  void WriteStreamHead(int status, HttpHeaders headers, StreamKeepAlive keep_alive) override;
+  void QueuePiece(std::string piece) override;
+  void QueueEnd() override;
   void Close();
 
  private:
+  std::shared_ptr<StreamSession> Self() {
+    return std::static_pointer_cast<StreamSession>(shared_from_this());
+  }
+  tcp::socket& Socket() { return beast::get_lowest_layer(stream_); }
+  // TLS: the handshake, within the header timeout (a client that sends plain HTTP fails it and
+  // gets no answer); then, as for plain HTTP, the first request.
+  void Handshake();
   // A connection with no request yet (first) or kept alive between requests: wait for its first
   // bytes (closed quietly if none come), then read the headers.
   void WaitForBytes(bool first);
@@ -112,7 +141,7 @@ class Session : public std::enable_shared_from_this<Session> {
     timer_.cancel();
   }
 
-  tcp::socket socket_;
+  Stream stream_;
   net::steady_timer timer_;
   net::steady_timer ping_timer_;  // a stream's keep-alive
   std::shared_ptr<Shared> shared_;
@@ -223,24 +252,43 @@ std::string ErrorBody(const std::string& why) {
   return absl::StrCat("{\"error\":\"", escaped, "\"}");
 }
 
-void Session::Arm(int ms, Deadline what) {
+template <class Stream>
+void StreamSession<Stream>::Arm(int ms, Deadline what) {
   expired_ = Deadline::kNone;
   const uint64_t generation = ++arm_generation_;
   timer_.expires_after(std::chrono::milliseconds(ms));
   // An expiry already queued when the timer was re-armed carries an old generation: ignored.
-  timer_.async_wait([self = shared_from_this(), what, generation](error_code ec) {
+  timer_.async_wait([self = Self(), what, generation](error_code ec) {
     if (ec || generation != self->arm_generation_ || self->closed_) return;
     self->expired_ = what;
     if (what == Deadline::kWrite) {
       self->Close();  // a client that does not read: dropped
     } else {
       error_code ignored;
-      self->socket_.cancel(ignored);  // the read completes with operation_aborted
+      self->Socket().cancel(ignored);  // the read completes with operation_aborted
     }
   });
 }
 
-void Session::WaitForBytes(bool first) {
+template <class Stream>
+void StreamSession<Stream>::Handshake() {
+  if constexpr (!kTls) {
+    WaitForBytes(true);
+  } else {
+    Arm(shared_->options.header_timeout_ms, Deadline::kFirstBytes);
+    stream_.async_handshake(net::ssl::stream_base::server, [self = Self()](error_code ec) {
+      self->Disarm();
+      if (ec) {
+        self->Close();  // not TLS (plain HTTP gets no answer), no client certificate, too slow
+        return;
+      }
+      self->WaitForBytes(true);
+    });
+  }
+}
+
+template <class Stream>
+void StreamSession<Stream>::WaitForBytes(bool first) {
   if (closed_) return;
   if (buffer_.size() > 0) {  // a pipelined request is here already
     ReadHeader();
@@ -248,33 +296,33 @@ void Session::WaitForBytes(bool first) {
   }
   const HttpServerOptions& o = shared_->options;
   Arm(first ? o.header_timeout_ms : o.idle_timeout_ms, Deadline::kFirstBytes);
-  socket_.async_read_some(
-      buffer_.prepare(4096), [self = shared_from_this()](error_code ec, size_t n) {
-        self->Disarm();
-        if (ec) {
-          self->Close();  // idle timeout or the client closed: nothing to answer
-          return;
-        }
-        self->buffer_.commit(n);
-        self->ReadHeader();
-      });
+  stream_.async_read_some(buffer_.prepare(4096), [self = Self()](error_code ec, size_t n) {
+    self->Disarm();
+    if (ec) {
+      self->Close();  // idle timeout or the client closed: nothing to answer
+      return;
+    }
+    self->buffer_.commit(n);
+    self->ReadHeader();
+  });
 }
 
-void Session::ReadHeader() {
+template <class Stream>
+void StreamSession<Stream>::ReadHeader() {
   parser_.emplace();
   parser_->header_limit(static_cast<uint32_t>(shared_->options.max_header_bytes));
   parser_->body_limit(static_cast<uint64_t>(shared_->options.max_body_bytes));
   Arm(shared_->options.header_timeout_ms, Deadline::kHeader);
-  http::async_read_header(socket_, buffer_, *parser_,
-                          [self = shared_from_this()](error_code ec, size_t) {
-                            self->Disarm();
-                            self->OnHeader(ec);
-                          });
+  http::async_read_header(stream_, buffer_, *parser_, [self = Self()](error_code ec, size_t) {
+    self->Disarm();
+    self->OnHeader(ec);
+  });
 }
 
 // A read of the request that failed, or whose deadline passed: the answer the client gets, if
 // any (408, 413, 431 or 400; a client that closed gets none). False when there was no error.
-bool Session::ReadFailed(error_code ec, Deadline phase) {
+template <class Stream>
+bool StreamSession<Stream>::ReadFailed(error_code ec, Deadline phase) {
   if (!ec) return false;
   const HttpServerOptions& o = shared_->options;
   if (ec == net::error::operation_aborted && expired_ == phase) {
@@ -298,7 +346,8 @@ bool Session::ReadFailed(error_code ec, Deadline phase) {
   return true;
 }
 
-void Session::OnHeader(error_code ec) {
+template <class Stream>
+void StreamSession<Stream>::OnHeader(error_code ec) {
   if (closed_ || ReadFailed(ec, Deadline::kHeader)) return;
   if (parser_->is_done()) {
     Dispatch();
@@ -308,34 +357,36 @@ void Session::OnHeader(error_code ec) {
   if (absl::EqualsIgnoreCase(std::string(head[http::field::expect]), "100-continue")) {
     static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
     Arm(shared_->options.write_timeout_ms, Deadline::kWrite);
-    net::async_write(socket_, net::buffer(kContinue),
-                     [self = shared_from_this()](error_code ec, size_t) {
-                       self->Disarm();
-                       if (ec) {
-                         self->Close();
-                         return;
-                       }
-                       self->ReadBody();
-                     });
+    net::async_write(stream_, net::buffer(kContinue), [self = Self()](error_code ec, size_t) {
+      self->Disarm();
+      if (ec) {
+        self->Close();
+        return;
+      }
+      self->ReadBody();
+    });
     return;
   }
   ReadBody();
 }
 
-void Session::ReadBody() {
+template <class Stream>
+void StreamSession<Stream>::ReadBody() {
   Arm(shared_->options.body_timeout_ms, Deadline::kBody);
-  http::async_read(socket_, buffer_, *parser_, [self = shared_from_this()](error_code ec, size_t) {
+  http::async_read(stream_, buffer_, *parser_, [self = Self()](error_code ec, size_t) {
     self->Disarm();
     self->OnBody(ec);
   });
 }
 
-void Session::OnBody(error_code ec) {
+template <class Stream>
+void StreamSession<Stream>::OnBody(error_code ec) {
   if (closed_ || ReadFailed(ec, Deadline::kBody)) return;
   Dispatch();
 }
 
-void Session::Dispatch() {
+template <class Stream>
+void StreamSession<Stream>::Dispatch() {
   http::request<http::string_body> msg = parser_->release();
   parser_.reset();
   keep_alive_ = msg.keep_alive();
@@ -370,18 +421,21 @@ void Session::Dispatch() {
 // While the request waits for (or streams) its answer, the socket is watched for the client's
 // end: readable with nothing to read is the peer's FIN (or an error its reset). Bytes from the
 // client (a pipelined request) end the watch; they are read after the answer.
-void Session::Watch() {
+template <class Stream>
+void StreamSession<Stream>::Watch() {
   watching_ = true;
   const uint64_t generation = ++watch_generation_;
-  socket_.async_wait(tcp::socket::wait_read, [self = shared_from_this(), generation](
-                                                 error_code ec) { self->OnWatch(ec, generation); });
+  Socket().async_wait(tcp::socket::wait_read, [self = Self(), generation](error_code ec) {
+    self->OnWatch(ec, generation);
+  });
 }
 
-void Session::OnWatch(error_code ec, uint64_t generation) {
+template <class Stream>
+void StreamSession<Stream>::OnWatch(error_code ec, uint64_t generation) {
   if (closed_ || generation != watch_generation_ || !watching_) return;
   if (ec) return;  // cancelled: the session is closing or moving on
   char byte;
-  const ssize_t n = ::recv(socket_.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  const ssize_t n = ::recv(Socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
   if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
     Gone();
     return;
@@ -393,12 +447,14 @@ void Session::OnWatch(error_code ec, uint64_t generation) {
   watching_ = false;  // a pipelined request: read after this answer
 }
 
-void Session::Gone() {
+template <class Stream>
+void StreamSession<Stream>::Gone() {
   if (current_) current_->MarkGone();
   Close();
 }
 
-void Session::Refuse(int status, const std::string& why) {
+template <class Stream>
+void StreamSession<Stream>::Refuse(int status, const std::string& why) {
   keep_alive_ = false;
   head_request_ = false;
   version_ = 11;
@@ -406,7 +462,8 @@ void Session::Refuse(int status, const std::string& why) {
   WriteReply({status, {{"Content-Type", "application/json"}}, ErrorBody(why)});
 }
 
-void Session::WriteReply(HttpResponse response) {
+template <class Stream>
+void StreamSession<Stream>::WriteReply(HttpResponse response) {
   if (closed_) return;
   reply_ = std::make_shared<http::response<http::string_body>>();
   reply_->version(version_);
@@ -420,7 +477,7 @@ void Session::WriteReply(HttpResponse response) {
     reply_->prepare_payload();
   }
   Arm(shared_->options.write_timeout_ms, Deadline::kWrite);
-  http::async_write(socket_, *reply_, [self = shared_from_this()](error_code ec, size_t) {
+  http::async_write(stream_, *reply_, [self = Self()](error_code ec, size_t) {
     self->Disarm();
     self->reply_.reset();
     if (ec) {
@@ -431,7 +488,8 @@ void Session::WriteReply(HttpResponse response) {
   });
 }
 
-void Session::AfterAnswer() {
+template <class Stream>
+void StreamSession<Stream>::AfterAnswer() {
   ++ping_generation_;
   ping_timer_.cancel();
   if (current_) current_->MarkEnded();
@@ -440,7 +498,7 @@ void Session::AfterAnswer() {
   ++watch_generation_;
   if (!keep_alive_) {
     error_code ignored;
-    socket_.shutdown(tcp::socket::shutdown_send, ignored);
+    Socket().shutdown(tcp::socket::shutdown_send, ignored);
     Linger();
     return;
   }
@@ -452,26 +510,29 @@ void Session::AfterAnswer() {
 // client still sends is read and dropped until it closes, for at most kLingerMs. Closing at once
 // would make the kernel reset the connection when more bytes arrive, and a client still sending
 // would see "connection reset" instead of the answer.
-void Session::Linger() {
+template <class Stream>
+void StreamSession<Stream>::Linger() {
   constexpr int kLingerMs = 2000;
   if (closed_) return;
   Arm(kLingerMs, Deadline::kLinger);
   DrainUntilClosed();
 }
 
-void Session::DrainUntilClosed() {
-  socket_.async_read_some(net::buffer(scratch_),
-                          [self = shared_from_this()](error_code ec, size_t) {
-                            if (ec || self->closed_) {
-                              self->Disarm();
-                              self->Close();
-                              return;
-                            }
-                            self->DrainUntilClosed();
-                          });
+template <class Stream>
+void StreamSession<Stream>::DrainUntilClosed() {
+  Socket().async_read_some(net::buffer(scratch_), [self = Self()](error_code ec, size_t) {
+    if (ec || self->closed_) {
+      self->Disarm();
+      self->Close();
+      return;
+    }
+    self->DrainUntilClosed();
+  });
 }
 
-void Session::WriteStreamHead(int status, HttpHeaders headers, StreamKeepAlive keep_alive) {
+template <class Stream>
+void StreamSession<Stream>::WriteStreamHead(int status, HttpHeaders headers,
+                                            StreamKeepAlive keep_alive) {
   if (closed_) return;
   keep_alive_piece_ = std::move(keep_alive);
   stream_head_.emplace();
@@ -490,39 +551,41 @@ void Session::WriteStreamHead(int status, HttpHeaders headers, StreamKeepAlive k
   stream_serializer_.emplace(*stream_head_);
   writing_ = true;
   Arm(shared_->options.write_timeout_ms, Deadline::kWrite);
-  http::async_write_header(socket_, *stream_serializer_,
-                           [self = shared_from_this()](error_code ec, size_t) {
-                             self->Disarm();
-                             self->writing_ = false;
-                             if (ec) {
-                               self->Gone();
-                               return;
-                             }
-                             self->head_written_ = true;
-                             self->last_write_ = std::chrono::steady_clock::now();
-                             self->ArmPing();
-                             self->PumpStream();
-                           });
+  http::async_write_header(stream_, *stream_serializer_, [self = Self()](error_code ec, size_t) {
+    self->Disarm();
+    self->writing_ = false;
+    if (ec) {
+      self->Gone();
+      return;
+    }
+    self->head_written_ = true;
+    self->last_write_ = std::chrono::steady_clock::now();
+    self->ArmPing();
+    self->PumpStream();
+  });
 }
 
-void Session::QueuePiece(std::string piece) {
+template <class Stream>
+void StreamSession<Stream>::QueuePiece(std::string piece) {
   if (closed_) return;
   pieces_.push_back(std::move(piece));
   PumpStream();
 }
 
-void Session::QueueEnd() {
+template <class Stream>
+void StreamSession<Stream>::QueueEnd() {
   if (closed_) return;
   ending_ = true;
   PumpStream();
 }
 
-void Session::PumpStream() {
+template <class Stream>
+void StreamSession<Stream>::PumpStream() {
   if (closed_ || writing_ || !head_written_) return;
   if (!pieces_.empty()) {
     writing_ = true;
     Arm(shared_->options.write_timeout_ms, Deadline::kWrite);
-    auto done = [self = shared_from_this()](error_code ec, size_t) {
+    auto done = [self = Self()](error_code ec, size_t) {
       self->Disarm();
       self->writing_ = false;
       if (self->closed_) return;  // pieces_ stays as it was: the session is over
@@ -538,9 +601,9 @@ void Session::PumpStream() {
       self->PumpStream();
     };
     if (chunked_) {
-      net::async_write(socket_, http::make_chunk(net::buffer(pieces_.front())), std::move(done));
+      net::async_write(stream_, http::make_chunk(net::buffer(pieces_.front())), std::move(done));
     } else {
-      net::async_write(socket_, net::buffer(pieces_.front()), std::move(done));
+      net::async_write(stream_, net::buffer(pieces_.front()), std::move(done));
     }
     return;
   }
@@ -552,7 +615,7 @@ void Session::PumpStream() {
   }
   writing_ = true;
   Arm(shared_->options.write_timeout_ms, Deadline::kWrite);
-  net::async_write(socket_, last_chunk_, [self = shared_from_this()](error_code ec, size_t) {
+  net::async_write(stream_, last_chunk_, [self = Self()](error_code ec, size_t) {
     self->Disarm();
     self->writing_ = false;
     if (ec) {
@@ -567,7 +630,8 @@ void Session::PumpStream() {
 
 // While a stream with a keep-alive is open: its piece goes out whenever nothing has been
 // written for the interval (nothing queued, nothing being written).
-void Session::ArmPing() {
+template <class Stream>
+void StreamSession<Stream>::ArmPing() {
   const int ms = keep_alive_piece_.interval_ms;
   if (ms <= 0 || keep_alive_piece_.piece.empty() || closed_) return;
   const uint64_t generation = ++ping_generation_;
@@ -575,7 +639,7 @@ void Session::ArmPing() {
   auto due = last_write_ + std::chrono::milliseconds(ms);
   if (due <= now) due = now + std::chrono::milliseconds(ms);  // a write still going: later
   ping_timer_.expires_at(due);
-  ping_timer_.async_wait([self = shared_from_this(), generation](error_code ec) {
+  ping_timer_.async_wait([self = Self(), generation](error_code ec) {
     if (ec || self->closed_ || generation != self->ping_generation_) return;
     const auto idle = std::chrono::steady_clock::now() - self->last_write_;
     if (idle >= std::chrono::milliseconds(self->keep_alive_piece_.interval_ms) && !self->writing_ &&
@@ -589,7 +653,8 @@ void Session::ArmPing() {
   });
 }
 
-void Session::Close() {
+template <class Stream>
+void StreamSession<Stream>::Close() {
   if (closed_) return;
   closed_ = true;
   if (current_) current_->MarkGone();  // an answer that never ended: the client is gone to it
@@ -597,11 +662,33 @@ void Session::Close() {
   error_code ignored;
   timer_.cancel();
   ping_timer_.cancel();
-  socket_.close(ignored);  // pending operations complete with operation_aborted
+  Socket().close(ignored);  // pending operations complete with operation_aborted
   shared_->open.fetch_sub(1);
   std::shared_ptr<Session> self = shared_from_this();
   std::lock_guard<std::mutex> lock(shared_->mu);
   shared_->sessions.erase(self);
+}
+
+// The server's TLS: its certificate chain and key, TLS 1.2 or later, and with a client CA a
+// certificate it signed required of every client.
+absl::StatusOr<std::unique_ptr<net::ssl::context>> TlsContext(const HttpTls& tls) {
+  auto ctx = std::make_unique<net::ssl::context>(net::ssl::context::tls_server);
+  error_code ec;
+  ctx->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 |
+                       net::ssl::context::no_sslv3 | net::ssl::context::no_tlsv1 |
+                       net::ssl::context::no_tlsv1_1 | net::ssl::context::single_dh_use,
+                   ec);
+  if (!ec) ctx->use_certificate_chain(net::buffer(tls.cert_pem), ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("TLS certificate: ", ec.message()));
+  ctx->use_private_key(net::buffer(tls.key_pem), net::ssl::context::pem, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("TLS key: ", ec.message()));
+  if (!tls.client_ca_pem.empty()) {
+    ctx->add_certificate_authority(net::buffer(tls.client_ca_pem), ec);
+    if (ec) return absl::InvalidArgumentError(absl::StrCat("TLS client CA: ", ec.message()));
+    ctx->set_verify_mode(net::ssl::verify_peer | net::ssl::verify_fail_if_no_peer_cert, ec);
+    if (ec) return absl::InvalidArgumentError(absl::StrCat("TLS client CA: ", ec.message()));
+  }
+  return ctx;
 }
 
 // "host:port" to an endpoint.
@@ -655,7 +742,13 @@ struct HttpServer::Impl {
         });
         return;
       }
-      auto session = std::make_shared<Session>(std::move(socket), shared);
+      std::shared_ptr<Session> session;
+      if (shared->tls) {
+        session = std::make_shared<StreamSession<net::ssl::stream<tcp::socket>>>(
+            net::ssl::stream<tcp::socket>(std::move(socket), *shared->tls), shared);
+      } else {
+        session = std::make_shared<StreamSession<tcp::socket>>(std::move(socket), shared);
+      }
       {
         std::lock_guard<std::mutex> lock(shared->mu);
         if (shared->stopped) return;
@@ -680,6 +773,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
   auto impl = std::make_unique<Impl>();
   impl->shared->options = options;
   impl->shared->handler = std::move(handler);
+  if (options.tls) {
+    auto tls = TlsContext(*options.tls);
+    if (!tls.ok()) return tls.status();
+    impl->shared->tls = std::move(*tls);
+  }
   error_code ec;
   impl->acceptor.open(endpoint->protocol(), ec);
   if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);

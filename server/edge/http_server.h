@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -30,6 +31,12 @@
 #include "absl/status/statusor.h"
 
 namespace krause::server {
+
+// HTTPS: PEM texts. With a client CA, a client must present a certificate it signed.
+struct HttpTls {
+  std::string cert_pem, key_pem;
+  std::string client_ca_pem;  // empty: no client certificate asked
+};
 
 struct HttpServerOptions {
   // "host:port" (port 0: any free port; host empty or 0.0.0.0: every IPv4 interface; [::1]:p
@@ -42,6 +49,9 @@ struct HttpServerOptions {
   int write_timeout_ms = 10000;       // to write one answer, or one piece of a stream
   int max_header_bytes = 16 << 10;    // the request line and headers
   int64_t max_body_bytes = 64 << 20;  // a request's body
+  // Set: every connection is HTTPS (TLS 1.2 or later); a client that does not shake hands within
+  // header_timeout_ms, or sends plain HTTP, is closed without an answer.
+  std::optional<HttpTls> tls;
 };
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;

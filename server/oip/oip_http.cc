@@ -208,6 +208,7 @@ absl::StatusOr<std::unique_ptr<OipHttp>> OipHttp::Start(const OipHttpOptions& op
   so.write_timeout_ms = options.request_timeout_ms;
   so.idle_timeout_ms = options.keep_alive_timeout_ms;
   so.max_body_bytes = options.max_body_bytes;
+  so.tls = options.tls;
   Handler* handler = h->handler_.get();
   auto server = HttpServer::Start(so, [handler](HttpRequest r, std::shared_ptr<HttpExchange> ex) {
     handler->Serve(std::move(r), std::move(ex));

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -37,6 +38,7 @@ struct OipHttpOptions {
   int64_t max_body_bytes = 64 << 20;     // larger bodies: 413
   int64_t deadline_ms = 600000;          // an inference's deadline (0: none) unless it sets one
   int stream_ping_ms = 15000;            // a `: ping` comment on a generate_stream this idle
+  std::optional<HttpTls> tls;            // set: HTTPS only
 };
 
 class OipHttp {
