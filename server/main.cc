@@ -59,10 +59,12 @@ ABSL_FLAG(double, keepalive_seconds, kDefaults.keepalive_seconds,
           "ping idle client connections this often (0: off)");
 ABSL_FLAG(double, keepalive_timeout_seconds, kDefaults.keepalive_timeout_seconds,
           "drop a connection whose ping is not answered within this many seconds");
-ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain: serve TLS on the gRPC port and HTTPS only on the REST port "
+          "(with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
-          "PEM CA bundle: require client certificates signed by it (mutual TLS)");
+          "PEM CA bundle: require client certificates signed by it (mutual TLS, both ports)");
 ABSL_FLAG(std::string, auth_tokens, "",
           "file of bearer tokens, one per line: calls need 'authorization: Bearer <token>'");
 ABSL_FLAG(std::string, admin_tokens, "",
@@ -74,7 +76,8 @@ ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen,
           "by default, so that Prometheus can scrape the pod: use 127.0.0.1:9464 or "
           "--metrics_tokens to keep it private");
 ABSL_FLAG(std::string, http_listen, kDefaults.http_listen,
-          "address:port for the Open Inference Protocol's REST API (KServe v2: /v2/...; empty: "
+          "address:port for the Open Inference Protocol's REST API (KServe v2: /v2/..., and "
+          "generation streamed as Server-Sent Events: /v2/models/M/generate_stream; empty: "
           "off); the protocol's gRPC service is always on --listen");
 ABSL_FLAG(int, http_threads, kDefaults.http_threads,
           "REST: event-loop threads; together they hold every connection, idle, being read, "

@@ -208,6 +208,12 @@ TEST(HttpServer, SlowBodyGets408) {
 TEST(HttpServer, ABodyOverTheLimitGets413BeforeItIsSent) {
   HttpServerOptions o = Loopback();
   o.max_body_bytes = 1000;
+  std::mutex mu;
+  std::vector<HttpRefusal> refused;
+  o.on_refused = [&](const HttpRefusal& r) {
+    std::lock_guard<std::mutex> lock(mu);
+    refused.push_back(r);
+  };
   bool called = false;
   auto server = StartOrDie(o, [&](HttpRequest, std::shared_ptr<HttpExchange> ex) {
     called = true;
@@ -220,6 +226,14 @@ TEST(HttpServer, ABodyOverTheLimitGets413BeforeItIsSent) {
   EXPECT_NE(r.find("over the limit of 1000 bytes"), std::string::npos) << r;
   EXPECT_FALSE(called);
   close(fd);
+  // The refusal is told, with what it was for (to be counted and logged).
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0].status, 413);
+  EXPECT_EQ(refused[0].method, "POST");
+  EXPECT_EQ(refused[0].target, "/");
+  EXPECT_NE(refused[0].why.find("over the limit"), std::string::npos);
+  EXPECT_EQ(refused[0].peer.substr(0, 15), "ipv4:127.0.0.1:");
 }
 
 // A client that sends its whole oversized body anyway (as most HTTP libraries do) still reads

@@ -462,9 +462,17 @@ def run(oip, native, port, hport, mport, log_path):
           count("oip-grpc", code="INVALID_ARGUMENT") >= 9 and count("krause.v1", "Classify") >= 1,
           f"metrics: ModelInfer oip-grpc OK {count('oip-grpc')}, oip-rest OK {count('oip-rest')}, "
           f"oip-grpc INVALID_ARGUMENT {count('oip-grpc', code='INVALID_ARGUMENT')}")
+    # The requests the HTTP server refused itself (413 before the body, 408) count and log too.
+    check(count("oip-rest", code="RESOURCE_EXHAUSTED") >= 1 and
+          count("oip-rest", code="DEADLINE_EXCEEDED") >= 1,
+          f"metrics: REST refusals counted (413: {count('oip-rest', code='RESOURCE_EXHAUSTED')}, "
+          f"408: {count('oip-rest', code='DEADLINE_EXCEEDED')})")
     lines = [json.loads(l) for l in open(log_path) if l.strip()]
     check(any(l["rpc"] == "ModelInfer" and l["protocol"] == "oip-rest" and l["images"] == 6
               for l in lines), "request log: a REST ModelInfer with its protocol and images")
+    check(any(l["rpc"] == "ModelInfer" and l["protocol"] == "oip-rest" and
+              l["code"] == "RESOURCE_EXHAUSTED" and "127.0.0.1" in l["peer"] for l in lines),
+          "request log: the 413 refused by the HTTP server, with its peer")
 
     # Reflection (grpc.reflection.v1alpha), spoken by hand: list_services (field 7) = "".
     reflect = channel.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",

@@ -132,6 +132,11 @@ class CallBook {
     entered_ = st.ok();
     return st;
   }
+  // A call the HTTP server refused before it reached a handler (no gate, no token): only its
+  // client, for the request log.
+  void NoteRefused(std::string peer) {
+    if (log_ != nullptr) peer_ = std::move(peer);
+  }
   // The served model (and version) the call resolved. The book holds the reference until the
   // call is freed: a version replaced or unloaded meanwhile keeps serving this call.
   void set_model(std::shared_ptr<const ServedModel> m) {

@@ -55,13 +55,9 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(HttpEndpointOp
   std::unique_ptr<HttpEndpoint> e(new HttpEndpoint());
   e->options_ = std::move(options);
   e->handler_ = std::make_unique<Handler>(&e->options_);
-  HttpServerOptions so;
-  so.address = e->options_.address;
-  so.threads = e->options_.threads;
-  so.header_timeout_ms = e->options_.request_timeout_ms;
-  so.body_timeout_ms = e->options_.request_timeout_ms;
-  so.write_timeout_ms = e->options_.request_timeout_ms;
-  so.idle_timeout_ms = e->options_.request_timeout_ms;
+  HttpServerOptions so = HttpServerOptions::WithTimeouts(e->options_.address, e->options_.threads,
+                                                         e->options_.request_timeout_ms,
+                                                         e->options_.request_timeout_ms);
   so.max_body_bytes = 1 << 16;  // a scrape has no body
   const Handler* handler = e->handler_.get();
   auto server = HttpServer::Start(so, [handler](HttpRequest r, std::shared_ptr<HttpExchange> ex) {

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <deque>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -243,6 +244,10 @@ class Exchange : public HttpExchange {
   std::function<void()> on_gone_;  // guarded by mu_
 };
 
+std::string BodyOverLimit(int64_t limit) {
+  return absl::StrCat("the request's body is over the limit of ", limit, " bytes");
+}
+
 std::string ErrorBody(const std::string& why) {
   std::string escaped;
   for (char c : why) {
@@ -311,7 +316,10 @@ template <class Stream>
 void StreamSession<Stream>::ReadHeader() {
   parser_.emplace();
   parser_->header_limit(static_cast<uint32_t>(shared_->options.max_header_bytes));
-  parser_->body_limit(static_cast<uint64_t>(shared_->options.max_body_bytes));
+  // The body's limit is checked once the headers are read (OnHeader), so that a refusal can
+  // say what the request was for. (Not boost::none: Boost 1.74's parser compares a length with
+  // the optional limit, and every length is "over" an empty one.)
+  parser_->body_limit(std::numeric_limits<uint64_t>::max());
   Arm(shared_->options.header_timeout_ms, Deadline::kHeader);
   http::async_read_header(stream_, buffer_, *parser_, [self = Self()](error_code ec, size_t) {
     self->Disarm();
@@ -334,8 +342,7 @@ bool StreamSession<Stream>::ReadFailed(error_code ec, Deadline phase) {
     Refuse(431, absl::StrCat("the request's headers are over the limit of ", o.max_header_bytes,
                              " bytes"));
   } else if (ec == http::error::body_limit) {
-    Refuse(413,
-           absl::StrCat("the request's body is over the limit of ", o.max_body_bytes, " bytes"));
+    Refuse(413, BodyOverLimit(o.max_body_bytes));
   } else if (ec == http::error::end_of_stream || ec == http::error::partial_message ||
              ec == net::error::eof || ec == net::error::connection_reset ||
              ec == net::error::operation_aborted) {
@@ -349,6 +356,12 @@ bool StreamSession<Stream>::ReadFailed(error_code ec, Deadline phase) {
 template <class Stream>
 void StreamSession<Stream>::OnHeader(error_code ec) {
   if (closed_ || ReadFailed(ec, Deadline::kHeader)) return;
+  const uint64_t max_body = static_cast<uint64_t>(shared_->options.max_body_bytes);
+  if (parser_->content_length() && *parser_->content_length() > max_body) {
+    Refuse(413, BodyOverLimit(shared_->options.max_body_bytes));
+    return;
+  }
+  parser_->body_limit(max_body);  // a chunked body: checked as it arrives
   if (parser_->is_done()) {
     Dispatch();
     return;
@@ -407,11 +420,7 @@ void StreamSession<Stream>::Dispatch() {
   std::shared_ptr<Exchange> exchange = current_;
   try {
     shared_->handler(std::move(request), exchange);
-  } catch (const std::exception& ex) {
-    exchange->Reply({500,
-                     {{"Content-Type", "application/json"}},
-                     ErrorBody("internal error in the HTTP handler")});
-  } catch (...) {
+  } catch (...) {  // a handler's bug costs its request a 500, never the loop thread
     exchange->Reply({500,
                      {{"Content-Type", "application/json"}},
                      ErrorBody("internal error in the HTTP handler")});
@@ -455,6 +464,17 @@ void StreamSession<Stream>::Gone() {
 
 template <class Stream>
 void StreamSession<Stream>::Refuse(int status, const std::string& why) {
+  if (shared_->options.on_refused) {
+    HttpRefusal r{status, why, peer_, "", ""};
+    if (parser_ && parser_->is_header_done()) {
+      r.method = std::string(parser_->get().method_string());
+      r.target = std::string(parser_->get().target());
+    }
+    try {
+      shared_->options.on_refused(r);
+    } catch (...) {  // counting a refusal must not take the loop thread down
+    }
+  }
   keep_alive_ = false;
   head_request_ = false;
   version_ = 11;

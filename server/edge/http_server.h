@@ -38,6 +38,15 @@ struct HttpTls {
   std::string client_ca_pem;  // empty: no client certificate asked
 };
 
+// A request the server answered itself with an error, before any handler saw it.
+struct HttpRefusal {
+  int status = 0;      // 408, 413, 431 or 400
+  std::string why;     // the error's text, as the client read it
+  std::string peer;    // as HttpRequest::peer
+  std::string method;  // "" when the headers were not read
+  std::string target;  // the same
+};
+
 struct HttpServerOptions {
   // "host:port" (port 0: any free port; host empty or 0.0.0.0: every IPv4 interface; [::1]:p
   // for IPv6).
@@ -52,6 +61,21 @@ struct HttpServerOptions {
   // Set: every connection is HTTPS (TLS 1.2 or later); a client that does not shake hands within
   // header_timeout_ms, or sends plain HTTP, is closed without an answer.
   std::optional<HttpTls> tls;
+  // Told of every refusal (on a loop thread; it must not block), so that the refused requests
+  // are counted and logged like the others. May be empty.
+  std::function<void(const HttpRefusal&)> on_refused;
+
+  // One request timeout for reading the headers, reading the body and writing an answer (what
+  // the front ends' --http_timeout_ms means), and how long a kept-alive connection may idle.
+  static HttpServerOptions WithTimeouts(std::string address, int threads, int request_timeout_ms,
+                                        int idle_timeout_ms) {
+    HttpServerOptions o;
+    o.address = std::move(address);
+    o.threads = threads;
+    o.header_timeout_ms = o.body_timeout_ms = o.write_timeout_ms = request_timeout_ms;
+    o.idle_timeout_ms = idle_timeout_ms;
+    return o;
+  }
 };
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;

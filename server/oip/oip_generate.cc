@@ -196,7 +196,8 @@ absl::StatusOr<ParsedGenerate> ResolveGenerateBody(const GenerateBody& b, const 
 
 namespace {
 
-using Json = nlohmann::json;
+// Events keep their fields in the order written ("type" first), for people reading a stream.
+using Json = nlohmann::ordered_json;
 
 std::string DumpJson(const Json& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);

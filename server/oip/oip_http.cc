@@ -7,6 +7,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
@@ -55,6 +56,31 @@ struct RestCall {
   RestReply reply;
   CallBook book;
 };
+
+// The call a refused request was for, from its path ("HTTP" when the headers were not read or
+// name no inference).
+const char* RefusedRpc(const std::string& target) {
+  const std::string path = target.substr(0, target.find('?'));
+  if (absl::EndsWith(path, "/infer")) return "ModelInfer";
+  if (absl::EndsWith(path, "/generate") || absl::EndsWith(path, "/generate_stream"))
+    return "Generate";
+  return "HTTP";
+}
+
+// A request the HTTP server answered itself (408, 413, 431, 400): counted and logged as a REST
+// call that ended with the code of its status.
+void RecordRefusal(const FrontEndContext* edge, const HttpRefusal& r) {
+  CallBook book(edge->gate, edge->observer, edge->request_log, RefusedRpc(r.target),
+                kProtocolOipRest);
+  book.NoteRefused(r.peer);
+  const absl::Status st = r.status == 408   ? absl::DeadlineExceededError(r.why)
+                          : r.status == 400 ? absl::InvalidArgumentError(r.why)
+                                            : absl::ResourceExhaustedError(r.why);  // 413, 431
+  struct Answered {  // the HTTP server has answered already
+    void Finish(const grpc::Status&) {}
+  } answered;
+  book.Finish(&answered, st);
+}
 
 }  // namespace
 
@@ -200,15 +226,11 @@ absl::StatusOr<std::unique_ptr<OipHttp>> OipHttp::Start(const OipHttpOptions& op
     return absl::InvalidArgumentError("the HTTP timeouts must be at least 1 ms");
   std::unique_ptr<OipHttp> h(new OipHttp());
   h->handler_ = std::make_unique<Handler>(options, edge);
-  HttpServerOptions so;
-  so.address = options.address;
-  so.threads = options.threads;
-  so.header_timeout_ms = options.request_timeout_ms;
-  so.body_timeout_ms = options.request_timeout_ms;
-  so.write_timeout_ms = options.request_timeout_ms;
-  so.idle_timeout_ms = options.keep_alive_timeout_ms;
+  HttpServerOptions so = HttpServerOptions::WithTimeouts(
+      options.address, options.threads, options.request_timeout_ms, options.keep_alive_timeout_ms);
   so.max_body_bytes = options.max_body_bytes;
   so.tls = options.tls;
+  so.on_refused = [edge](const HttpRefusal& r) { RecordRefusal(edge, r); };
   Handler* handler = h->handler_.get();
   auto server = HttpServer::Start(so, [handler](HttpRequest r, std::shared_ptr<HttpExchange> ex) {
     handler->Serve(std::move(r), std::move(ex));
