@@ -6,10 +6,14 @@
 //   krause-loadgen --workload complete --prompt_rows 14 --concurrency 64 --requests 64
 //   krause-loadgen --workload score --images_per_request 16 --concurrency 6 --duration 10
 //   krause-loadgen --protocol oip --workload classify --concurrency 32 --duration 10
+//   krause-loadgen --protocol http --workload generate --concurrency 64 --requests 128
 //
 // --protocol oip sends the same workloads (classify, score, generate) as the Open Inference
 // Protocol's ModelInfer on inference.GRPCInferenceService (raw tensors; generate as one unary
-// call per request, so without the stream's chunk figures) instead of krause.v1.
+// call per request, so without the stream's chunk figures) instead of krause.v1. --protocol http
+// sends classify as the REST API's infer (JSON tensors) and generate as generate_stream (Server-
+// Sent Events, with the stream's figures) to --http_server, over kept-alive connections
+// (client/http_load.h).
 //
 // Closed loop: --concurrency calls always in flight (each finished call starts the next).
 // Open loop: calls start at --rate per second (constant spacing or Poisson), however many are
@@ -43,6 +47,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/connection.h"
 #include "client/http_get.h"
+#include "client/http_load.h"
 #include "client/resume.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "krause/v1/krause.grpc.pb.h"
@@ -64,7 +69,9 @@ ABSL_FLAG(bool, resume, false,
 ABSL_FLAG(std::string, token, "", "bearer token");
 ABSL_FLAG(std::string, tls_ca, "", "PEM roots to verify the server with (enables TLS)");
 ABSL_FLAG(std::string, protocol, "krause",
-          "krause (krause.v1) or oip (the Open Inference Protocol's ModelInfer over gRPC)");
+          "krause (krause.v1), oip (the Open Inference Protocol's ModelInfer over gRPC) or http "
+          "(REST infer and generate_stream on --http_server; plain HTTP)");
+ABSL_FLAG(std::string, http_server, "localhost:8000", "--protocol http: the REST port, host:port");
 ABSL_FLAG(std::string, mode, "closed", "closed (fixed concurrency) or open (fixed arrival rate)");
 ABSL_FLAG(int32_t, concurrency, 32, "closed loop: calls in flight");
 ABSL_FLAG(double, rate, 50, "open loop: calls started per second");
@@ -113,7 +120,8 @@ struct Stats {
   int64_t measured_done = 0;
   // --resume: breaks survived, calls made to continue them, rows sampled again.
   int64_t resumed_streams = 0, resume_calls = 0, rows_recomputed = 0;
-  Clock::time_point last_done{};  // when the last measured call ended
+  Clock::time_point last_done{};           // when the last measured call ended
+  std::vector<std::string> error_samples;  // --protocol http: the first distinct errors
 };
 
 json Percentiles(std::vector<double> v) {
@@ -133,9 +141,11 @@ class LoadGen {
  public:
   LoadGen(std::vector<std::unique_ptr<v1::KrauseService::Stub>> stubs,
           std::vector<std::unique_ptr<inference::GRPCInferenceService::Stub>> oip_stubs,
+          std::unique_ptr<krause::client::HttpLoadClient> http,
           krause::client::ConnectionOptions conn, std::vector<v1::Image> images)
       : stubs_(std::move(stubs)),
         oip_stubs_(std::move(oip_stubs)),
+        http_(std::move(http)),
         conn_(std::move(conn)),
         images_(std::move(images)) {}
 
@@ -155,6 +165,10 @@ class LoadGen {
     if (!oip_stubs_.empty()) {
       const char* what = w == "score" ? "score" : classify ? "classify" : "generate";
       IssueOip(*oip_stubs_[n % oip_stubs_.size()], n, what, k, measured, std::move(done));
+      return;
+    }
+    if (http_) {
+      IssueHttp(n, classify, k, measured, std::move(done));
       return;
     }
     if (w == "getmodel") {  // the RPC floor: a call that runs no model
@@ -219,6 +233,60 @@ class LoadGen {
                                          [&stub](auto&&... a) { stub.async()->ModelInfer(a...); });
   }
 
+  // The workload's call over HTTP: classify as the REST infer (the images as one UINT8 JSON
+  // tensor), generate as generate_stream (the same seeds as krause.v1's calls).
+  void IssueHttp(uint64_t n, bool classify, int k, bool measured, std::function<void()> done) {
+    std::string path, body;
+    int64_t images = k;
+    if (classify) {
+      path = "/v2/models/" + model_name_ + "/infer";
+      const v1::RawImage& first = images_[(n * k) % images_.size()].raw();
+      body =
+          absl::StrCat(R"({"inputs":[{"name":"image","datatype":"UINT8","shape":[)", k, ",",
+                       first.height(), ",", first.width(), ",", first.channels(), R"(],"data":[)");
+      for (int i = 0; i < k; ++i) {
+        for (unsigned char px : images_[(n * k + i) % images_.size()].raw().pixels()) {
+          absl::StrAppend(&body, static_cast<int>(px), ",");
+        }
+      }
+      body.back() = ']';
+      body += "}]}";
+    } else {
+      const std::string m = absl::GetFlag(FLAGS_generate_model);
+      path = "/v2/models/" + (m.empty() ? std::string("karm-fmnist") : m) + "/generate_stream";
+      const v1::GenerateRequest req = GenerateRequest(n, nullptr);
+      images = req.num_images();
+      body = json{{"num_images", req.num_images()},
+                  {"seed", req.seed()},
+                  {"update_interval_ms", req.update_interval_ms()}}
+                 .dump();
+    }
+    const char* rpc = classify ? "ModelInfer" : "Generate";
+    http_->Post(path, std::move(body),
+                [this, rpc, classify, images, measured,
+                 done = std::move(done)](krause::client::HttpCallResult r) {
+                  Record(rpc, measured, r.code, r.seconds, r.code == "OK" ? images : 0);
+                  if (measured && r.code == "OK" && !classify) {
+                    std::lock_guard<std::mutex> l(stats_.mu);
+                    if (r.first_event >= 0) stats_.first_chunk.push_back(r.first_event);
+                    if (r.first_pixel >= 0) stats_.first_pixel.push_back(r.first_pixel);
+                    stats_.chunk_gap.insert(stats_.chunk_gap.end(), r.gaps.begin(), r.gaps.end());
+                  }
+                  if (measured && r.code != "OK") NoteError(r.error);
+                  done();  // before the count drops (see Unary)
+                  in_flight_.fetch_sub(1);
+                });
+  }
+
+  // The first few distinct errors, for the report (what an HTTP status alone does not say).
+  void NoteError(const std::string& what) {
+    std::lock_guard<std::mutex> l(stats_.mu);
+    if (stats_.error_samples.size() < 5 &&
+        std::find(stats_.error_samples.begin(), stats_.error_samples.end(), what) ==
+            stats_.error_samples.end())
+      stats_.error_samples.push_back(what);
+  }
+
   // One asynchronous unary call of `req`, started by `start(ctx, req, resp, callback)` (the
   // stub's async method); when it ends it is recorded under `rpc`, with `images` counted if OK.
   template <typename Resp, typename Req, typename Start>
@@ -248,10 +316,14 @@ class LoadGen {
 
   void Record(const char* rpc, bool measured, const grpc::Status& st, double seconds,
               int64_t images) {
+    Record(rpc, measured, krause::server::GrpcCodeName(st.error_code()), seconds, images);
+  }
+  void Record(const char* rpc, bool measured, const std::string& code, double seconds,
+              int64_t images) {
     if (!measured) return;
     std::lock_guard<std::mutex> l(stats_.mu);
-    stats_.codes[rpc][krause::server::GrpcCodeName(st.error_code())] += 1;
-    if (st.ok()) {
+    stats_.codes[rpc][code] += 1;
+    if (code == "OK") {
       stats_.latency[rpc].push_back(seconds);
       stats_.images += images;
     }
@@ -369,6 +441,7 @@ class LoadGen {
 
   std::vector<std::unique_ptr<v1::KrauseService::Stub>> stubs_;
   std::vector<std::unique_ptr<inference::GRPCInferenceService::Stub>> oip_stubs_;  // --protocol oip
+  std::unique_ptr<krause::client::HttpLoadClient> http_;  // --protocol http
   krause::client::ConnectionOptions conn_;
   std::vector<v1::Image> images_;
   std::string model_name_ = absl::GetFlag(FLAGS_classify_model).empty()
@@ -473,12 +546,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string protocol = absl::GetFlag(FLAGS_protocol);
-  if ((protocol != "krause" && protocol != "oip") ||
+  if ((protocol != "krause" && protocol != "oip" && protocol != "http") ||
       (protocol == "oip" && workload != "classify" && workload != "score" &&
-       workload != "generate" && workload != "mix")) {
+       workload != "generate" && workload != "mix") ||
+      (protocol == "http" && workload != "classify" && workload != "generate" &&
+       workload != "mix")) {
     std::fprintf(stderr,
-                 "krause-loadgen: --protocol krause|oip (oip: --workload classify, score, generate "
-                 "or mix)\n");
+                 "krause-loadgen: --protocol krause|oip|http (oip: --workload classify, score, "
+                 "generate or mix; http: classify, generate or mix)\n");
+    return 2;
+  }
+  if (protocol == "http" && (!conn.tls_ca.empty() || absl::GetFlag(FLAGS_resume))) {
+    std::fprintf(stderr, "krause-loadgen: --protocol http speaks plain HTTP, without --resume\n");
     return 2;
   }
   std::vector<std::unique_ptr<v1::KrauseService::Stub>> stubs;
@@ -505,7 +584,11 @@ int main(int argc, char** argv) {
     before = *m;
   }
 
-  LoadGen gen(std::move(stubs), std::move(oip_stubs), conn, LoadImages());
+  std::unique_ptr<krause::client::HttpLoadClient> http;
+  if (protocol == "http")
+    http = std::make_unique<krause::client::HttpLoadClient>(absl::GetFlag(FLAGS_http_server),
+                                                            conn.token);
+  LoadGen gen(std::move(stubs), std::move(oip_stubs), std::move(http), conn, LoadImages());
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   const double warmup = absl::GetFlag(FLAGS_warmup), duration = absl::GetFlag(FLAGS_duration);
@@ -603,18 +686,20 @@ int main(int argc, char** argv) {
   const double measured_seconds = Seconds(measured_end - measure_from);
 
   json report;
-  report["config"] = {{"server", conn.server},
-                      {"mode", mode},
-                      {"workload", workload},
-                      {"concurrency", absl::GetFlag(FLAGS_concurrency)},
-                      {"rate", absl::GetFlag(FLAGS_rate)},
-                      {"arrivals", absl::GetFlag(FLAGS_arrivals)},
-                      {"channels", absl::GetFlag(FLAGS_channels)},
-                      {"images_per_request", absl::GetFlag(FLAGS_images_per_request)},
-                      {"generate_images", absl::GetFlag(FLAGS_generate_images)},
-                      {"classify_model", absl::GetFlag(FLAGS_classify_model)},
-                      {"generate_model", absl::GetFlag(FLAGS_generate_model)},
-                      {"warmup_seconds", warmup}};
+  report["config"] = {
+      {"server", protocol == "http" ? absl::GetFlag(FLAGS_http_server) : conn.server},
+      {"protocol", protocol},
+      {"mode", mode},
+      {"workload", workload},
+      {"concurrency", absl::GetFlag(FLAGS_concurrency)},
+      {"rate", absl::GetFlag(FLAGS_rate)},
+      {"arrivals", absl::GetFlag(FLAGS_arrivals)},
+      {"channels", absl::GetFlag(FLAGS_channels)},
+      {"images_per_request", absl::GetFlag(FLAGS_images_per_request)},
+      {"generate_images", absl::GetFlag(FLAGS_generate_images)},
+      {"classify_model", absl::GetFlag(FLAGS_classify_model)},
+      {"generate_model", absl::GetFlag(FLAGS_generate_model)},
+      {"warmup_seconds", warmup}};
   Stats& s = gen.stats();
   int64_t calls = 0;
   for (auto& [rpc, codes] : s.codes) {
@@ -636,6 +721,7 @@ int main(int argc, char** argv) {
   report["generate_first_chunk_seconds"] = Percentiles(s.first_chunk);
   report["generate_first_pixel_seconds"] = Percentiles(s.first_pixel);
   report["generate_chunk_gap_seconds"] = Percentiles(s.chunk_gap);
+  if (!s.error_samples.empty()) report["error_samples"] = s.error_samples;
   if (absl::GetFlag(FLAGS_resume)) {
     report["resumed_streams"] = s.resumed_streams;
     report["resume_calls"] = s.resume_calls;
@@ -674,6 +760,7 @@ int main(int argc, char** argv) {
   for (auto& [rpc, codes] : s.codes)
     for (auto& [code, n] : codes)
       std::printf("  %s %s: %lld\n", rpc.c_str(), code.c_str(), static_cast<long long>(n));
+  for (const std::string& e : s.error_samples) std::printf("  error: %s\n", e.c_str());
   if (absl::GetFlag(FLAGS_resume))
     std::printf("  Generate  resumed streams: %lld (on %lld calls), rows recomputed: %lld\n",
                 static_cast<long long>(s.resumed_streams), static_cast<long long>(s.resume_calls),

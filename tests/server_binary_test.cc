@@ -310,5 +310,38 @@ TEST(LoadGen, ClosedAndOpenLoopReports) {
   std::filesystem::remove_all(models.dir);
 }
 
+// --protocol http: streamed generations through generate_stream, counted with the stream's
+// figures; a classify whose images do not fit is counted by the code its HTTP status means.
+TEST(LoadGen, HttpProtocolReports) {
+  const TinyModels models = WriteTinyModels("loadgen-http", 5, 64);
+  server::ServerOptions o = LoopbackOptions(models.manifest);
+  o.http_listen = "127.0.0.1:0";
+  auto server = server::KrauseServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string base =
+      std::string(KRAUSE_BIN_DIR) +
+      "/krause-loadgen --progress=false --protocol=http --http_server=127.0.0.1:" +
+      std::to_string((*server)->http_port()) +
+      " --data=synthetic --warmup=0 --json=- --classify_model=vit ";
+  ShellRun r = Shell(base +
+                     "--workload=generate --concurrency=8 --requests=24 --generate_model=karm "
+                     "--generate_images=2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  EXPECT_EQ(j["calls"], 24);
+  EXPECT_EQ(j["errors_by_code"]["Generate"]["OK"], 24);
+  EXPECT_EQ(j["generate_first_pixel_seconds"]["count"], 24);
+  EXPECT_GT(j["images_per_second"].get<double>(), 0.0);
+  EXPECT_EQ(j["config"]["protocol"], "http");
+  r = Shell(base + "--workload=classify --concurrency=4 --requests=8");
+  EXPECT_EQ(r.code, 3) << r.out;
+  j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  EXPECT_EQ(j["errors_by_code"]["ModelInfer"]["INVALID_ARGUMENT"], 8);
+  ASSERT_FALSE(j["error_samples"].empty());
+  EXPECT_NE(j["error_samples"][0].get<std::string>().find("image"), std::string::npos);
+  (*server)->Shutdown();
+  std::filesystem::remove_all(models.dir);
+}
+
 }  // namespace
 }  // namespace krause::testing
