@@ -59,6 +59,7 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(HttpEndpointOp
                                                          e->options_.request_timeout_ms,
                                                          e->options_.request_timeout_ms);
   so.max_body_bytes = 1 << 16;  // a scrape has no body
+  so.thread_name = "krause-metrics";
   const Handler* handler = e->handler_.get();
   auto server = HttpServer::Start(so, [handler](HttpRequest r, std::shared_ptr<HttpExchange> ex) {
     handler->Serve(r, ex.get());

@@ -1,5 +1,6 @@
 #include "server/edge/http_server.h"
 
+#include <pthread.h>
 #include <sys/socket.h>
 
 #include <array>
@@ -809,7 +810,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
   impl->port = impl->acceptor.local_endpoint().port();
   impl->Accept();
   for (int i = 0; i < options.threads; ++i) {
-    impl->threads.emplace_back([ioc = &impl->ioc] { ioc->run(); });
+    impl->threads.emplace_back([ioc = &impl->ioc, name = options.thread_name.substr(0, 15)] {
+      pthread_setname_np(pthread_self(), name.c_str());
+      ioc->run();
+    });
   }
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }

@@ -52,6 +52,7 @@ struct HttpServerOptions {
   // for IPv6).
   std::string address = "0.0.0.0:8000";
   int threads = 2;                    // event-loop threads
+  std::string thread_name = "http";   // their name (top -H, /proc/PID/task/*/comm; 15 chars)
   int header_timeout_ms = 5000;       // to read a request's headers
   int body_timeout_ms = 5000;         // to read its body
   int idle_timeout_ms = 2000;         // a kept-alive connection with no request

@@ -230,6 +230,7 @@ absl::StatusOr<std::unique_ptr<OipHttp>> OipHttp::Start(const OipHttpOptions& op
       options.address, options.threads, options.request_timeout_ms, options.keep_alive_timeout_ms);
   so.max_body_bytes = options.max_body_bytes;
   so.tls = options.tls;
+  so.thread_name = "krause-rest";
   so.on_refused = [edge](const HttpRefusal& r) { RecordRefusal(edge, r); };
   Handler* handler = h->handler_.get();
   auto server = HttpServer::Start(so, [handler](HttpRequest r, std::shared_ptr<HttpExchange> ex) {
