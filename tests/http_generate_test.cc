@@ -35,15 +35,7 @@ std::string Post(const std::string& path, const std::string& body) {
 
 // Everything until the server closes (at most 20 s), split into events.
 SseReply ReadEvents(int fd) {
-  timeval tv{20, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  std::string all;
-  char buf[8192];
-  for (;;) {
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    all.append(buf, static_cast<size_t>(n));
-  }
+  const std::string all = ReadUntilClosed(fd, 20);
   SseReply r;
   const size_t end = all.find("\r\n\r\n");
   if (end == std::string::npos) return r;
@@ -72,15 +64,7 @@ SseReply Sse(int port, const std::string& path, const std::string& body) {
 
 // The whole answer to a POST (status line, headers, body), until the server closes.
 std::string Answer(int port, const std::string& path, const std::string& body) {
-  const int fd = SendHttp(port, Post(path, body));
-  EXPECT_GE(fd, 0);
-  timeval tv{20, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  std::string all;
-  char buf[8192];
-  for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) all.append(buf, n);
-  close(fd);
-  return all;
+  return RawHttp(port, Post(path, body), 20);
 }
 
 // A 200 answer's JSON body (null, with a test failure, otherwise).

@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -154,6 +155,37 @@ inline int ConnectLoopback(int port) {
     return -1;
   }
   return fd;
+}
+
+// A TCP connection to 127.0.0.1:port that has sent `request` (-1 when it could not connect).
+inline int SendHttp(int port, const std::string& request) {
+  const int fd = ConnectLoopback(port);
+  if (fd >= 0 && send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+                     static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Everything the server sends on `fd` until it closes, or until `seconds` pass without a byte.
+inline std::string ReadUntilClosed(int fd, int seconds = 10) {
+  timeval tv{seconds, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string out;
+  char buf[8192];
+  for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, static_cast<size_t>(n));
+  return out;
+}
+
+// `request` on a new loopback connection, and all the server sends until it closes ("" when it
+// could not connect).
+inline std::string RawHttp(int port, const std::string& request, int seconds = 10) {
+  const int fd = SendHttp(port, request);
+  if (fd < 0) return "";
+  std::string out = ReadUntilClosed(fd, seconds);
+  close(fd);
+  return out;
 }
 
 }  // namespace krause::testing

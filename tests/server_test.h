@@ -135,17 +135,6 @@ inline std::map<uint32_t, std::string> PngsOf(const Stream& s) {
   return out;
 }
 
-// A TCP connection to 127.0.0.1:port that has sent `request` (-1 when it could not connect).
-inline int SendHttp(int port, const std::string& request) {
-  const int fd = ConnectLoopback(port);
-  if (fd >= 0 && send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
-                     static_cast<ssize_t>(request.size())) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 inline std::string InferPost(const std::string& model, const std::string& body) {
   return "POST /v2/models/" + model + "/infer HTTP/1.1\r\nHost: x\r\nContent-Type: " +
          "application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
