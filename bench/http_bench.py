@@ -15,7 +15,9 @@ What it measures:
             count sampled while they run;
   ratios    HTTP against gRPC on one server, protocol by protocol within each of --rounds rounds
             (the order alternating): generate_stream against krause.v1 Generate at 64 streams
-            (images/s), the REST infer against krause.v1 Classify at concurrency 32 (images/s).
+            (images/s), the REST infer against krause.v1 Classify at concurrency 32 (images/s),
+            and the REST infer with binary tensors (the Open Inference Protocol's extension,
+            krause-loadgen --http_binary) against it with JSON arrays and against Classify.
 Targets (issue 45): each request beside 2,000 idle connections answered in at most 50 ms; the
 1,000 streams all complete with the server's threads fixed (within 2 of the idle count: no
 thread per connection); an idle server at most 40
@@ -66,7 +68,7 @@ class Bench:
         self.records = {}
         self.start = time.time()
         self.step = 0
-        self.steps = 5 + 2 * args.rounds
+        self.steps = (2 if args.binary_only else 5) + 2 * args.rounds
 
     def progress(self, what):
         self.step += 1
@@ -218,19 +220,27 @@ class Bench:
             order = ["krause", "http"] if rnd % 2 == 0 else ["http", "krause"]
             for proto in order:
                 self.progress(f"round {rnd + 1} of {self.args.rounds}: {proto}, Generate at 64 "
-                              "streams and Classify at concurrency 32")
-                self.loadgen(f"{proto}_r{rnd}_generate_s64", "--protocol", proto,
-                             "--workload", "generate", "--concurrency", "64",
-                             "--duration", dur, "--warmup", "2")
-                self.loadgen(f"{proto}_r{rnd}_classify_c32", "--protocol", proto,
-                             "--workload", "classify", "--concurrency", "32",
-                             "--duration", dur, "--warmup", "1")
+                              "streams and Classify at concurrency 32 (HTTP: JSON arrays and "
+                              "binary tensors)")
+                if not self.args.binary_only:
+                    self.loadgen(f"{proto}_r{rnd}_generate_s64", "--protocol", proto,
+                                 "--workload", "generate", "--concurrency", "64",
+                                 "--duration", dur, "--warmup", "2")
+                binary = [False, True] if proto == "http" else [False]
+                for b in (binary if rnd % 2 == 0 else binary[::-1]):
+                    self.loadgen(f"{proto}{'bin' if b else ''}_r{rnd}_classify_c32",
+                                 "--protocol", proto, "--workload", "classify",
+                                 "--concurrency", "32", "--duration", dur, "--warmup", "1",
+                                 *(["--http_binary"] if b else []))
 
     def run(self):
         self.progress("starting the server")
         self.start_server()
         try:
             time.sleep(1)
+            if self.args.binary_only:
+                self.ratios()
+                return self.binary_report()
             self.progress("threads of the idle server")
             self.records["idle_threads"] = self.threads()
             self.progress("requests beside 0 and 2,000 idle connections (REST, /metrics)")
@@ -244,6 +254,31 @@ class Bench:
         return self.report()
 
     # ----------------------------------------------------------------------------- report
+
+    def binary_rows(self):
+        """Issue 51: REST classify with binary tensors against JSON arrays and against gRPC."""
+        r, rounds = self.records, self.args.rounds
+
+        def per(proto):
+            return [r[f"{proto}_r{i}_classify_c32"]["images_per_second"] for i in range(rounds)]
+        b, j, k = per("httpbin"), per("http"), per("krause")
+        r["ratio_binary"] = {"binary": b, "json": j, "krause": k,
+                             "binary_over_json": median(b) / median(j),
+                             "binary_over_grpc": median(b) / median(k)}
+        return [f"| REST infer with binary tensors / with JSON arrays, images/s at concurrency 32 "
+                f"(medians of {rounds}: {median(b):.0f} / {median(j):.0f}; per round "
+                f"{[round(x) for x in b]} / {[round(x) for x in j]}) | "
+                f"{median(b) / median(j):.3f} | (measured) | |",
+                f"| REST infer with binary tensors / krause.v1 Classify over gRPC, images/s at "
+                f"concurrency 32 (medians: {median(b):.0f} / {median(k):.0f}; per round "
+                f"{[round(x) for x in k]}) | {median(b) / median(k):.3f} | (measured) | |"]
+
+
+    def binary_report(self):
+        self.stop_server()
+        self.progress("report")
+        return "\n".join(["| figure | value | target | |", "|---|---|---|---|"] + self.binary_rows())
+
 
     def report(self):
         r = self.records
@@ -291,8 +326,10 @@ class Bench:
             row(f"{label} (medians of {rounds}: {median(h):.0f} / {median(k):.0f}; per round "
                 f"{[round(x) for x in h]} / {[round(x) for x in k]})", f"{ratio:.3f}",
                 f">= {target}", ratio >= target)
+        rows += self.binary_rows()
         text = "\n".join(["| figure | value | target | |", "|---|---|---|---|"] + rows)
         return text
+
 
 
 def main():
@@ -300,6 +337,9 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="200 streams, 4 s loads")
+    ap.add_argument("--binary_only", action="store_true",
+                    help="only the classify loads: gRPC, REST with JSON arrays, REST with binary "
+                         "tensors (issue 51)")
     ap.add_argument("--json", help="write the raw records and the report here")
     args = ap.parse_args()
     # 2,000 idle connections and 1,000 streams need descriptors, here and in the server.

@@ -94,13 +94,18 @@ namespace {
 class Call : public std::enable_shared_from_this<Call> {
  public:
   Call(HttpLoadClient::Impl* impl, const std::string& path, std::string body,
-       std::function<void(HttpCallResult)> done)
+       std::function<void(HttpCallResult)> done, int64_t json_length)
       : impl_(impl), done_(std::move(done)) {
     req_.method(http::verb::post);
     req_.target(path);
     req_.version(11);
     req_.set(http::field::host, impl->host);
-    req_.set(http::field::content_type, "application/json");
+    if (json_length >= 0) {
+      req_.set(http::field::content_type, "application/octet-stream");
+      req_.set("Inference-Header-Content-Length", std::to_string(json_length));
+    } else {
+      req_.set(http::field::content_type, "application/json");
+    }
     if (!impl->token.empty()) req_.set(http::field::authorization, "Bearer " + impl->token);
     req_.body() = std::move(body);
     req_.prepare_payload();
@@ -289,8 +294,8 @@ HttpLoadClient::~HttpLoadClient() {
 }
 
 void HttpLoadClient::Post(const std::string& path, std::string body,
-                          std::function<void(HttpCallResult)> done) {
-  std::make_shared<Call>(impl_.get(), path, std::move(body), std::move(done))->Run();
+                          std::function<void(HttpCallResult)> done, int64_t json_length) {
+  std::make_shared<Call>(impl_.get(), path, std::move(body), std::move(done), json_length)->Run();
 }
 
 }  // namespace krause::client

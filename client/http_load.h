@@ -38,9 +38,11 @@ class HttpLoadClient {
   HttpLoadClient(const HttpLoadClient&) = delete;
   HttpLoadClient& operator=(const HttpLoadClient&) = delete;
 
-  // POST `path` with the JSON `body`; `done` gets the result once the answer has ended (a
-  // stream: at its end).
-  void Post(const std::string& path, std::string body, std::function<void(HttpCallResult)> done);
+  // POST `path` with `body` (JSON, or with `json_length` >= 0 the binary tensor data extension's
+  // layout: the JSON's length goes in Inference-Header-Content-Length); `done` gets the result
+  // once the answer has ended (a stream: at its end).
+  void Post(const std::string& path, std::string body, std::function<void(HttpCallResult)> done,
+            int64_t json_length = -1);
 
   struct Impl;  // http_load.cc's
 

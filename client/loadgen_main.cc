@@ -72,6 +72,10 @@ ABSL_FLAG(std::string, protocol, "krause",
           "krause (krause.v1), oip (the Open Inference Protocol's ModelInfer over gRPC) or http "
           "(REST infer and generate_stream on --http_server; plain HTTP)");
 ABSL_FLAG(std::string, http_server, "localhost:8000", "--protocol http: the REST port, host:port");
+ABSL_FLAG(bool, http_binary, false,
+          "--protocol http, classify: the images and the outputs as binary tensor data (the "
+          "Open Inference Protocol's binary tensor data extension, tritonclient.http's default) "
+          "instead of JSON arrays");
 ABSL_FLAG(std::string, mode, "closed", "closed (fixed concurrency) or open (fixed arrival rate)");
 ABSL_FLAG(int32_t, concurrency, 32, "closed loop: calls in flight");
 ABSL_FLAG(double, rate, 50, "open loop: calls started per second");
@@ -238,19 +242,30 @@ class LoadGen {
   void IssueHttp(uint64_t n, bool classify, int k, bool measured, std::function<void()> done) {
     std::string path, body;
     int64_t images = k;
+    int64_t json_length = -1;
     if (classify) {
       path = "/v2/models/" + model_name_ + "/infer";
       const v1::RawImage& first = images_[(n * k) % images_.size()].raw();
-      body =
-          absl::StrCat(R"({"inputs":[{"name":"image","datatype":"UINT8","shape":[)", k, ",",
-                       first.height(), ",", first.width(), ",", first.channels(), R"(],"data":[)");
-      for (int i = 0; i < k; ++i) {
-        for (unsigned char px : images_[(n * k + i) % images_.size()].raw().pixels()) {
-          absl::StrAppend(&body, static_cast<int>(px), ",");
+      const std::string head =
+          absl::StrCat(R"({"inputs":[{"name":"image","datatype":"UINT8",)", R"("shape":[)", k, ",",
+                       first.height(), ",", first.width(), ",", first.channels(), "]");
+      if (absl::GetFlag(FLAGS_http_binary)) {  // the JSON, then the pixels as they are
+        std::string pixels;
+        for (int i = 0; i < k; ++i) pixels += images_[(n * k + i) % images_.size()].raw().pixels();
+        body = absl::StrCat(head, R"(,"parameters":{"binary_data_size":)", pixels.size(),
+                            R"(}}],"parameters":{"binary_data_output":true}})");
+        json_length = static_cast<int64_t>(body.size());
+        body += pixels;
+      } else {
+        body = absl::StrCat(head, R"(,"data":[)");
+        for (int i = 0; i < k; ++i) {
+          for (unsigned char px : images_[(n * k + i) % images_.size()].raw().pixels()) {
+            absl::StrAppend(&body, static_cast<int>(px), ",");
+          }
         }
+        body.back() = ']';
+        body += "}]}";
       }
-      body.back() = ']';
-      body += "}]}";
     } else {
       const std::string m = absl::GetFlag(FLAGS_generate_model);
       path = "/v2/models/" + (m.empty() ? std::string("karm-fmnist") : m) + "/generate_stream";
@@ -262,20 +277,22 @@ class LoadGen {
                  .dump();
     }
     const char* rpc = classify ? "ModelInfer" : "Generate";
-    http_->Post(path, std::move(body),
-                [this, rpc, classify, images, measured,
-                 done = std::move(done)](krause::client::HttpCallResult r) {
-                  Record(rpc, measured, r.code, r.seconds, r.code == "OK" ? images : 0);
-                  if (measured && r.code == "OK" && !classify) {
-                    std::lock_guard<std::mutex> l(stats_.mu);
-                    if (r.first_event >= 0) stats_.first_chunk.push_back(r.first_event);
-                    if (r.first_pixel >= 0) stats_.first_pixel.push_back(r.first_pixel);
-                    stats_.chunk_gap.insert(stats_.chunk_gap.end(), r.gaps.begin(), r.gaps.end());
-                  }
-                  if (measured && r.code != "OK") NoteError(r.error);
-                  done();  // before the count drops (see Unary)
-                  in_flight_.fetch_sub(1);
-                });
+    http_->Post(
+        path, std::move(body),
+        [this, rpc, classify, images, measured,
+         done = std::move(done)](krause::client::HttpCallResult r) {
+          Record(rpc, measured, r.code, r.seconds, r.code == "OK" ? images : 0);
+          if (measured && r.code == "OK" && !classify) {
+            std::lock_guard<std::mutex> l(stats_.mu);
+            if (r.first_event >= 0) stats_.first_chunk.push_back(r.first_event);
+            if (r.first_pixel >= 0) stats_.first_pixel.push_back(r.first_pixel);
+            stats_.chunk_gap.insert(stats_.chunk_gap.end(), r.gaps.begin(), r.gaps.end());
+          }
+          if (measured && r.code != "OK") NoteError(r.error);
+          done();  // before the count drops (see Unary)
+          in_flight_.fetch_sub(1);
+        },
+        json_length);
   }
 
   // The first few distinct errors, for the report (what an HTTP status alone does not say).

@@ -58,7 +58,8 @@ TEST(OipJson, TypesAndParameters) {
   ASSERT_EQ(elements.size(), 2u);
   EXPECT_EQ(elements[0], "ab");
   EXPECT_EQ(elements[1], "");
-  EXPECT_EQ(r->outputs, std::vector<std::string>{"images"});
+  ASSERT_EQ(r->outputs.size(), 1u);
+  EXPECT_EQ(r->outputs[0].name, "images");
 }
 
 TEST(OipJson, EachBadBodyNamesWhatIsWrong) {
@@ -88,7 +89,13 @@ TEST(OipJson, EachBadBodyNamesWhatIsWrong) {
       {R"({"parameters":{"p":[1]},"inputs":[]})", "parameters.p: a parameter must be"},
       {R"({"inputs":[{"name":"x","datatype":"UINT8","shape":[1],"data":[1],"parameters":)"
        R"({"binary_data_size":1}}]})",
-       "binary tensor extension is not supported"},
+       "has both \"data\" and binary_data_size"},
+      {R"({"inputs":[{"name":"x","datatype":"UINT8","shape":[1],"parameters":)"
+       R"({"binary_data_size":1}}]})",
+       "binary_data_size needs the Inference-Header-Content-Length header"},
+      {R"({"inputs":[{"name":"x","datatype":"UINT8","shape":[1],"data":[1],"parameters":)"
+       R"({"shm":1}}]})",
+       "unknown parameter \"shm\""},
       {R"({"inputs":[],"outputs":[{"nam":"x"}]})", "outputs[0]: must be an object"},
   };
   for (const auto& c : cases) {
@@ -98,6 +105,80 @@ TEST(OipJson, EachBadBodyNamesWhatIsWrong) {
     EXPECT_NE(Message(r.status()).find(c.says), std::string::npos)
         << c.body << " -> " << r.status();
   }
+}
+
+// The binary tensor data extension: the JSON's length in the header, each binary input's bytes
+// after it in the inputs' order, and every way the layout can be wrong.
+TEST(OipJson, BinaryInputsComeAfterTheJsonInOrder) {
+  const std::string json =
+      R"({"inputs":[{"name":"a","datatype":"INT32","shape":[2],"parameters":{"binary_data_size":8}},)"
+      R"({"name":"j","datatype":"UINT8","shape":[1],"data":[9]},)"
+      R"({"name":"t","datatype":"BYTES","shape":[1],"parameters":{"binary_data_size":6}}],)"
+      R"("outputs":[{"name":"x","parameters":{"binary_data":true}}],)"
+      R"("parameters":{"binary_data_output":false}})";
+  const int32_t a[2] = {-1, 7};
+  std::string t;
+  AppendBytesElement("hi", &t);
+  const std::string body = json + std::string(reinterpret_cast<const char*>(a), 8) + t;
+  auto r = ParseInferJson(body, "m", "", std::to_string(json.size()));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->inputs.size(), 3u);
+  EXPECT_EQ(r->inputs[0].data, std::string(reinterpret_cast<const char*>(a), 8));
+  EXPECT_EQ(r->inputs[1].data, "\x09");
+  EXPECT_EQ(BytesElements(r->inputs[2])[0], "hi");
+  auto binary = TakeBinaryOutputs(&*r);
+  ASSERT_TRUE(binary.ok()) << binary.status();
+  EXPECT_TRUE(binary->Of("x"));
+  EXPECT_FALSE(binary->Of("y"));
+  EXPECT_TRUE(r->parameters.empty()) << "the transport parameters are taken out";
+  EXPECT_TRUE(r->outputs[0].parameters.empty());
+
+  const struct {
+    std::string body, header, says;
+  } bad[] = {
+      {body, std::to_string(body.size() + 1), "but the body has only"},
+      {body, "1e3", "a whole number"},
+      {body.substr(0, body.size() - 1), std::to_string(json.size()), "binary_data_size is 6"},
+      {body + "z", std::to_string(json.size()), "1 bytes after the JSON belong to no input"},
+      {json + std::string(8, '\0') + std::string("\x05\0\0\0hi", 6), std::to_string(json.size()),
+       "input t"},  // a BYTES element longer than its tensor
+  };
+  for (const auto& c : bad) {
+    auto e = ParseInferJson(c.body, "m", "", c.header);
+    ASSERT_FALSE(e.ok()) << c.says;
+    EXPECT_NE(Message(e.status()).find(c.says), std::string::npos) << e.status();
+  }
+  InferRequest notbool;
+  notbool.parameters["binary_data_output"] = int64_t{1};
+  EXPECT_FALSE(TakeBinaryOutputs(&notbool).ok());
+}
+
+TEST(OipJson, BinaryOutputsFollowTheJson) {
+  InferResponse r;
+  r.model = "m";
+  r.version = "1";
+  Tensor p{"probabilities", DataType::kFp32, {1, 2}, {}};
+  const float v[2] = {0.25f, 0.75f};
+  p.data.assign(reinterpret_cast<const char*>(v), sizeof(v));
+  Tensor l{"label", DataType::kBytes, {1}, {}};
+  AppendBytesElement("Sneaker", &l.data);
+  r.outputs = {p, l};
+  BinaryOutputs all;
+  all.all = true;
+  const InferResponseBody b = ResponseBodyOf(r, all);
+  ASSERT_GT(b.json_length, 0);
+  const auto j = nlohmann::json::parse(b.body.substr(0, b.json_length));
+  EXPECT_EQ(j["outputs"][0]["parameters"]["binary_data_size"], 8);
+  EXPECT_FALSE(j["outputs"][0].contains("data"));
+  EXPECT_EQ(j["outputs"][1]["parameters"]["binary_data_size"], 11);
+  EXPECT_EQ(b.body.substr(b.json_length), p.data + l.data);
+  BinaryOutputs one;  // the label as JSON, the probabilities binary
+  one.per_output["probabilities"] = true;
+  const InferResponseBody c = ResponseBodyOf(r, one);
+  const auto k = nlohmann::json::parse(c.body.substr(0, c.json_length));
+  EXPECT_EQ(k["outputs"][1]["data"], nlohmann::json({"Sneaker"}));
+  EXPECT_EQ(c.body.substr(c.json_length), p.data);
+  EXPECT_EQ(ResponseBodyOf(r, {}).json_length, -1);  // no binary output: plain JSON
 }
 
 TEST(OipJson, ResponseCarriesFlatDataAndTheId) {

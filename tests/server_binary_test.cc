@@ -339,6 +339,15 @@ TEST(LoadGen, HttpProtocolReports) {
   EXPECT_EQ(j["errors_by_code"]["ModelInfer"]["INVALID_ARGUMENT"], 8);
   ASSERT_FALSE(j["error_samples"].empty());
   EXPECT_NE(j["error_samples"][0].get<std::string>().find("image"), std::string::npos);
+  // The same with binary tensors: the body is read (the error is the images' shape, not the
+  // layout).
+  r = Shell(base + "--workload=classify --concurrency=4 --requests=8 --http_binary");
+  EXPECT_EQ(r.code, 3) << r.out;
+  j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  EXPECT_EQ(j["errors_by_code"]["ModelInfer"]["INVALID_ARGUMENT"], 8);
+  EXPECT_NE(j["error_samples"][0].get<std::string>().find("shape [1, 28, 28, 1]"),
+            std::string::npos)
+      << j["error_samples"];
   (*server)->Shutdown();
   std::filesystem::remove_all(models.dir);
 }

@@ -78,13 +78,21 @@ void AppendBytesElement(std::string_view element, std::string* data);
 // "[1, 28, 28, 1]", for messages.
 std::string ShapeString(const std::vector<int64_t>& shape);
 
+// An output a request asks for, with its parameters: "classification" (the classification
+// extension: the top k classes instead of the tensor, both front ends); "binary_data" (the
+// binary tensor data extension, REST: its front end takes it out before the inference).
+struct RequestedOutput {
+  std::string name;
+  Parameters parameters;
+};
+
 struct InferRequest {
   std::string model;    // model_name
   std::string version;  // model_version; empty: the served one
   std::string id;
   Parameters parameters;
   std::vector<Tensor> inputs;
-  std::vector<std::string> outputs;  // requested outputs; empty: all of the model's
+  std::vector<RequestedOutput> outputs;  // requested outputs; empty: all of the model's
 };
 
 struct InferResponse {

@@ -192,8 +192,13 @@ class OipHttp::Handler {
   // decode step).
   absl::Status Infer(const HttpRequest& request, const ModelPath& mp,
                      const std::shared_ptr<RestCall>& call, bool* started) {
-    auto parsed = oip::ParseInferJson(request.body, mp.name, mp.version);
+    std::optional<absl::string_view> header_length;
+    const std::string_view hl = request.Header(oip::kInferenceHeaderLength);
+    if (!hl.empty()) header_length = absl::string_view(hl.data(), hl.size());
+    auto parsed = oip::ParseInferJson(request.body, mp.name, mp.version, header_length);
     if (!parsed.ok()) return parsed.status();
+    auto binary = oip::TakeBinaryOutputs(&*parsed);
+    if (!binary.ok()) return binary.status();
     oip::InferContext c;
     c.book = &call->book;
     c.observer = edge_->observer;
@@ -203,15 +208,22 @@ class OipHttp::Handler {
     if (o_.deadline_ms > 0)
       c.deadline = call->book.start() + std::chrono::milliseconds(o_.deadline_ms);
     c.cancelled = [call] { return call->reply.exchange()->Gone(); };
-    absl::Status st = oip::StartInfer(*edge_->gate->registry(), std::move(*parsed), c,
-                                      [call](absl::StatusOr<oip::InferResponse> r) {
-                                        if (call->reply.exchange()->Gone())
-                                          call->reply.override_status_ = 499;  // nobody reads it
-                                        absl::Status done = r.status();
-                                        if (r.ok())
-                                          call->reply.ok_body_ = oip::InferResponseJson(*r);
-                                        call->book.Finish(&call->reply, done);
-                                      });
+    absl::Status st =
+        oip::StartInfer(*edge_->gate->registry(), std::move(*parsed), c,
+                        [call, binary = *std::move(binary)](absl::StatusOr<oip::InferResponse> r) {
+                          if (call->reply.exchange()->Gone())
+                            call->reply.override_status_ = 499;  // nobody reads it
+                          if (r.ok()) {
+                            oip::InferResponseBody body = oip::ResponseBodyOf(*r, binary);
+                            if (body.json_length >= 0) {  // binary outputs after the JSON
+                              call->reply.ok_headers_.emplace_back(
+                                  oip::kInferenceHeaderLength, std::to_string(body.json_length));
+                              call->reply.ok_content_type_ = "application/octet-stream";
+                            }
+                            call->reply.ok_body_ = std::move(body.body);
+                          }
+                          call->book.Finish(&call->reply, r.status());
+                        });
     *started = st.ok();
     return st;
   }

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "server/core/image_input.h"
 #include "server/core/served_model.h"
@@ -52,20 +53,64 @@ absl::Status CheckParameterNames(const InferRequest& r, const ServedModel& m, co
 
 // The requested outputs are among `available` (what this call produces); `other` names the
 // model's outputs that another kind of call produces, for the message.
+// Each requested output once; its parameters are those it takes (the classification extension:
+// `classification` on a classifier's probabilities).
 absl::Status CheckOutputs(const InferRequest& r, const ServedModel& m,
                           const std::vector<std::string>& available, const char* why_not) {
-  for (const std::string& name : r.outputs) {
-    if (std::find(available.begin(), available.end(), name) != available.end()) continue;
-    return absl::InvalidArgumentError(
-        absl::StrCat("output \"", name.substr(0, 64), "\": this request to model ", m.name(),
-                     " returns ", absl::StrJoin(available, ", "), why_not));
+  for (size_t i = 0; i < r.outputs.size(); ++i) {
+    const RequestedOutput& o = r.outputs[i];
+    const std::string name = o.name.substr(0, 64);
+    if (std::find(available.begin(), available.end(), o.name) == available.end())
+      return absl::InvalidArgumentError(
+          absl::StrCat("output \"", name, "\": this request to model ", m.name(), " returns ",
+                       absl::StrJoin(available, ", "), why_not));
+    for (size_t j = 0; j < i; ++j)
+      if (r.outputs[j].name == o.name)
+        return absl::InvalidArgumentError(absl::StrCat("output ", name, " is asked for twice"));
+    const bool classifies = o.name == "probabilities";
+    for (const auto& [param, value] : o.parameters) {
+      if (param == "classification" && classifies) continue;
+      return absl::InvalidArgumentError(
+          absl::StrCat("output ", name, ": unknown parameter \"", param.substr(0, 64), "\" (",
+                       classifies ? "it takes classification" : "it takes none", ")"));
+    }
   }
   return absl::OkStatus();
 }
 
+const RequestedOutput* Requested(const InferRequest& r, const std::string& output) {
+  for (const RequestedOutput& o : r.outputs)
+    if (o.name == output) return &o;
+  return nullptr;
+}
+
 bool Wanted(const InferRequest& r, const std::string& output) {
-  return r.outputs.empty() ||
-         std::find(r.outputs.begin(), r.outputs.end(), output) != r.outputs.end();
+  return r.outputs.empty() || Requested(r, output) != nullptr;
+}
+
+// The classification extension: k when the probabilities output asks for its top k classes
+// (1 to the model's classes), else 0.
+absl::StatusOr<int64_t> ClassificationOf(const InferRequest& r, const ServedModel& m) {
+  const RequestedOutput* o = Requested(r, "probabilities");
+  if (o == nullptr) return 0;
+  const auto it = o->parameters.find("classification");
+  if (it == o->parameters.end()) return 0;
+  auto k = IntegerParameter("classification", it->second);
+  if (!k.ok()) return k.status();
+  if (*k < 1 || *k > m.Classes())
+    return absl::InvalidArgumentError(absl::StrCat("output probabilities: classification is ", *k,
+                                                   "; it must be in [1, ", m.Classes(), "] (model ",
+                                                   m.name(), " has ", m.Classes(), " classes)"));
+  return *k;
+}
+
+// One class of the classification extension: "<value>:<index>[:<label>]", the value with 9
+// significant digits (a float's exact text).
+std::string ClassificationText(float value, int64_t index, const ModelInfo& info) {
+  std::string out = absl::StrFormat("%.9g:%d", value, index);
+  if (index < static_cast<int64_t>(info.labels.size()) && !info.labels[index].empty())
+    absl::StrAppend(&out, ":", info.labels[index]);
+  return out;
 }
 
 // The `image` input as [n, H, W, C] uint8: UINT8 [n, H, W, C] raw pixels, or BYTES [n] PNGs;
@@ -179,9 +224,11 @@ absl::Status Classify(const InferRequest& r, const ModelRef& m, const InferConte
                                                    " takes image UINT8 [n, H, W, C]"));
   auto images = ImagesOf(*inputs->at("image"), *m, ctx.fault);
   if (!images.ok()) return images.status();
+  auto top = ClassificationOf(r, *m);
+  if (!top.ok()) return top.status();
   ctx.book->set_images(images->size(0));
   const bool probabilities = Wanted(r, "probabilities"), label = Wanted(r, "label");
-  auto reply = [ctx, m, done, base = ResponseFor(r, *m), probabilities, label](
+  auto reply = [ctx, m, done, base = ResponseFor(r, *m), probabilities, label, top = *top](
                    absl::StatusOr<at::Tensor> probs, double queue_seconds) {
     if (ctx.observer && queue_seconds > 0) ctx.observer->OnQueued(kRpc, m->name(), queue_seconds);
     ctx.book->NoteQueued(queue_seconds);
@@ -191,9 +238,16 @@ absl::Status Classify(const InferRequest& r, const ModelRef& m, const InferConte
       if (!probs.ok()) return probs.status();
       const int64_t rows = probs->size(0), k = probs->size(1);
       const float* p = probs->data_ptr<float>();
-      if (probabilities)
+      if (probabilities && top > 0) {  // the classification extension: BYTES [rows, top]
+        Tensor t = RawOutput("probabilities", DataType::kBytes, {rows, top}, nullptr, 0);
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t c : TopClasses(p + i * k, k, top))
+            AppendBytesElement(ClassificationText(p[i * k + c], c, m->info()), &t.data);
+        out.outputs.push_back(std::move(t));
+      } else if (probabilities) {
         out.outputs.push_back(RawOutput("probabilities", DataType::kFp32, {rows, k}, p,
                                         static_cast<size_t>(rows * k) * sizeof(float)));
+      }
       if (label) {
         Tensor t = RawOutput("label", DataType::kBytes, {rows}, nullptr, 0);
         for (int64_t i = 0; i < rows; ++i)  // the top-1 class, as krause.v1 Classify's first

@@ -1,5 +1,6 @@
 #include "server/oip/oip_json.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -26,9 +27,6 @@ absl::StatusOr<Parameters> ParametersOf(const Json& j, const std::string& field)
   if (j.is_null()) return out;
   if (!j.is_object()) return Bad(field, "must be an object");
   for (const auto& [name, v] : j.items()) {
-    if (name == "binary_data_size" || name == "binary_data" || name == "binary_data_output")
-      return Bad(absl::StrCat(field, ".", name),
-                 "the binary tensor extension is not supported: send the tensor as JSON data");
     if (v.is_boolean()) {
       out[name] = v.get<bool>();
     } else if (v.is_number_unsigned()) {
@@ -163,7 +161,15 @@ class Flattener {
   int64_t count_ = 0;
 };
 
-absl::StatusOr<Tensor> InputOf(const Json& j, size_t index) {
+// The binary part of a body (the binary tensor data extension): what follows the JSON, handed
+// out in the order of the inputs that have a binary_data_size.
+struct BinaryPart {
+  absl::string_view bytes;
+  bool present = false;  // the request has the Inference-Header-Content-Length header
+  size_t taken = 0;
+};
+
+absl::StatusOr<Tensor> InputOf(const Json& j, size_t index, BinaryPart* binary) {
   std::string field = absl::StrCat("inputs[", index, "]");
   if (!j.is_object()) return Bad(field, "must be an object");
   Tensor t;
@@ -190,12 +196,37 @@ absl::StatusOr<Tensor> InputOf(const Json& j, size_t index) {
   }
   auto count = ElementCount(t.shape, field);
   if (!count.ok()) return count.status();
+  std::optional<int64_t> binary_size;
   if (const auto p = j.find("parameters"); p != j.end()) {
     auto params = ParametersOf(*p, absl::StrCat(field, ".parameters"));
     if (!params.ok()) return params.status();
+    for (const auto& [pname, value] : *params) {
+      if (pname != "binary_data_size")
+        return Bad(field, absl::StrCat("unknown parameter \"", pname.substr(0, 32),
+                                       "\" (an input takes binary_data_size)"));
+      auto size = IntegerParameter(absl::StrCat(field, " binary_data_size"), value);
+      if (!size.ok()) return size.status();
+      binary_size = *size;
+    }
   }
   const auto data = j.find("data");
-  if (data == j.end()) return Bad(field, "needs \"data\"");
+  if (binary_size) {
+    if (data != j.end())
+      return Bad(field, "has both \"data\" and binary_data_size (send one or the other)");
+    if (!binary->present)
+      return Bad(field, absl::StrCat("binary_data_size needs the ", kInferenceHeaderLength,
+                                     " header (the JSON's length, the binary data after it)"));
+    const size_t left = binary->bytes.size() - binary->taken;
+    if (*binary_size < 0 || static_cast<uint64_t>(*binary_size) > left)
+      return Bad(field, absl::StrCat("binary_data_size is ", *binary_size, " but ", left,
+                                     " bytes of binary data are left in the body"));
+    t.data.assign(binary->bytes.data() + binary->taken, static_cast<size_t>(*binary_size));
+    binary->taken += static_cast<size_t>(*binary_size);
+    // Counts and well-formed BYTES elements: CheckContents names the tensor and what it needs.
+    if (absl::Status st = CheckContents(t); !st.ok()) return st;
+    return t;
+  }
+  if (data == j.end()) return Bad(field, "needs \"data\" (or binary_data_size)");
   Flattener f(&t, field);
   if (absl::Status st = f.Add(*data, 0); !st.ok()) return st;
   if (f.count() != *count)
@@ -265,7 +296,22 @@ Json DataOf(const Tensor& t) {
 }  // namespace
 
 absl::StatusOr<InferRequest> ParseInferJson(absl::string_view body, const std::string& model,
-                                            const std::string& version) {
+                                            const std::string& version,
+                                            std::optional<absl::string_view> header_length) {
+  BinaryPart binary;
+  if (header_length) {
+    uint64_t n = 0;
+    if (header_length->empty() || header_length->size() > 19 ||
+        header_length->find_first_not_of("0123456789") != absl::string_view::npos)
+      return Bad(kInferenceHeaderLength, "must be the JSON's length in bytes, a whole number");
+    for (char c : *header_length) n = 10 * n + static_cast<uint64_t>(c - '0');
+    if (n > body.size())
+      return Bad(kInferenceHeaderLength,
+                 absl::StrCat("is ", n, " but the body has only ", body.size(), " bytes"));
+    binary.present = true;
+    binary.bytes = body.substr(static_cast<size_t>(n));
+    body = body.substr(0, static_cast<size_t>(n));
+  }
   const Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("the body is not valid JSON");
   if (!j.is_object()) return absl::InvalidArgumentError("the body must be a JSON object");
@@ -289,10 +335,13 @@ absl::StatusOr<InferRequest> ParseInferJson(absl::string_view body, const std::s
   const auto inputs = j.find("inputs");
   if (inputs == j.end() || !inputs->is_array()) return Bad("inputs", "must be an array");
   for (size_t i = 0; i < inputs->size(); ++i) {
-    auto t = InputOf((*inputs)[i], i);
+    auto t = InputOf((*inputs)[i], i, &binary);
     if (!t.ok()) return t.status();
     r.inputs.push_back(std::move(*t));
   }
+  if (binary.taken != binary.bytes.size())
+    return Bad("body", absl::StrCat(binary.bytes.size() - binary.taken,
+                                    " bytes after the JSON belong to no input's binary_data_size"));
   if (const auto outputs = j.find("outputs"); outputs != j.end()) {
     if (!outputs->is_array()) return Bad("outputs", "must be an array");
     for (size_t i = 0; i < outputs->size(); ++i) {
@@ -300,32 +349,74 @@ absl::StatusOr<InferRequest> ParseInferJson(absl::string_view body, const std::s
       const std::string field = absl::StrCat("outputs[", i, "]");
       if (!o.is_object() || !o.contains("name") || !o["name"].is_string())
         return Bad(field, "must be an object with a string \"name\"");
+      RequestedOutput out{o["name"].get<std::string>(), {}};
       if (const auto p = o.find("parameters"); p != o.end()) {
         auto params = ParametersOf(*p, absl::StrCat(field, ".parameters"));
         if (!params.ok()) return params.status();
+        out.parameters = std::move(*params);
       }
-      r.outputs.push_back(o["name"].get<std::string>());
+      r.outputs.push_back(std::move(out));
     }
   }
   return r;
 }
 
-std::string InferResponseJson(const InferResponse& r) {
+absl::StatusOr<BinaryOutputs> TakeBinaryOutputs(InferRequest* r) {
+  BinaryOutputs b;
+  if (auto it = r->parameters.find("binary_data_output"); it != r->parameters.end()) {
+    if (!std::holds_alternative<bool>(it->second))
+      return Bad("parameters.binary_data_output", "must be true or false");
+    b.all = std::get<bool>(it->second);
+    r->parameters.erase(it);
+  }
+  for (RequestedOutput& o : r->outputs) {
+    auto it = o.parameters.find("binary_data");
+    if (it == o.parameters.end()) continue;
+    if (!std::holds_alternative<bool>(it->second))
+      return Bad(absl::StrCat("output ", o.name.substr(0, 64), " binary_data"),
+                 "must be true or false");
+    b.per_output[o.name] = std::get<bool>(it->second);
+    o.parameters.erase(it);
+  }
+  return b;
+}
+
+bool BinaryOutputs::Of(const std::string& output) const {
+  const auto it = per_output.find(output);
+  return it != per_output.end() ? it->second : all;
+}
+
+InferResponseBody ResponseBodyOf(const InferResponse& r, const BinaryOutputs& binary) {
   Json j;
   j["model_name"] = r.model;
   j["model_version"] = r.version;
   if (!r.id.empty()) j["id"] = r.id;
   j["outputs"] = Json::array();
+  std::string tail;
   for (const Tensor& t : r.outputs) {
     Json o;
     o["name"] = t.name;
     o["datatype"] = DataTypeName(t.datatype);
     o["shape"] = t.shape;
-    o["data"] = DataOf(t);
+    if (binary.Of(t.name)) {  // the raw form is the binary form: little-endian, BYTES prefixed
+      o["parameters"] = {{"binary_data_size", t.data.size()}};
+      tail += t.data;
+    } else {
+      o["data"] = DataOf(t);
+    }
     j["outputs"].push_back(std::move(o));
   }
-  return Dump(j);
+  InferResponseBody out;
+  out.body = Dump(j);
+  if (!tail.empty() || std::any_of(r.outputs.begin(), r.outputs.end(),
+                                   [&](const Tensor& t) { return binary.Of(t.name); })) {
+    out.json_length = static_cast<int64_t>(out.body.size());
+    out.body += tail;
+  }
+  return out;
 }
+
+std::string InferResponseJson(const InferResponse& r) { return ResponseBodyOf(r, {}).body; }
 
 std::string ModelMetadataJson(const ModelMetadata& m) {
   Json j;

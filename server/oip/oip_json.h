@@ -6,6 +6,8 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -15,13 +17,42 @@
 
 namespace krause::server::oip {
 
+// The binary tensor data extension's header: the length of the JSON at the start of a body whose
+// binary tensor data follows it.
+inline constexpr char kInferenceHeaderLength[] = "Inference-Header-Content-Length";
+
 // A POST .../infer body for `model` at `version` (from the path). InvalidArgument naming the
 // field for malformed JSON, a missing or mistyped field, an unknown datatype, a parameter that is
-// not a bool, number or string, data that does not fit its datatype or shape, and the binary
-// tensor extension's parameters (not supported).
-absl::StatusOr<InferRequest> ParseInferJson(absl::string_view body, const std::string& model,
-                                            const std::string& version);
-std::string InferResponseJson(const InferResponse& response);
+// not a bool, number or string, data that does not fit its datatype or shape.
+// The binary tensor data extension: with `header_length` (the Inference-Header-Content-Length
+// header's value) the JSON is the body's first header_length bytes, and each input with a
+// binary_data_size parameter (instead of "data") takes that many bytes of what follows, in the
+// inputs' order (the raw form: little-endian, BYTES elements length-prefixed); a length past the
+// body, a size past what is left, bytes that no input takes: InvalidArgument naming them.
+absl::StatusOr<InferRequest> ParseInferJson(
+    absl::string_view body, const std::string& model, const std::string& version,
+    std::optional<absl::string_view> header_length = std::nullopt);
+
+// Which outputs a REST response sends as binary data: an output's binary_data parameter, else the
+// request's binary_data_output (both false when absent).
+struct BinaryOutputs {
+  bool all = false;
+  std::map<std::string, bool> per_output;
+  bool Of(const std::string& output) const;
+};
+// Reads those parameters and takes them out of the request (the inference sees no transport
+// parameter); InvalidArgument when one is not a bool.
+absl::StatusOr<BinaryOutputs> TakeBinaryOutputs(InferRequest* request);
+
+// A response's body: the JSON, then the binary outputs' bytes in the outputs' order; with any
+// binary output, json_length is the JSON's length (the Inference-Header-Content-Length header),
+// else -1.
+struct InferResponseBody {
+  std::string body;
+  int64_t json_length = -1;
+};
+InferResponseBody ResponseBodyOf(const InferResponse& response, const BinaryOutputs& binary);
+std::string InferResponseJson(const InferResponse& response);  // every output as JSON data
 std::string ModelMetadataJson(const ModelMetadata& metadata);
 std::string ServerMetadataJson();
 // {"error": "<message>"}

@@ -167,7 +167,11 @@ absl::StatusOr<InferRequest> FromProto(const inference::ModelInferRequest& r) {
     if (absl::Status st = CheckContents(t); !st.ok()) return st;
     out.inputs.push_back(std::move(t));
   }
-  for (const auto& o : r.outputs()) out.outputs.push_back(o.name());
+  for (const auto& o : r.outputs()) {
+    auto op = ParametersOf(o.parameters(), absl::StrCat("output ", o.name().substr(0, 64), ": "));
+    if (!op.ok()) return op.status();
+    out.outputs.push_back({o.name(), std::move(*op)});
+  }
   return out;
 }
 

@@ -19,8 +19,9 @@
 
 namespace krause::server {
 
-inline void SendJson(HttpExchange* ex, int status, std::string body, HttpHeaders headers = {}) {
-  headers.emplace_back("Content-Type", "application/json");
+inline void SendJson(HttpExchange* ex, int status, std::string body, HttpHeaders headers = {},
+                     const char* content_type = "application/json") {
+  headers.emplace_back("Content-Type", content_type);
   ex->Reply({status, std::move(headers), std::move(body)});
 }
 
@@ -37,7 +38,9 @@ class RestReply {
   }
   void Finish(const grpc::Status& st) {
     if (st.ok()) {
-      SendJson(exchange_.get(), 200, std::move(ok_body_), echo_);
+      HttpHeaders headers = echo_;
+      headers.insert(headers.end(), ok_headers_.begin(), ok_headers_.end());
+      SendJson(exchange_.get(), 200, std::move(ok_body_), std::move(headers), ok_content_type_);
       return;
     }
     auto headers = echo_;
@@ -59,6 +62,8 @@ class RestReply {
   HttpExchange* exchange() const { return exchange_.get(); }
   const HttpHeaders& echo() const { return echo_; }
   std::string ok_body_;
+  HttpHeaders ok_headers_;                            // with the success body
+  const char* ok_content_type_ = "application/json";  // the success body's
   int override_status_ = 0;
 
  private:
