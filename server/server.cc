@@ -261,7 +261,7 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
       return c.status();
     }
     s->model_control_ = std::move(*c);
-    s->service_->SetModelControl(s->model_control_.get());
+    s->edge_.control.store(s->model_control_.get());
   } else {
     auto registry = Registry::Load(*specs, chained);
     if (!registry.ok()) {

@@ -75,6 +75,7 @@ class ModelControlTest : public ::testing::Test {
     o.repository_poll_seconds = 3600;  // polls run through PollNow
     o.auth_tokens_file = auth;
     o.admin_tokens_file = admin;
+    if (rest_) o.http_listen = "127.0.0.1:0";
     auto s = server::KrauseServer::Start(o, hooks);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
@@ -137,6 +138,7 @@ class ModelControlTest : public ::testing::Test {
   }
 
   std::string repo_;
+  bool rest_ = false;  // Start() with the REST port on
   std::unique_ptr<server::KrauseServer> server_;
   std::unique_ptr<v1::KrauseService::Stub> stub_;
 };
@@ -466,6 +468,114 @@ TEST_F(ModelControlTest, ALoadWithNothingThePolicyCanLoadFails) {
   v1::ClassifyResponse r;
   ASSERT_TRUE(Classify(&r).ok());  // version 1 still serves
   EXPECT_EQ(r.model_version(), "1");
+}
+
+// The Open Inference Protocol's model repository extension, over gRPC and REST, changes what is
+// served exactly as krause.v1's model control does: the index with states, unload, load of one
+// version, the admin token, and a server without model control refusing.
+TEST_F(ModelControlTest, TheRepositoryExtensionControlsTheModelsOverGrpcAndRest) {
+  PutVit(1, 11);
+  PutVit(2, 12);
+  WriteText(repo_ + "/vit/config.json", R"({"version_policy": {"latest": 1}})");
+  const std::string admin = repo_ + "/admin";
+  WriteText(admin, "root\n");
+  rest_ = true;
+  Start("explicit", "", admin);
+  auto channel = client::MakeChannel(ClientFor(server_->port()));
+  ASSERT_TRUE(channel.ok());
+  auto oip = inference::GRPCInferenceService::NewStub(*channel);
+  auto admin_ctx = [](grpc::ClientContext* ctx) {
+    ctx->AddMetadata("authorization", "Bearer root");
+  };
+  const auto grpc_index = [&](bool ready) {
+    inference::RepositoryIndexRequest req;
+    req.set_ready(ready);
+    inference::RepositoryIndexResponse r;
+    grpc::ClientContext ctx;
+    admin_ctx(&ctx);
+    EXPECT_TRUE(oip->RepositoryIndex(&ctx, req, &r).ok());
+    std::vector<std::string> out;
+    for (const auto& m : r.models()) out.push_back(m.name() + "@" + m.version() + " " + m.state());
+    return out;
+  };
+  // The same entries as krause.v1's RepositoryIndex.
+  EXPECT_EQ(grpc_index(false), (std::vector<std::string>{"vit@1 UNAVAILABLE", "vit@2 READY"}));
+  EXPECT_EQ(grpc_index(true), std::vector<std::string>{"vit@2 READY"});
+  // Unload over gRPC: nothing serves vit.
+  inference::RepositoryModelUnloadRequest unload;
+  unload.set_model_name("vit");
+  (*unload.mutable_parameters())["unload_dependents"].set_bool_param(false);
+  inference::RepositoryModelUnloadResponse ur;
+  {
+    grpc::ClientContext ctx;
+    admin_ctx(&ctx);
+    const grpc::Status st = oip->RepositoryModelUnload(&ctx, unload, &ur);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  v1::ClassifyResponse cr;
+  EXPECT_EQ(Classify(&cr).error_code(), grpc::StatusCode::UNAVAILABLE);
+  // Load version 1 over REST (a version the policy would not choose, named).
+  const int port = server_->http_port();
+  auto post = [&](const std::string& path, const std::string& body, const std::string& token) {
+    return RawHttp(port, "POST " + path + " HTTP/1.0\r\nAuthorization: Bearer " + token +
+                             "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
+                             body);
+  };
+  std::string r =
+      post("/v2/repository/models/vit/load", R"({"parameters": {"version": "1"}})", "root");
+  EXPECT_NE(r.find(" 200 "), std::string::npos) << r;
+  ASSERT_TRUE(Classify(&cr).ok());
+  EXPECT_EQ(cr.model_version(), "1");
+  r = post("/v2/repository/index", R"({"ready": true})", "root");
+  EXPECT_NE(r.find(R"([{"name":"vit","reason":"","state":"READY","version":"1"}])"),
+            std::string::npos)
+      << r;
+  r = post("/v2/repository/index", "", "root");
+  EXPECT_NE(r.find(R"("state":"UNAVAILABLE")"), std::string::npos) << r;
+  // Unload and load back over REST, with the policy's version.
+  EXPECT_NE(post("/v2/repository/models/vit/unload", "", "root").find(" 200 "), std::string::npos);
+  EXPECT_EQ(Classify(&cr).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(post("/v2/repository/models/vit/load", "{}", "root").find(" 200 "), std::string::npos);
+  ASSERT_TRUE(Classify(&cr).ok());
+  EXPECT_EQ(cr.model_version(), "2");
+  // Refusals: no admin token (401), an unknown model (404), a parameter it does not take (400),
+  // a GET (405).
+  EXPECT_NE(post("/v2/repository/index", "", "nobody").find(" 401 "), std::string::npos);
+  EXPECT_NE(post("/v2/repository/models/nope/load", "", "root").find(" 404 "), std::string::npos);
+  r = post("/v2/repository/models/vit/load", R"({"parameters": {"config": "{}"}})", "root");
+  EXPECT_NE(r.find(" 400 "), std::string::npos) << r;
+  EXPECT_NE(r.find("unknown parameter \\\"config\\\""), std::string::npos) << r;
+  EXPECT_NE(RawHttp(port, "GET /v2/repository/index HTTP/1.0\r\n\r\n").find(" 405 "),
+            std::string::npos);
+  {
+    inference::RepositoryModelLoadRequest load;
+    load.set_model_name("vit");
+    inference::RepositoryModelLoadResponse lr;
+    grpc::ClientContext ctx;  // no token
+    EXPECT_EQ(oip->RepositoryModelLoad(&ctx, load, &lr).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+}
+
+// Without model control the index lists the served models and a load is FAILED_PRECONDITION.
+TEST_F(ModelControlTest, TheRepositoryExtensionWithoutModelControl) {
+  PutVit(1, 11);
+  Start("none");
+  auto channel = client::MakeChannel(ClientFor(server_->port()));
+  ASSERT_TRUE(channel.ok());
+  auto oip = inference::GRPCInferenceService::NewStub(*channel);
+  inference::RepositoryModelLoadRequest load;
+  load.set_model_name("vit");
+  inference::RepositoryModelLoadResponse lr;
+  grpc::ClientContext ctx;
+  const grpc::Status st = oip->RepositoryModelLoad(&ctx, load, &lr);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(st.error_message(), HasSubstr("--model_control explicit"));
+  inference::RepositoryIndexResponse ir;
+  grpc::ClientContext ictx;
+  ASSERT_TRUE(oip->RepositoryIndex(&ictx, {}, &ir).ok());
+  ASSERT_EQ(ir.models_size(), 1);
+  EXPECT_EQ(ir.models(0).state(), "READY");
 }
 
 }  // namespace

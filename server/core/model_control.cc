@@ -44,6 +44,22 @@ const char* ModelControlModeName(ModelControlMode mode) {
   return "?";
 }
 
+std::vector<IndexEntry> IndexOf(const ModelControl* control, const Registry& registry,
+                                bool ready_only) {
+  if (control != nullptr) return control->Index(ready_only);
+  std::vector<IndexEntry> out;
+  for (const ModelRef& m : registry.models())
+    out.push_back({m->name(), m->info().version, VersionState::kReady, ""});
+  return out;
+}
+
+absl::Status NoModelControl(absl::string_view rpc) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      rpc,
+      " needs a versioned repository in --models_dir and --model_control explicit (this "
+      "server's models are fixed at start-up)"));
+}
+
 const char* VersionStateName(VersionState state) {
   switch (state) {
     case VersionState::kLoading:

@@ -47,6 +47,13 @@ struct IndexEntry {
   std::string reason;  // why UNAVAILABLE or FAILED
 };
 
+// What every model-control front end answers for an index: the repository's (`control`), or,
+// on a server without model control, the served models, each READY (nothing can change them).
+std::vector<IndexEntry> IndexOf(const class ModelControl* control, const Registry& registry,
+                                bool ready_only);
+// FAILED_PRECONDITION for a load or unload (`rpc`) on a server without model control.
+absl::Status NoModelControl(absl::string_view rpc);
+
 struct ModelControlOptions {
   ModelControlMode mode = ModelControlMode::kNone;
   std::string repository;    // the versioned repository (--models_dir)

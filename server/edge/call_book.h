@@ -103,11 +103,11 @@ class CallBook {
 
   // A call that did not come over gRPC (REST): the same, from plain values.
   absl::Status Enter(std::optional<std::string_view> authorization, std::string request_id,
-                     std::string traceparent, std::string peer) {
+                     std::string traceparent, std::string peer, bool admin = false) {
     request_id_ = std::move(request_id);
     traceparent_ = std::move(traceparent);
     if (log_ != nullptr) peer_ = std::move(peer);
-    const absl::Status st = gate_->Enter(authorization);
+    const absl::Status st = gate_->Enter(authorization, admin);
     entered_ = st.ok();
     return st;
   }

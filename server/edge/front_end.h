@@ -3,12 +3,15 @@
 // built off the model threads, the bound on an Inspect reply, and the tests' fault hook.
 // KrauseServer owns one and lends it to each front end (krause.v1, the Open Inference Protocol
 // over gRPC and REST); no front end reaches another's service for these.
-// Thread-safety: set up before serving, read-only afterwards (the pointees are thread-safe).
+// Thread-safety: set up before serving, read-only afterwards (the pointees are thread-safe), but
+// for `control`, set once the models are loaded.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "server/core/defaults.h"
+#include "server/core/model_control.h"
 #include "server/core/operations.h"
 #include "server/core/reply_pool.h"
 #include "server/edge/call_book.h"
@@ -19,6 +22,9 @@ namespace krause::server {
 
 struct FrontEndContext {
   Gate* gate = nullptr;
+  // A versioned repository's model control (null: a manifest or the flat layout, fixed at
+  // start-up). Set once, when the models are loaded (hence atomic).
+  std::atomic<ModelControl*> control{nullptr};
   CallObserver* observer = nullptr;   // may be null
   RequestLog* request_log = nullptr;  // may be null
   ReplyPool* replies = nullptr;

@@ -128,7 +128,9 @@ void AppendBytesElement(std::string_view element, std::string* data) {
   data->append(element.data(), element.size());
 }
 
-std::vector<std::string> Extensions() { return {"binary_tensor_data", "classification"}; }
+std::vector<std::string> Extensions() {
+  return {"binary_tensor_data", "classification", "model_repository"};
+}
 
 const char* ParameterTypeName(const Parameter& p) {
   switch (p.index()) {

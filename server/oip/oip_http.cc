@@ -16,6 +16,7 @@
 #include "server/oip/oip_generate.h"
 #include "server/oip/oip_infer.h"
 #include "server/oip/oip_json.h"
+#include "server/oip/oip_repository.h"
 #include "server/oip/rest_reply.h"
 
 namespace krause::server {
@@ -114,6 +115,7 @@ class OipHttp::Handler {
         return absl::OkStatus();
       });
     }
+    if (parts.size() >= 3 && parts[2] == "repository") return Repository(request, ex, parts, path);
     if (parts[2] != "models") return NotFound(ex.get(), path);
     const std::optional<ModelPath> mp = ParseModelPath(parts);
     if (!mp) return NotFound(ex.get(), path);
@@ -171,9 +173,9 @@ class OipHttp::Handler {
   // (kStarted: the core's answer finishes it); the request log, the metrics, the reply.
   template <typename Body>
   void Start(const HttpRequest& request, const std::shared_ptr<HttpExchange>& ex, const char* rpc,
-             Body&& body) {
+             Body&& body, bool admin = false) {
     auto call = std::make_shared<RestCall>(edge_, rpc, request, ex);
-    absl::Status st = EnterRest(call->book, request, call->reply);
+    absl::Status st = EnterRest(call->book, request, call->reply, admin);
     bool started = false;
     if (st.ok()) st = Guarded(rpc, [&] { return body(call, &started); });
     if (!started) call->book.Finish(&call->reply, st);
@@ -181,9 +183,47 @@ class OipHttp::Handler {
 
   template <typename Body>
   void Call(const HttpRequest& request, const std::shared_ptr<HttpExchange>& ex, const char* rpc,
-            Body&& body) {
-    Start(request, ex, rpc,
-          [&](const std::shared_ptr<RestCall>& call, bool*) { return body(call.get()); });
+            Body&& body, bool admin = false) {
+    Start(
+        request, ex, rpc,
+        [&](const std::shared_ptr<RestCall>& call, bool*) { return body(call.get()); }, admin);
+  }
+
+  // The model repository extension (oip_repository.h): POST /v2/repository/index and
+  // /v2/repository/models/{name}/load|unload, admin calls.
+  void Repository(const HttpRequest& request, const std::shared_ptr<HttpExchange>& ex,
+                  const std::vector<absl::string_view>& parts, const std::string& path) {
+    const bool index = parts.size() == 4 && parts[3] == "index";
+    const bool change = parts.size() == 6 && parts[3] == "models" && !parts[4].empty() &&
+                        (parts[5] == "load" || parts[5] == "unload");
+    if (!index && !change) return NotFound(ex.get(), path);
+    if (request.method != "POST") return NotAllowed(ex.get(), "POST");
+    if (index) {
+      return Call(
+          request, ex, "RepositoryIndex",
+          [&](RestCall* call) -> absl::Status {
+            auto ready = oip::ParseRepositoryIndexJson(request.body);
+            if (!ready.ok()) return ready.status();
+            call->reply.ok_body_ = oip::RepositoryIndexJson(
+                IndexOf(edge_->control.load(), *edge_->gate->registry(), *ready));
+            return absl::OkStatus();
+          },
+          /*admin=*/true);
+    }
+    const bool load = parts[5] == "load";
+    const std::string model(parts[4]);
+    Start(
+        request, ex, load ? "RepositoryModelLoad" : "RepositoryModelUnload",
+        [&](const std::shared_ptr<RestCall>& call, bool* started) -> absl::Status {
+          auto params = oip::ParseRepositoryChangeJson(request.body);
+          if (!params.ok()) return params.status();
+          *started = true;  // the control thread's answer finishes the call (or a refusal, now)
+          oip::StartRepositoryChange(
+              edge_->control.load(), load, model, *params,
+              [call](absl::Status st) { call->book.Finish(&call->reply, st); });
+          return absl::OkStatus();
+        },
+        /*admin=*/true);
   }
 
   // Parses the body (read whole by the HTTP server, which answered 413 or 408 itself) and starts

@@ -6,6 +6,8 @@
 //   GET  /v2/models/{name}[/versions/{v}]           model metadata
 //   GET  /v2/models/{name}[/versions/{v}]/ready     a probe
 //   POST /v2/models/{name}[/versions/{v}]/infer     an inference (oip_json.h, oip_infer.h)
+//   POST /v2/repository/index, /v2/repository/models/{name}/load, .../unload
+//                                                   model control (oip_repository.h; admin)
 //   POST /v2/models/{name}[/versions/{v}]/generate_stream, /generate
 //                                                   a generation over Server-Sent Events, or
 //                                                   answered once (oip_generate.h)

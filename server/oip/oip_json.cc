@@ -418,6 +418,41 @@ InferResponseBody ResponseBodyOf(const InferResponse& r, const BinaryOutputs& bi
 
 std::string InferResponseJson(const InferResponse& r) { return ResponseBodyOf(r, {}).body; }
 
+namespace {
+
+// A repository request's body as a JSON object with only `allowed` at its top ({} when empty).
+absl::StatusOr<Json> RepositoryBody(absl::string_view body, const char* allowed) {
+  if (body.find_first_not_of(" \t\r\n") == absl::string_view::npos) return Json::object();
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("the body is not valid JSON");
+  if (!j.is_object()) return absl::InvalidArgumentError("the body must be a JSON object");
+  for (const auto& [key, v] : j.items()) {
+    if (key != allowed)
+      return Bad("request",
+                 absl::StrCat("unknown field \"", key.substr(0, 32), "\" (", allowed, ")"));
+  }
+  return j;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> ParseRepositoryIndexJson(absl::string_view body) {
+  auto j = RepositoryBody(body, "ready");
+  if (!j.ok()) return j.status();
+  const auto ready = j->find("ready");
+  if (ready == j->end()) return false;
+  if (!ready->is_boolean()) return Bad("ready", "must be true or false");
+  return ready->get<bool>();
+}
+
+absl::StatusOr<Parameters> ParseRepositoryChangeJson(absl::string_view body) {
+  auto j = RepositoryBody(body, "parameters");
+  if (!j.ok()) return j.status();
+  const auto p = j->find("parameters");
+  if (p == j->end()) return Parameters();
+  return ParametersOf(*p, "parameters");
+}
+
 std::string ModelMetadataJson(const ModelMetadata& m) {
   Json j;
   j["name"] = m.name;

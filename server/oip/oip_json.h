@@ -53,6 +53,10 @@ struct InferResponseBody {
 };
 InferResponseBody ResponseBodyOf(const InferResponse& response, const BinaryOutputs& binary);
 std::string InferResponseJson(const InferResponse& response);  // every output as JSON data
+// The model repository extension's bodies: an index's {"ready": bool} (its `ready`), a load's or
+// an unload's {"parameters": {...}}; an empty body is {}. InvalidArgument naming what is wrong.
+absl::StatusOr<bool> ParseRepositoryIndexJson(absl::string_view body);
+absl::StatusOr<Parameters> ParseRepositoryChangeJson(absl::string_view body);
 std::string ModelMetadataJson(const ModelMetadata& metadata);
 std::string ServerMetadataJson();
 // {"error": "<message>"}

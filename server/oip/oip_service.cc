@@ -1,8 +1,12 @@
 #include "server/oip/oip_service.h"
 
+#include <memory>
+
+#include "absl/strings/str_cat.h"
 #include "server/edge/status.h"
 #include "server/oip/oip_infer.h"
 #include "server/oip/oip_proto.h"
+#include "server/oip/oip_repository.h"
 
 namespace krause::server {
 namespace {
@@ -11,6 +15,52 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Sta
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
   r->Finish(ToGrpcStatus(st));
   return r;
+}
+
+// A model-control request's parameters in the protocol's native form (bytes as a string).
+absl::StatusOr<oip::Parameters> ParametersOf(
+    const google::protobuf::Map<std::string, inference::ModelRepositoryParameter>& in) {
+  oip::Parameters out;
+  for (const auto& [name, p] : in) {
+    switch (p.parameter_choice_case()) {
+      case inference::ModelRepositoryParameter::kBoolParam:
+        out[name] = p.bool_param();
+        break;
+      case inference::ModelRepositoryParameter::kInt64Param:
+        out[name] = p.int64_param();
+        break;
+      case inference::ModelRepositoryParameter::kStringParam:
+        out[name] = p.string_param();
+        break;
+      case inference::ModelRepositoryParameter::kBytesParam:
+        out[name] = p.bytes_param();
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter ", name.substr(0, 64), " has no value"));
+    }
+  }
+  return out;
+}
+
+// A load or unload: an admin call whose answer comes from the model control thread.
+template <typename Request>
+grpc::ServerUnaryReactor* RepositoryChange(const FrontEndContext* edge,
+                                           grpc::CallbackServerContext* ctx, const Request& request,
+                                           bool load) {
+  auto call = std::make_shared<UnaryCall>(edge->gate, edge->observer, edge->request_log, ctx,
+                                          load ? "RepositoryModelLoad" : "RepositoryModelUnload",
+                                          kProtocolOipGrpc);
+  grpc::ServerUnaryReactor* reactor = call->reactor();
+  if (!call->Enter(ctx, /*admin=*/true)) return reactor;
+  auto params = ParametersOf(request.parameters());
+  if (!params.ok()) {
+    call->Finish(params.status());
+    return reactor;
+  }
+  oip::StartRepositoryChange(edge->control.load(), load, request.model_name(), *params,
+                             [call](absl::Status st) { call->Finish(st); });
+  return reactor;
 }
 
 // The readiness probes' view: models loaded and not draining.
@@ -108,6 +158,38 @@ grpc::ServerUnaryReactor* OipService::ModelInfer(grpc::CallbackServerContext* ct
   });
   if (!st.ok()) call->Finish(st);
   return reactor;
+}
+
+grpc::ServerUnaryReactor* OipService::RepositoryIndex(
+    grpc::CallbackServerContext* ctx, const inference::RepositoryIndexRequest* request,
+    inference::RepositoryIndexResponse* response) {
+  UnaryCall call(edge_->gate, edge_->observer, edge_->request_log, ctx, "RepositoryIndex",
+                 kProtocolOipGrpc);
+  if (!call.Enter(ctx, /*admin=*/true)) return call.reactor();
+  call.Finish(Guarded("RepositoryIndex", [&] {
+    for (const IndexEntry& e :
+         IndexOf(edge_->control.load(), *edge_->gate->registry(), request->ready())) {
+      auto* m = response->add_models();
+      m->set_name(e.name);
+      if (e.version != 0) m->set_version(std::to_string(e.version));
+      m->set_state(VersionStateName(e.state));
+      m->set_reason(e.reason);
+    }
+    return absl::OkStatus();
+  }));
+  return call.reactor();
+}
+
+grpc::ServerUnaryReactor* OipService::RepositoryModelLoad(
+    grpc::CallbackServerContext* ctx, const inference::RepositoryModelLoadRequest* request,
+    inference::RepositoryModelLoadResponse*) {
+  return RepositoryChange(edge_, ctx, *request, /*load=*/true);
+}
+
+grpc::ServerUnaryReactor* OipService::RepositoryModelUnload(
+    grpc::CallbackServerContext* ctx, const inference::RepositoryModelUnloadRequest* request,
+    inference::RepositoryModelUnloadResponse*) {
+  return RepositoryChange(edge_, ctx, *request, /*load=*/false);
 }
 
 }  // namespace krause::server

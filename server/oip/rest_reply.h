@@ -71,12 +71,14 @@ class RestReply {
   HttpHeaders echo_;
 };
 
-// Enters the gate for a REST call: its bearer token, the ids it echoes, its peer.
-inline absl::Status EnterRest(CallBook& book, const HttpRequest& request, const RestReply& reply) {
+// Enters the gate for a REST call: its bearer token (an admin token for model control), the ids
+// it echoes, its peer.
+inline absl::Status EnterRest(CallBook& book, const HttpRequest& request, const RestReply& reply,
+                              bool admin = false) {
   std::optional<std::string_view> authorization;
   const std::string_view auth = request.Header("Authorization");
   if (!auth.empty()) authorization = auth;
-  return book.Enter(authorization, reply.request_id(), reply.traceparent(), request.peer);
+  return book.Enter(authorization, reply.request_id(), reply.traceparent(), request.peer, admin);
 }
 
 }  // namespace krause::server

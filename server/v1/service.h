@@ -54,16 +54,11 @@ class KrauseService final : public v1::KrauseService::CallbackService {
   grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* ctx,
                                             const v1::RepositoryIndexRequest* request,
                                             v1::RepositoryIndexResponse* response) override;
-  // A versioned repository's model control (null: a manifest or the flat layout, fixed at
-  // start-up). Set once, when the models are loaded.
-  void SetModelControl(ModelControl* control) { control_.store(control); }
-
   const FrontEndContext& edge() const { return *edge_; }
   Gate* gate() const { return edge_->gate; }
 
  private:
   const FrontEndContext* const edge_;
-  std::atomic<ModelControl*> control_{nullptr};
 };
 
 }  // namespace krause::server

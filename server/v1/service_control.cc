@@ -38,21 +38,6 @@ void Fill(const std::vector<IndexEntry>& entries, Entries* out) {
   }
 }
 
-// Without a repository: the served models, each READY (nothing can change them).
-std::vector<IndexEntry> ServedIndex(const Registry& registry) {
-  std::vector<IndexEntry> out;
-  for (const ModelRef& m : registry.models())
-    out.push_back({m->name(), m->info().version, VersionState::kReady, ""});
-  return out;
-}
-
-absl::Status NoRepository(const char* rpc) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      rpc,
-      " needs a versioned repository in --models_dir and --model_control explicit (this "
-      "server's models are fixed at start-up)"));
-}
-
 // A model-control call carried out on the control thread: the gate's admin check, then
 // `start(control, done)`; `done` fills `entries` with the model's versions and finishes the call.
 template <typename Entries>
@@ -63,7 +48,7 @@ grpc::ServerUnaryReactor* ControlCall(
   grpc::ServerUnaryReactor* reactor = call->reactor();
   if (!call->Enter(ctx, /*admin=*/true)) return reactor;
   if (control == nullptr) {
-    call->Finish(NoRepository(rpc));
+    call->Finish(NoModelControl(rpc));
     return reactor;
   }
   start(control, [call, rpc, entries](absl::StatusOr<std::vector<IndexEntry>> result) {
@@ -83,7 +68,7 @@ grpc::ServerUnaryReactor* KrauseService::LoadModel(grpc::CallbackServerContext* 
                                                    v1::LoadModelResponse* response) {
   return ControlCall(std::make_shared<UnaryCall>(edge_->gate, edge_->observer, edge_->request_log,
                                                  ctx, "LoadModel"),
-                     ctx, control_.load(), "LoadModel", response->mutable_versions(),
+                     ctx, edge_->control.load(), "LoadModel", response->mutable_versions(),
                      [request](ModelControl* c, ModelControl::Done done) {
                        c->Load(request->name(), request->version(), std::move(done));
                      });
@@ -94,7 +79,7 @@ grpc::ServerUnaryReactor* KrauseService::UnloadModel(grpc::CallbackServerContext
                                                      v1::UnloadModelResponse* response) {
   return ControlCall(std::make_shared<UnaryCall>(edge_->gate, edge_->observer, edge_->request_log,
                                                  ctx, "UnloadModel"),
-                     ctx, control_.load(), "UnloadModel", response->mutable_versions(),
+                     ctx, edge_->control.load(), "UnloadModel", response->mutable_versions(),
                      [request](ModelControl* c, ModelControl::Done done) {
                        c->Unload(request->name(), request->version(), std::move(done));
                      });
@@ -106,10 +91,8 @@ grpc::ServerUnaryReactor* KrauseService::RepositoryIndex(grpc::CallbackServerCon
   UnaryCall call(edge_->gate, edge_->observer, edge_->request_log, ctx, "RepositoryIndex");
   if (!call.Enter(ctx, /*admin=*/true)) return call.reactor();
   call.Finish(Guarded("RepositoryIndex", [&] {
-    ModelControl* control = control_.load();
-    std::vector<IndexEntry> entries = control != nullptr ? control->Index(request->ready_only())
-                                                         : ServedIndex(*edge_->gate->registry());
-    Fill(entries, response->mutable_models());
+    Fill(IndexOf(edge_->control.load(), *edge_->gate->registry(), request->ready_only()),
+         response->mutable_models());
     return absl::OkStatus();
   }));
   return call.reactor();
