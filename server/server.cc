@@ -172,6 +172,7 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   s->replies_ = std::make_unique<ReplyPool>(options.reply_threads);
   s->edge_.gate = &s->gate_;
   s->edge_.observer = s->metrics_.get();
+  s->edge_.stats = &s->metrics_->stats();
   s->edge_.request_log = s->request_log_.get();
   s->edge_.replies = s->replies_.get();
   s->edge_.inspect_max_entries = options.inspect_max_entries;

@@ -509,7 +509,8 @@ def run(oip, native, port, hport, mport, log_path):
     check(s == 200 and body == {"ready": True}, f"REST /v2/health/ready: {s} {body}")
     s, body = http("GET", "/v2")
     check(s == 200 and body["name"] == "krause-serve" and
-          body["extensions"] == ["binary_tensor_data", "classification", "model_repository"],
+          body["extensions"] == ["binary_tensor_data", "classification", "model_repository",
+                                 "statistics"],
           f"REST /v2 lists exactly the extensions served: {s} {body}")
     s, body = http("GET", "/v2", token=False)
     check(s == 401 and "error" in body, f"REST /v2 without a token: {s} {body}")

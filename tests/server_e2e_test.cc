@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "client/resume.h"
+#include "inference/grpc_predict_v2.grpc.pb.h"
 #include "model/data/png.h"
 #include "model/engine/decode_engine.h"
 #include "model/engine/inspect.h"
@@ -594,6 +595,92 @@ TEST_F(ServerTest, RestGenerationStopsAtItsTimeoutParameter) {
   EXPECT_NE(reply.find("HTTP/1.1 504"), std::string::npos) << reply;
   EXPECT_NE(reply.find("deadline exceeded"), std::string::npos) << reply;
   EXPECT_TRUE(SlotsFree("karm-big"));
+}
+
+// The statistics extension counts the inference calls made, through every protocol, per model
+// version: successes and failures with their time, images, queue waits, and the batches that ran
+// them (their sizes adding up to the images); gRPC and REST give the same figures.
+TEST_F(ServerTest, StatisticsCountTheCallsMadeOverEveryProtocol) {
+  server_->Shutdown();
+  server::ServerOptions o = LoopbackOptions(models_.manifest);
+  o.http_listen = "127.0.0.1:0";
+  StartServer(o);
+  const at::Tensor images = RandomImages(3, 8, 8, 1, 5);
+  for (int call = 0; call < 2; ++call) {  // two krause.v1 Classify calls of 3 images
+    v1::ClassifyRequest req;
+    req.set_model("vit");
+    for (int i = 0; i < 3; ++i) *req.add_images() = RawImage(images[i]);
+    v1::ClassifyResponse r;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->Classify(&ctx, req, &r).ok());
+  }
+  {  // one that fails (a 9x8 image): counted as a failure of vit
+    v1::ClassifyRequest req;
+    req.set_model("vit");
+    *req.add_images() = RawImage(RandomImages(1, 9, 8, 1, 1)[0]);
+    v1::ClassifyResponse r;
+    grpc::ClientContext ctx;
+    ASSERT_EQ(stub_->Classify(&ctx, req, &r).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  // One REST infer of one image.
+  std::string data;
+  for (int i = 0; i < 64; ++i) data += (i ? "," : "") + std::to_string(i);
+  const std::string body =
+      R"({"inputs":[{"name":"image","datatype":"UINT8","shape":[1,8,8,1],"data":[)" + data + "]}]}";
+  std::string post = InferPost("vit", body);
+  post.replace(post.find("HTTP/1.1"), 8, "HTTP/1.0");  // the server closes after the answer
+  ASSERT_NE(RawHttp(server_->http_port(), post).find(" 200 "), std::string::npos);
+  auto channel = client::MakeChannel(conn_);
+  ASSERT_TRUE(channel.ok());
+  auto oip = inference::GRPCInferenceService::NewStub(*channel);
+  const auto stats = [&](const std::string& name, const std::string& version,
+                         inference::ModelStatisticsResponse* r) {
+    inference::ModelStatisticsRequest req;
+    req.set_name(name);
+    req.set_version(version);
+    grpc::ClientContext ctx;
+    return oip->ModelStatistics(&ctx, req, r);
+  };
+  // The batches are reported when they end, which may be just after their calls' answers.
+  inference::ModelStatisticsResponse r;
+  ASSERT_TRUE(Eventually([&] {
+    r.Clear();
+    if (!stats("vit", "", &r).ok() || r.model_stats_size() != 1) return false;
+    uint64_t images = 0;
+    for (const auto& b : r.model_stats(0).batch_stats())
+      images += b.batch_size() * b.compute_infer().count();
+    return images == 7;
+  })) << r.DebugString();
+  const inference::ModelStatistics& m = r.model_stats(0);
+  EXPECT_EQ(m.name(), "vit");
+  EXPECT_EQ(m.version(), "1");
+  EXPECT_EQ(m.inference_count(), 7u);
+  EXPECT_GT(m.last_inference(), 1700000000000u);
+  const inference::InferStatistics& i = m.inference_stats();
+  EXPECT_EQ(i.success().count(), 3u);
+  EXPECT_GT(i.success().ns(), 0u);
+  EXPECT_EQ(i.fail().count(), 1u);
+  EXPECT_EQ(i.queue().count(), 3u);
+  EXPECT_GE(m.execution_count(), 1u);
+  EXPECT_EQ(i.compute_infer().count(), m.execution_count());
+  // REST: the same figures, and every served model without a name.
+  const std::string rest =
+      RawHttp(server_->http_port(), "GET /v2/models/vit/stats HTTP/1.0\r\n\r\n");
+  const size_t at = rest.find("\r\n\r\n");
+  ASSERT_NE(at, std::string::npos) << rest;
+  const auto j = nlohmann::json::parse(rest.substr(at + 4));
+  ASSERT_EQ(j["model_stats"].size(), 1u) << j;
+  EXPECT_EQ(j["model_stats"][0]["inference_count"], 7);
+  EXPECT_EQ(j["model_stats"][0]["inference_stats"]["success"]["count"], 3);
+  EXPECT_EQ(j["model_stats"][0]["inference_stats"]["fail"]["count"], 1);
+  EXPECT_EQ(j["model_stats"][0]["execution_count"], m.execution_count());
+  const std::string all = RawHttp(server_->http_port(), "GET /v2/models/stats HTTP/1.0\r\n\r\n");
+  const auto k = nlohmann::json::parse(all.substr(all.find("\r\n\r\n") + 4));
+  EXPECT_EQ(k["model_stats"].size(), 5u) << k;  // the five tiny models, each version 1
+  EXPECT_NE(
+      RawHttp(server_->http_port(), "GET /v2/models/nope/stats HTTP/1.0\r\n\r\n").find(" 404 "),
+      std::string::npos);
+  EXPECT_EQ(stats("vit", "2", &r).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
 TEST_F(ServerTest, GenerateDeadlineStopsTheWork) {

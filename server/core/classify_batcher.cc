@@ -271,7 +271,13 @@ void ClassifyBatcher::RunBatch(std::vector<Entry>& batch, const DeviceContext& c
   int64_t images = 0;
   for (const Entry& e : batch) images += e.job.images.size(0);
   // Reported before the replies go out, so whoever sees a reply also sees its batch counted.
-  if (on_batch_) on_batch_(BatchEvent{images, static_cast<int64_t>(batch.size()), compute});
+  if (on_batch_) {
+    BatchEvent e;
+    e.images = images;
+    e.requests = static_cast<int64_t>(batch.size());
+    e.compute_seconds = compute;
+    on_batch_(e);
+  }
   int64_t offset = 0;
   for (Entry& e : batch) {
     const int64_t n = e.job.images.size(0);

@@ -67,6 +67,7 @@ struct BatchingOptions {
 
 // What the batcher did with one batch (for metrics and tests).
 struct BatchEvent {
+  int64_t version = 0;  // the served model's (set by ServedClassifier)
   int64_t images = 0;
   int64_t requests = 0;
   double compute_seconds = 0;

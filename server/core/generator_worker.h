@@ -81,6 +81,7 @@ struct ScoreJob {
 
 // One engine step, as the worker saw it (for metrics).
 struct DecodeEvent {
+  int64_t version = 0;  // the served model's (set by ServedGenerator)
   StepStats stats;
   double seconds = 0;        // wall time of the step (admission prefill included)
   double score_seconds = 0;  // Score work run before the step in the same iteration

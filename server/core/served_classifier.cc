@@ -73,7 +73,12 @@ absl::StatusOr<std::unique_ptr<ServedModel>> ServedClassifier::Create(const Mode
   b.attention_impl = *impl;
   std::function<void(const BatchEvent&)> on_batch;
   if (hooks.on_classify_batch)
-    on_batch = [f = hooks.on_classify_batch, name = spec.name](const BatchEvent& e) { f(name, e); };
+    on_batch = [f = hooks.on_classify_batch, name = spec.name,
+                version = spec.version](const BatchEvent& e) {
+      BatchEvent v = e;
+      v.version = version;
+      f(name, v);
+    };
   m->batcher_ = std::make_unique<ClassifyBatcher>(model.vit, spec.device, b, on_batch, packed);
   return m;
 }

@@ -104,7 +104,12 @@ absl::StatusOr<std::unique_ptr<ServedModel>> ServedGenerator::Create(const Model
   g.engine.attention_impl = *impl;
   std::function<void(const DecodeEvent&)> on_step;
   if (hooks.on_decode_step)
-    on_step = [f = hooks.on_decode_step, name = spec.name](const DecodeEvent& e) { f(name, e); };
+    on_step = [f = hooks.on_decode_step, name = spec.name,
+               version = spec.version](const DecodeEvent& e) {
+      DecodeEvent v = e;
+      v.version = version;
+      f(name, v);
+    };
   auto worker = GeneratorWorker::Create(model.pixel, g, std::move(on_step));
   if (!worker.ok()) return WithContext("model " + spec.name, worker.status());
   std::unique_ptr<ServedGenerator> served(new ServedGenerator(spec, model, std::move(*worker)));

@@ -65,6 +65,11 @@ struct CallObserver {
   // A Generate message was sent: `first`: seconds since the call arrived; else since the
   // previous message.
   virtual void OnStreamChunk(const std::string& model, bool first, double seconds) {}
+  // Every call that resolved a model, once, when it finishes, with what its book knows: the
+  // images it asked for and its longest queue wait (the statistics extension's source).
+  virtual void OnModelCall(const std::string& rpc, const std::string& model,
+                           const std::string& version, bool ok, double seconds, int64_t images,
+                           double queue_seconds) {}
   // A call that failed with a google.rpc.ErrorInfo reason (server/edge/status.h: QUEUE_FULL,
   // DRAINING, ...), after its OnCallDone.
   virtual void OnRefused(const std::string& rpc, const std::string& protocol,
@@ -170,6 +175,16 @@ class CallBook {
     const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
     if (observer_ != nullptr) {
       observer_->OnCallDone(rpc_, protocol_, model_, version_, g.error_code(), seconds);
+      if (!model_.empty()) {
+        int64_t images;
+        double queued;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          images = images_;
+          queued = queue_seconds_;
+        }
+        observer_->OnModelCall(rpc_, model_, version_, g.ok(), seconds, images, queued);
+      }
       if (!d.reason.empty()) observer_->OnRefused(rpc_, protocol_, model_, d.reason);
     }
     if (log_ != nullptr) {

@@ -16,6 +16,7 @@
 #include "server/core/reply_pool.h"
 #include "server/edge/call_book.h"
 #include "server/edge/gate.h"
+#include "server/edge/model_stats.h"
 #include "server/edge/request_log.h"
 
 namespace krause::server {
@@ -27,6 +28,7 @@ struct FrontEndContext {
   std::atomic<ModelControl*> control{nullptr};
   CallObserver* observer = nullptr;   // may be null
   RequestLog* request_log = nullptr;  // may be null
+  const StatsBook* stats = nullptr;   // the statistics extension's figures; may be null
   ReplyPool* replies = nullptr;
   int64_t inspect_max_entries = defaults::kInspectMaxEntries;
   FaultHook fault;  // tests only; may be empty

@@ -4,6 +4,7 @@
 #include <prometheus/collectable.h>
 #include <prometheus/text_serializer.h>
 
+#include <chrono>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -245,6 +246,7 @@ WorkerHooks Metrics::Hooks() {
     classify_batch_.Add({{"model", model}}, SizeBuckets()).Observe(static_cast<double>(e.images));
     compute_.Add({{"model", model}, {"work", "classify_batch"}}, SecondsBuckets())
         .Observe(e.compute_seconds);
+    stats_.OnExecution(model, std::to_string(e.version), e.images, e.compute_seconds);
   };
   h.on_decode_step = [this](const std::string& model, const DecodeEvent& e) {
     if (e.stats.batch > 0) {
@@ -253,6 +255,7 @@ WorkerHooks Metrics::Hooks() {
       compute_.Add({{"model", model}, {"work", "decode_step"}}, SecondsBuckets())
           .Observe(e.seconds);
       pixels_.Add({{"model", model}}).Increment(static_cast<double>(e.stats.sequences));
+      stats_.OnExecution(model, std::to_string(e.version), e.stats.sequences, e.seconds);
     }
   };
   return h;
@@ -272,6 +275,19 @@ void Metrics::OnCallDone(const std::string& rpc, const std::string& protocol,
       .Add({{"rpc", rpc}, {"protocol", protocol}, {"model", model}, {"version", version}},
            SecondsBuckets())
       .Observe(seconds);
+}
+
+void Metrics::OnModelCall(const std::string& rpc, const std::string& model,
+                          const std::string& version, bool ok, double seconds, int64_t images,
+                          double queue_seconds) {
+  // Inferences only (not metadata or model control): what the statistics extension counts.
+  if (rpc != "Classify" && rpc != "Generate" && rpc != "Score" && rpc != "Inspect" &&
+      rpc != "ModelInfer")
+    return;
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::system_clock::now().time_since_epoch());
+  stats_.OnInference(model, version, ok, seconds, images, queue_seconds,
+                     static_cast<uint64_t>(now.count()));
 }
 
 void Metrics::OnRefused(const std::string& rpc, const std::string& protocol,

@@ -22,6 +22,7 @@
 #include "server/core/registry.h"
 #include "server/edge/call_book.h"
 #include "server/edge/gate.h"
+#include "server/edge/model_stats.h"
 
 namespace krause::server {
 
@@ -51,6 +52,10 @@ class Metrics : public CallObserver {
   void OnStreamChunk(const std::string& model, bool first, double seconds) override;
   void OnRefused(const std::string& rpc, const std::string& protocol, const std::string& model,
                  const std::string& reason) override;
+  void OnModelCall(const std::string& rpc, const std::string& model, const std::string& version,
+                   bool ok, double seconds, int64_t images, double queue_seconds) override;
+  // The statistics extension's per-version figures, fed by the same events.
+  const StatsBook& stats() const { return stats_; }
 
  private:
   class Gauges;
@@ -70,6 +75,7 @@ class Metrics : public CallObserver {
   prometheus::Family<prometheus::Counter>& pixels_;
   prometheus::Family<prometheus::Counter>& flops_executed_;
   prometheus::Family<prometheus::Counter>& flops_dense_;
+  StatsBook stats_;
 };
 
 }  // namespace krause::server

@@ -129,7 +129,7 @@ void AppendBytesElement(std::string_view element, std::string* data) {
 }
 
 std::vector<std::string> Extensions() {
-  return {"binary_tensor_data", "classification", "model_repository"};
+  return {"binary_tensor_data", "classification", "model_repository", "statistics"};
 }
 
 const char* ParameterTypeName(const Parameter& p) {

@@ -17,14 +17,15 @@
 #include "server/oip/oip_infer.h"
 #include "server/oip/oip_json.h"
 #include "server/oip/oip_repository.h"
+#include "server/oip/oip_statistics.h"
 #include "server/oip/rest_reply.h"
 
 namespace krause::server {
 namespace {
 
 // The path's parts after /v2/models/: name, version (may be empty), and the action ("" for the
-// metadata, "ready", "infer", "generate", "generate_stream"); nullopt when the path is not of that
-// form.
+// metadata, "ready", "infer", "generate", "generate_stream", "stats"); nullopt when the path is not
+// of that form.
 struct ModelPath {
   std::string name, version, action;
 };
@@ -40,8 +41,9 @@ std::optional<ModelPath> ParseModelPath(const std::vector<absl::string_view>& pa
     at += 2;
   }
   if (parts.size() == at) return p;
-  if (parts.size() == at + 1 && (parts[at] == "ready" || parts[at] == "infer" ||
-                                 parts[at] == "generate" || parts[at] == "generate_stream")) {
+  if (parts.size() == at + 1 &&
+      (parts[at] == "ready" || parts[at] == "infer" || parts[at] == "generate" ||
+       parts[at] == "generate_stream" || parts[at] == "stats")) {
     p.action = std::string(parts[at]);
     return p;
   }
@@ -117,8 +119,20 @@ class OipHttp::Handler {
     }
     if (parts.size() >= 3 && parts[2] == "repository") return Repository(request, ex, parts, path);
     if (parts[2] != "models") return NotFound(ex.get(), path);
-    const std::optional<ModelPath> mp = ParseModelPath(parts);
+    const bool all_stats = parts.size() == 4 && parts[3] == "stats";
+    const std::optional<ModelPath> mp =
+        all_stats ? std::optional<ModelPath>(ModelPath{"", "", "stats"}) : ParseModelPath(parts);
     if (!mp) return NotFound(ex.get(), path);
+    if (mp->action == "stats") {  // the statistics extension
+      if (post) return NotAllowed(ex.get(), "GET");
+      return Call(request, ex, "ModelStatistics", [&](RestCall* call) -> absl::Status {
+        if (edge_->stats == nullptr) return absl::UnimplementedError("no statistics kept");
+        auto stats = oip::StatisticsOf(*gate.registry(), *edge_->stats, mp->name, mp->version);
+        if (!stats.ok()) return stats.status();
+        call->reply.ok_body_ = oip::StatisticsJson(*stats);
+        return absl::OkStatus();
+      });
+    }
     const bool posted_action =
         mp->action == "infer" || mp->action == "generate" || mp->action == "generate_stream";
     if (posted_action != post) return NotAllowed(ex.get(), post ? "GET" : "POST");

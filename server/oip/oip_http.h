@@ -6,6 +6,7 @@
 //   GET  /v2/models/{name}[/versions/{v}]           model metadata
 //   GET  /v2/models/{name}[/versions/{v}]/ready     a probe
 //   POST /v2/models/{name}[/versions/{v}]/infer     an inference (oip_json.h, oip_infer.h)
+//   GET  /v2/models[/{name}[/versions/{v}]]/stats   the statistics extension (oip_statistics.h)
 //   POST /v2/repository/index, /v2/repository/models/{name}/load, .../unload
 //                                                   model control (oip_repository.h; admin)
 //   POST /v2/models/{name}[/versions/{v}]/generate_stream, /generate

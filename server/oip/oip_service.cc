@@ -7,6 +7,7 @@
 #include "server/oip/oip_infer.h"
 #include "server/oip/oip_proto.h"
 #include "server/oip/oip_repository.h"
+#include "server/oip/oip_statistics.h"
 
 namespace krause::server {
 namespace {
@@ -190,6 +191,44 @@ grpc::ServerUnaryReactor* OipService::RepositoryModelUnload(
     grpc::CallbackServerContext* ctx, const inference::RepositoryModelUnloadRequest* request,
     inference::RepositoryModelUnloadResponse*) {
   return RepositoryChange(edge_, ctx, *request, /*load=*/false);
+}
+
+grpc::ServerUnaryReactor* OipService::ModelStatistics(
+    grpc::CallbackServerContext* ctx, const inference::ModelStatisticsRequest* request,
+    inference::ModelStatisticsResponse* response) {
+  UnaryCall call(edge_->gate, edge_->observer, edge_->request_log, ctx, "ModelStatistics",
+                 kProtocolOipGrpc);
+  if (!call.Enter(ctx)) return call.reactor();
+  call.Finish(Guarded("ModelStatistics", [&]() -> absl::Status {
+    if (edge_->stats == nullptr) return absl::UnimplementedError("no statistics kept");
+    auto stats = oip::StatisticsOf(*edge_->gate->registry(), *edge_->stats, request->name(),
+                                   request->version());
+    if (!stats.ok()) return stats.status();
+    auto set = [](const StatDuration& d, inference::StatisticDuration* out) {
+      out->set_count(d.count);
+      out->set_ns(d.ns);
+    };
+    for (const ModelStats& s : *stats) {
+      inference::ModelStatistics* m = response->add_model_stats();
+      m->set_name(s.name);
+      m->set_version(s.version);
+      m->set_last_inference(s.last_inference_ms);
+      m->set_inference_count(s.inference_count);
+      m->set_execution_count(s.execution_count);
+      inference::InferStatistics* i = m->mutable_inference_stats();
+      set(s.success, i->mutable_success());
+      set(s.fail, i->mutable_fail());
+      set(s.queue, i->mutable_queue());
+      set(s.compute_infer, i->mutable_compute_infer());
+      for (const auto& [size, d] : s.batches) {
+        inference::InferBatchStatistics* b = m->add_batch_stats();
+        b->set_batch_size(size);
+        set(d, b->mutable_compute_infer());
+      }
+    }
+    return absl::OkStatus();
+  }));
+  return call.reactor();
 }
 
 }  // namespace krause::server

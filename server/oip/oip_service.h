@@ -43,6 +43,9 @@ class OipService final : public inference::GRPCInferenceService::CallbackService
   grpc::ServerUnaryReactor* RepositoryModelLoad(
       grpc::CallbackServerContext* ctx, const inference::RepositoryModelLoadRequest* request,
       inference::RepositoryModelLoadResponse* response) override;
+  grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* ctx,
+                                            const inference::ModelStatisticsRequest* request,
+                                            inference::ModelStatisticsResponse* response) override;
   grpc::ServerUnaryReactor* RepositoryModelUnload(
       grpc::CallbackServerContext* ctx, const inference::RepositoryModelUnloadRequest* request,
       inference::RepositoryModelUnloadResponse* response) override;
