@@ -5,12 +5,15 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <string_view>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "model/util/help.h"
 #include "model/util/threads.h"
 #include "server/core/options.h"
@@ -29,11 +32,17 @@ ABSL_FLAG(std::string, models_dir, kDefaults.models_dir,
           "models to serve without --manifest: a folder of *.safetensors (the bundled models, "
           "version 1 each) or a versioned repository <name>/<version>/model.safetensors with "
           "optional <name>/config.json (serving options, version_policy); see docs/serving.md");
-ABSL_FLAG(std::string, model_control, kDefaults.model_control,
-          "a versioned repository's model control: none (the versions loaded at start-up "
-          "serve until exit), poll (every --repository_poll_s the repository is rescanned and "
-          "new, changed or removed versions are loaded or unloaded while serving) or explicit "
-          "(only the LoadModel / UnloadModel calls change what serves); see docs/serving.md");
+ABSL_FLAG(
+    std::string, model_control, kDefaults.model_control,
+    "a versioned repository's model control: none (the versions loaded at start-up "
+    "serve until exit), poll (every --repository_poll_s the repository is rescanned and "
+    "new, changed or removed versions are loaded or unloaded while serving) or explicit "
+    "(the models --load_model names are loaded at start-up, then only LoadModel / UnloadModel "
+    "and the repository extension change what serves); see docs/serving.md");
+ABSL_FLAG(std::vector<std::string>, load_model, {},
+          "--model_control explicit: a model to load at start-up (repeat it, or give a comma "
+          "list; '*' for every model of the repository); none: the server starts with no model "
+          "and LoadModel / RepositoryModelLoad add them");
 ABSL_FLAG(double, repository_poll_s, kDefaults.repository_poll_seconds,
           "--model_control poll: seconds between scans of the repository");
 ABSL_FLAG(std::string, device, kDefaults.device,
@@ -134,6 +143,23 @@ int main(int argc, char** argv) {
       "SIGTERM/SIGINT drain the server (health NOT_SERVING, in-flight calls get --drain_seconds)\n"
       "and it exits with code 0.");
   absl::ParseCommandLine(argc, argv);
+  // --load_model may be repeated (Triton's --load-model is): Abseil keeps the last, so every
+  // occurrence is collected here.
+  std::vector<std::string> load_models;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a == "--") break;
+    std::string value;
+    if (a.rfind("--load_model=", 0) == 0 || a.rfind("-load_model=", 0) == 0) {
+      value = std::string(a.substr(a.find('=') + 1));
+    } else if ((a == "--load_model" || a == "-load_model") && i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      continue;
+    }
+    for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty()))
+      load_models.emplace_back(part);
+  }
   // SIGTERM / SIGINT: the handler (async-signal-safe) writes the signal number to a pipe; a
   // thread reads it and drains the server. (Threads that libraries start before main() would
   // escape a sigwait mask, so a handler it is.)
@@ -169,6 +195,7 @@ int main(int argc, char** argv) {
   o.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
   o.admin_tokens_file = absl::GetFlag(FLAGS_admin_tokens);
   o.model_control = absl::GetFlag(FLAGS_model_control);
+  o.load_models = load_models.empty() ? absl::GetFlag(FLAGS_load_model) : load_models;
   o.repository_poll_seconds = absl::GetFlag(FLAGS_repository_poll_s);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.metrics_tokens_file = absl::GetFlag(FLAGS_metrics_tokens);

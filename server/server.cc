@@ -99,10 +99,15 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
         "not ",
         options.manifest.empty() ? "the flat layout of " + options.models_dir
                                  : std::string("--manifest")));
+  if (!options.load_models.empty() && *mode != ModelControlMode::kExplicit)
+    return absl::InvalidArgumentError(
+        "--load_model needs a versioned repository and --model_control explicit (otherwise every "
+        "model is loaded)");
   ModelControlOptions control;
   control.mode = *mode;
   control.repository = options.models_dir;
   control.poll_seconds = options.repository_poll_seconds;
+  control.load_at_start = options.load_models;
   control.defaults.device = options.device;
   control.defaults.cuda_graphs = options.cuda_graphs;
   control.defaults.kernel_check = options.kernel_check;

@@ -72,6 +72,7 @@ class ModelControlTest : public ::testing::Test {
     server::ServerOptions o = LoopbackOptions("");
     o.models_dir = repo_;
     o.model_control = mode;
+    if (mode == "explicit") o.load_models = load_models_;
     o.repository_poll_seconds = 3600;  // polls run through PollNow
     o.auth_tokens_file = auth;
     o.admin_tokens_file = admin;
@@ -138,7 +139,8 @@ class ModelControlTest : public ::testing::Test {
   }
 
   std::string repo_;
-  bool rest_ = false;  // Start() with the REST port on
+  bool rest_ = false;                             // Start() with the REST port on
+  std::vector<std::string> load_models_ = {"*"};  // explicit mode: what Start() loads
   std::unique_ptr<server::KrauseServer> server_;
   std::unique_ptr<v1::KrauseService::Stub> stub_;
 };
@@ -576,6 +578,41 @@ TEST_F(ModelControlTest, TheRepositoryExtensionWithoutModelControl) {
   ASSERT_TRUE(oip->RepositoryIndex(&ictx, {}, &ir).ok());
   ASSERT_EQ(ir.models_size(), 1);
   EXPECT_EQ(ir.models(0).state(), "READY");
+}
+
+// --model_control explicit loads at start-up only the models --load_model names (Triton's
+// --load-model); the others are in the index, not loaded, until a load; a name the repository
+// lacks stops the start; the list needs explicit mode.
+TEST_F(ModelControlTest, ExplicitModeLoadsOnlyTheNamedModelsAtStart) {
+  PutVit(1, 11);
+  PutKarm(1, 12);
+  load_models_ = {"karm"};
+  Start("explicit");
+  const auto index = Index();
+  ASSERT_EQ(index.size(), 2u);
+  EXPECT_EQ(index[0], "karm@1 READY");
+  EXPECT_EQ(index[1], "vit@1 UNAVAILABLE");
+  v1::ClassifyResponse r;
+  EXPECT_EQ(Classify(&r).error_code(), grpc::StatusCode::NOT_FOUND);
+  ASSERT_TRUE(Load("vit").ok());
+  ASSERT_TRUE(Classify(&r).ok());
+  server_.reset();
+  load_models_ = {};  // none: the server starts with no model
+  Start("explicit");
+  EXPECT_EQ(Index(true), std::vector<std::string>{});
+  server_.reset();
+  server::ServerOptions o = LoopbackOptions("");
+  o.models_dir = repo_;
+  o.model_control = "explicit";
+  o.load_models = {"nope"};
+  auto s = server::KrauseServer::Start(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.status().message(), HasSubstr("--load_model nope: no such model"));
+  o.model_control = "poll";
+  o.load_models = {"vit"};
+  s = server::KrauseServer::Start(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.status().message(), HasSubstr("--load_model needs"));
 }
 
 }  // namespace

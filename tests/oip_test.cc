@@ -153,7 +153,8 @@ TEST(OipJson, BinaryInputsComeAfterTheJsonInOrder) {
   EXPECT_FALSE(TakeBinaryOutputs(&notbool).ok());
 }
 
-TEST(OipJson, BinaryOutputsFollowTheJson) {
+// A classifier's response to one image: probabilities FP32 [1, 2] (0.25, 0.75), label "Sneaker".
+InferResponse ClassifierResponse() {
   InferResponse r;
   r.model = "m";
   r.version = "1";
@@ -163,6 +164,13 @@ TEST(OipJson, BinaryOutputsFollowTheJson) {
   Tensor l{"label", DataType::kBytes, {1}, {}};
   AppendBytesElement("Sneaker", &l.data);
   r.outputs = {p, l};
+  return r;
+}
+
+TEST(OipJson, BinaryOutputsFollowTheJson) {
+  const InferResponse r = ClassifierResponse();
+  const Tensor& p = r.outputs[0];
+  const Tensor& l = r.outputs[1];
   BinaryOutputs all;
   all.all = true;
   const InferResponseBody b = ResponseBodyOf(r, all);
@@ -182,16 +190,8 @@ TEST(OipJson, BinaryOutputsFollowTheJson) {
 }
 
 TEST(OipJson, ResponseCarriesFlatDataAndTheId) {
-  InferResponse r;
-  r.model = "m";
-  r.version = "1";
+  InferResponse r = ClassifierResponse();
   r.id = "q";
-  Tensor p{"probabilities", DataType::kFp32, {1, 2}, {}};
-  const float v[2] = {0.25f, 0.75f};
-  p.data.assign(reinterpret_cast<const char*>(v), sizeof(v));
-  Tensor l{"label", DataType::kBytes, {1}, {}};
-  AppendBytesElement("Sneaker", &l.data);
-  r.outputs = {p, l};
   const auto j = nlohmann::json::parse(InferResponseJson(r));
   EXPECT_EQ(j["id"], "q");
   EXPECT_EQ(j["model_version"], "1");

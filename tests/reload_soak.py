@@ -63,7 +63,7 @@ def main():
     log = open(os.path.join(tmp, "server.log"), "w")
     server = subprocess.Popen(
         [os.path.join(args.bin_dir, "krause-server"), "--models_dir", repo,
-         "--model_control=explicit", f"--listen=127.0.0.1:{port}",
+         "--model_control=explicit", "--load_model=*", f"--listen=127.0.0.1:{port}",
          f"--metrics_listen=127.0.0.1:{mport}", "--http_listen=", "--drain_seconds=5"],
         stdout=log, stderr=subprocess.STDOUT)
     m = messages(compile_api(args.source_dir, tmp))

@@ -84,11 +84,30 @@ absl::StatusOr<std::unique_ptr<ModelControl>> ModelControl::Start(ModelControlOp
   if (!(options.poll_seconds >= 0.01 && options.poll_seconds <= 86400))
     return absl::InvalidArgumentError(absl::StrCat(
         "--repository_poll_s must be in [0.01, 86400] seconds, got ", options.poll_seconds));
+  const std::vector<std::string>& named = options.load_at_start;
+  if (!named.empty() && options.mode != ModelControlMode::kExplicit)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--load_model needs --model_control explicit (mode ",
+                     ModelControlModeName(options.mode), " loads every model of the repository)"));
   std::unique_ptr<ModelControl> c(new ModelControl(std::move(options), registry));
   auto scan = ScanRepository(c->options_.repository, c->options_.defaults);
   if (!scan.ok()) return scan.status();
-  const absl::Status st = c->Apply("", 0, false);
-  if (!st.ok()) c->Log(absl::StrCat("not served: ", st.message()));
+  const std::vector<std::string>& load = c->options_.load_at_start;
+  const bool all = c->options_.mode != ModelControlMode::kExplicit ||
+                   std::find(load.begin(), load.end(), "*") != load.end();
+  if (all) {
+    const absl::Status st = c->Apply("", 0, false);
+    if (!st.ok()) c->Log(absl::StrCat("not served: ", st.message()));
+  } else {
+    for (const std::string& name : load) {
+      if (std::none_of(scan->begin(), scan->end(),
+                       [&](const RepositoryModel& m) { return m.name == name; }))
+        return absl::NotFoundError(absl::StrCat(
+            "--load_model ", name, ": no such model in the repository ", c->options_.repository));
+      const absl::Status st = c->Apply(name, 0, false);
+      if (!st.ok()) c->Log(absl::StrCat("not served: ", st.message()));
+    }
+  }
   if (registry->models().empty() && c->options_.mode == ModelControlMode::kNone)
     return absl::NotFoundError(absl::StrCat("no model of the repository ", c->options_.repository,
                                             " could be loaded (--model_control none)"));

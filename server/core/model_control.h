@@ -58,16 +58,20 @@ struct ModelControlOptions {
   ModelControlMode mode = ModelControlMode::kNone;
   std::string repository;    // the versioned repository (--models_dir)
   double poll_seconds = 10;  // kPoll: seconds between scans
-  ModelSpec defaults;        // options of a model without config.json (the --device flag's)
-  WorkerHooks hooks;         // the models' workers report to these
+  // kExplicit: the models loaded at start-up ("*": every model); none named: none (Triton's
+  // --load-model). Other modes load every model and take no list.
+  std::vector<std::string> load_at_start;
+  ModelSpec defaults;  // options of a model without config.json (the --device flag's)
+  WorkerHooks hooks;   // the models' workers report to these
   std::function<void(const std::string&)> log;  // one line per change (may be empty)
 };
 
 class ModelControl {
  public:
-  // Loads every model's policy versions into `registry` (on the calling thread), then starts
-  // the control thread. InvalidArgument for a bad option; NOT_FOUND when the repository
-  // cannot be read, or with mode none when no version loads (nothing could ever serve).
+  // Loads every model's policy versions into `registry` (explicit mode: those of the models
+  // load_at_start names) on the calling thread, then starts the control thread. InvalidArgument
+  // for a bad option; NOT_FOUND when the repository cannot be read, when load_at_start names a
+  // model it lacks, or with mode none when no version loads (nothing could ever serve).
   static absl::StatusOr<std::unique_ptr<ModelControl>> Start(ModelControlOptions options,
                                                              Registry* registry);
   ~ModelControl();  // Stop()

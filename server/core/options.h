@@ -114,6 +114,8 @@ struct ServerOptions {
   std::string admin_tokens_file;
   // A versioned repository's model control (model_control.h): none, poll or explicit.
   std::string model_control = "none";
+  // --model_control explicit: the models loaded at start-up ("*": all); none named: none.
+  std::vector<std::string> load_models;
   double repository_poll_seconds = 10;
   // host:port for Prometheus /metrics; empty: off. Every interface by default, so that
   // Prometheus can scrape a pod.
