@@ -40,6 +40,16 @@ bool Eventually(F done, std::chrono::seconds limit = std::chrono::seconds(30)) {
   return done();
 }
 
+// protobuf's map code inlined into a ThreadSanitizer build disagrees with Debian's uninstrumented
+// libprotobuf: a request with a map field (RepositoryModelLoad's and Unload's `parameters`) crashes
+// there, even empty. scripts/sanitize.sh runs this test, so those gRPC calls run in the other
+// builds only, and the same operations go over REST under TSan.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kProtobufMapsWork = false;
+#else
+constexpr bool kProtobufMapsWork = true;
+#endif
+
 class ModelControlTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -503,26 +513,29 @@ TEST_F(ModelControlTest, TheRepositoryExtensionControlsTheModelsOverGrpcAndRest)
   // The same entries as krause.v1's RepositoryIndex.
   EXPECT_EQ(grpc_index(false), (std::vector<std::string>{"vit@1 UNAVAILABLE", "vit@2 READY"}));
   EXPECT_EQ(grpc_index(true), std::vector<std::string>{"vit@2 READY"});
-  // Unload over gRPC: nothing serves vit.
-  inference::RepositoryModelUnloadRequest unload;
-  unload.set_model_name("vit");
-  (*unload.mutable_parameters())["unload_dependents"].set_bool_param(false);
-  inference::RepositoryModelUnloadResponse ur;
-  {
-    grpc::ClientContext ctx;
-    admin_ctx(&ctx);
-    const grpc::Status st = oip->RepositoryModelUnload(&ctx, unload, &ur);
-    ASSERT_TRUE(st.ok()) << st.error_message();
-  }
-  v1::ClassifyResponse cr;
-  EXPECT_EQ(Classify(&cr).error_code(), grpc::StatusCode::UNAVAILABLE);
-  // Load version 1 over REST (a version the policy would not choose, named).
   const int port = server_->http_port();
   auto post = [&](const std::string& path, const std::string& body, const std::string& token) {
     return RawHttp(port, "POST " + path + " HTTP/1.0\r\nAuthorization: Bearer " + token +
                              "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
                              body);
   };
+  // Unload over gRPC (REST under TSan, see kProtobufMapsWork): nothing serves vit.
+  if (kProtobufMapsWork) {
+    inference::RepositoryModelUnloadRequest unload;
+    unload.set_model_name("vit");
+    (*unload.mutable_parameters())["unload_dependents"].set_bool_param(false);
+    inference::RepositoryModelUnloadResponse ur;
+    grpc::ClientContext ctx;
+    admin_ctx(&ctx);
+    const grpc::Status st = oip->RepositoryModelUnload(&ctx, unload, &ur);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  } else {
+    ASSERT_NE(post("/v2/repository/models/vit/unload", "", "root").find(" 200 "),
+              std::string::npos);
+  }
+  v1::ClassifyResponse cr;
+  EXPECT_EQ(Classify(&cr).error_code(), grpc::StatusCode::UNAVAILABLE);
+  // Load version 1 over REST (a version the policy would not choose, named).
   std::string r =
       post("/v2/repository/models/vit/load", R"({"parameters": {"version": "1"}})", "root");
   EXPECT_NE(r.find(" 200 "), std::string::npos) << r;
@@ -535,7 +548,10 @@ TEST_F(ModelControlTest, TheRepositoryExtensionControlsTheModelsOverGrpcAndRest)
   r = post("/v2/repository/index", "", "root");
   EXPECT_NE(r.find(R"("state":"UNAVAILABLE")"), std::string::npos) << r;
   // Unload and load back over REST, with the policy's version.
-  EXPECT_NE(post("/v2/repository/models/vit/unload", "", "root").find(" 200 "), std::string::npos);
+  EXPECT_NE(post("/v2/repository/models/vit/unload",
+                 R"({"parameters": {"unload_dependents": false}})", "root")
+                .find(" 200 "),
+            std::string::npos);
   EXPECT_EQ(Classify(&cr).error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_NE(post("/v2/repository/models/vit/load", "{}", "root").find(" 200 "), std::string::npos);
   ASSERT_TRUE(Classify(&cr).ok());
@@ -549,7 +565,7 @@ TEST_F(ModelControlTest, TheRepositoryExtensionControlsTheModelsOverGrpcAndRest)
   EXPECT_NE(r.find("unknown parameter \\\"config\\\""), std::string::npos) << r;
   EXPECT_NE(RawHttp(port, "GET /v2/repository/index HTTP/1.0\r\n\r\n").find(" 405 "),
             std::string::npos);
-  {
+  if (kProtobufMapsWork) {
     inference::RepositoryModelLoadRequest load;
     load.set_model_name("vit");
     inference::RepositoryModelLoadResponse lr;
@@ -566,13 +582,15 @@ TEST_F(ModelControlTest, TheRepositoryExtensionWithoutModelControl) {
   auto channel = client::MakeChannel(ClientFor(server_->port()));
   ASSERT_TRUE(channel.ok());
   auto oip = inference::GRPCInferenceService::NewStub(*channel);
-  inference::RepositoryModelLoadRequest load;
-  load.set_model_name("vit");
-  inference::RepositoryModelLoadResponse lr;
-  grpc::ClientContext ctx;
-  const grpc::Status st = oip->RepositoryModelLoad(&ctx, load, &lr);
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_THAT(st.error_message(), HasSubstr("--model_control explicit"));
+  if (kProtobufMapsWork) {
+    inference::RepositoryModelLoadRequest load;
+    load.set_model_name("vit");
+    inference::RepositoryModelLoadResponse lr;
+    grpc::ClientContext ctx;
+    const grpc::Status st = oip->RepositoryModelLoad(&ctx, load, &lr);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(st.error_message(), HasSubstr("--model_control explicit"));
+  }
   inference::RepositoryIndexResponse ir;
   grpc::ClientContext ictx;
   ASSERT_TRUE(oip->RepositoryIndex(&ictx, {}, &ir).ok());
