@@ -5,9 +5,10 @@ Each file under model/ belongs to one layer (the table below, longest path prefi
 may include headers of its own layer and of the layers below it only. The table must agree with
 model/CMakeLists.txt: every source a krause_<layer> library compiles belongs to that layer, and
 each library's PUBLIC krause_* dependencies are exactly the layer's direct dependencies. server/
-is four libraries by role with the direction core <- edge <- {v1, oip} <- server (the assembly):
-server/core/ knows no protocol (no gRPC, HTTP, Prometheus or generated protobuf header), the two
-front ends never include each other, and the core may use every model layer but the trainer.
+is five libraries by role with the direction core <- edge <- {v1, oip, web} <- server (the
+assembly): server/core/ knows no protocol (no gRPC, HTTP, Prometheus or generated protobuf
+header), the front ends (and the web page) never include each other, and the core may use every
+model layer but the trainer.
 client/ uses krause_util and the LibTorch-free server pieces it links (errors, status, raw_image).
 
 Usage: scripts/check-layers.py [REPO]     Exit 0: consistent; 1: what is wrong, one line each.
@@ -47,6 +48,7 @@ FILES = {
     "server/edge/": "server_edge",
     "server/v1/": "server_v1",
     "server/oip/": "server_oip",
+    "server/web/": "server_web",
     "server/": "server",
     "client/": "client",
 }
@@ -63,7 +65,8 @@ DEPS = {
     "server_edge": ["server_core"],
     "server_v1": ["server_edge"],
     "server_oip": ["server_edge"],
-    "server": ["server_v1", "server_oip"],
+    "server_web": ["server_edge"],
+    "server": ["server_v1", "server_oip", "server_web"],
     "client": ["util"],
 }
 # Headers of other layers a layer may include one by one (the clients link these LibTorch-free
@@ -133,6 +136,7 @@ if SELF_TEST:
         ("server/edge/x.cc", '#include "server/v1/requests.h"', True),
         ("server/core/x.cc", '#include "model/train/trainer.h"', True),
         ("server/oip/x.cc", '#include "server/edge/call_book.h"', False),
+        ("server/web/x.cc", '#include "server/v1/connect_http.h"', True),
         ("server/oip/x.cc", '#include "server/core/registry.h"', False),
         ("server/v1/x.cc", "#include <grpcpp/grpcpp.h>", False),
         ("server/server.cc", '#include "server/oip/oip_http.h"', False),

@@ -85,9 +85,10 @@ ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen,
           "by default, so that Prometheus can scrape the pod: use 127.0.0.1:9464 or "
           "--metrics_tokens to keep it private");
 ABSL_FLAG(std::string, http_listen, kDefaults.http_listen,
-          "address:port for the Open Inference Protocol's REST API (KServe v2: /v2/..., and "
-          "generation streamed as Server-Sent Events: /v2/models/M/generate_stream; empty: "
-          "off); the protocol's gRPC service is always on --listen");
+          "address:port for HTTP: the Open Inference Protocol's REST API (KServe v2: /v2/..., "
+          "and generation streamed as Server-Sent Events: /v2/models/M/generate_stream), "
+          "krause.v1's unary calls over the Connect protocol (/krause.v1.KrauseService/...) and "
+          "the web page at / (--web_ui); empty: off. The gRPC services are always on --listen");
 ABSL_FLAG(int, http_threads, kDefaults.http_threads,
           "REST: event-loop threads; together they hold every connection, idle, being read, "
           "waiting for its answer or streaming it (1 to 64)");
@@ -104,6 +105,9 @@ ABSL_FLAG(bool, http_plaintext, kDefaults.http_plaintext,
 ABSL_FLAG(int, http_stream_ping_ms, kDefaults.http_stream_ping_ms,
           "REST: a generate_stream that has sent nothing for this many milliseconds sends a "
           "': ping' comment, so that proxies keep it open (100 to 3600000)");
+ABSL_FLAG(bool, web_ui, kDefaults.web_ui,
+          "REST: serve the web page at / (draw and classify, watch a generation row by row, see "
+          "what attention keeps; docs/web.md); --web_ui=false: the REST port serves only the APIs");
 ABSL_FLAG(std::string, metrics_tokens, "",
           "file of bearer tokens, one per line: scrapes need 'Authorization: Bearer <token>' "
           "(separate from --auth_tokens)");
@@ -136,9 +140,9 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "serves Krause attention models over gRPC (krause.v1.KrauseService, health, reflection)\n"
       "and the Open Inference Protocol (KServe v2: inference.GRPCInferenceService on the gRPC\n"
-      "port, REST on --http_listen).\n"
+      "port, REST on --http_listen, with the web page at /).\n"
       "  krause-server                       # the bundled models in ./models: gRPC on 50051,\n"
-      "                                      # REST on 8000, /metrics on 9464\n"
+      "                                      # REST and the page on 8000, /metrics on 9464\n"
       "  krause-server --manifest m.json --listen 0.0.0.0:8500 --drain_seconds 30\n"
       "SIGTERM/SIGINT drain the server (health NOT_SERVING, in-flight calls get --drain_seconds)\n"
       "and it exits with code 0.");
@@ -205,6 +209,7 @@ int main(int argc, char** argv) {
   o.http_deadline_seconds = absl::GetFlag(FLAGS_http_deadline_seconds);
   o.http_plaintext = absl::GetFlag(FLAGS_http_plaintext);
   o.http_stream_ping_ms = absl::GetFlag(FLAGS_http_stream_ping_ms);
+  o.web_ui = absl::GetFlag(FLAGS_web_ui);
   o.quiet = absl::GetFlag(FLAGS_quiet);
   if (auto mode = krause::server::ParseKernelCheckMode(absl::GetFlag(FLAGS_kernel_check));
       mode.ok()) {

@@ -233,6 +233,12 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
         static_cast<int64_t>(std::clamp(options.http_deadline_seconds, 0.0, 1e7) * 1e3);
     ho.stream_ping_ms = options.http_stream_ping_ms;
     if (!options.http_plaintext) ho.tls = *tls;
+    s->connect_ = std::make_unique<ConnectHttp>(&s->edge_, ho.deadline_ms);
+    if (options.web_ui) s->web_ui_ = std::make_unique<WebUi>();
+    ho.other_routes = [connect = s->connect_.get(), web = s->web_ui_.get()](
+                          const HttpRequest& r, const std::shared_ptr<HttpExchange>& ex) {
+      return connect->Serve(r, ex) || (web != nullptr && web->Serve(r, ex));
+    };
     auto http = OipHttp::Start(ho, &s->edge_);
     if (!http.ok()) {
       s->server_->Shutdown(std::chrono::system_clock::now());
@@ -246,7 +252,8 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
       s->http_ ? absl::StrCat(", REST (v2) on port ", s->http_->port(),
                               !tls->has_value()        ? ""
                               : options.http_plaintext ? " (plain HTTP: --http_plaintext)"
-                                                       : " (HTTPS)")
+                                                       : " (HTTPS)",
+                              s->web_ui_ ? " with the web page at /" : "")
                : "",
       s->metrics_port_ ? absl::StrCat(", /metrics on port ", s->metrics_port_) : "", "; loading ",
       repository ? "the repository " + options.models_dir

@@ -20,7 +20,9 @@
 #include "server/edge/metrics.h"
 #include "server/oip/oip_http.h"
 #include "server/oip/oip_service.h"
+#include "server/v1/connect_http.h"
 #include "server/v1/service.h"
+#include "server/web/web_ui.h"
 
 namespace krause::server {
 
@@ -54,7 +56,9 @@ class KrauseServer {
   std::unique_ptr<ReplyPool> replies_;       // goes before edge_: its tasks may use the fault hook
   std::unique_ptr<KrauseService> service_;
   std::unique_ptr<OipService> oip_service_;
-  std::unique_ptr<OipHttp> http_;  // stopped in Shutdown, before the registry goes
+  std::unique_ptr<ConnectHttp> connect_;  // krause.v1 on the REST port (outlives http_)
+  std::unique_ptr<WebUi> web_ui_;         // the web page there (outlives http_); null: off
+  std::unique_ptr<OipHttp> http_;         // stopped in Shutdown, before the registry goes
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<ModelControl> model_control_;  // a repository's (goes before the registry)

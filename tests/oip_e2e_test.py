@@ -20,7 +20,6 @@ Against a real krause-server on the bundled models, with bearer tokens on:
 
 Usage: oip_e2e_test.py BIN_DIR SOURCE_DIR
 """
-import gzip
 import json
 import os
 import socket
@@ -31,54 +30,14 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-import zlib
 
 import grpc
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from e2e import check, classes, free_port, png, report, test_images
 
 BIN, SRC = sys.argv[1], sys.argv[2]
-FMNIST = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
 TOKEN = "oip-secret"
 AUTH = [("authorization", f"Bearer {TOKEN}")]
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        failures.append(what)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def classes(tmp, proto_dir, proto, package, names):
-    desc = os.path.join(tmp, os.path.basename(proto) + ".desc")
-    subprocess.run(["protoc", "--include_imports", f"--descriptor_set_out={desc}", "-I", proto_dir,
-                    proto], check=True)
-    pool = descriptor_pool.DescriptorPool()
-    for f in descriptor_pb2.FileDescriptorSet.FromString(open(desc, "rb").read()).file:
-        pool.Add(f)
-    factory = message_factory.MessageFactory(pool)
-    return {n: factory.GetPrototype(pool.FindMessageTypeByName(f"{package}.{n}")) for n in names}
-
-
-def test_images(n):
-    with gzip.open(FMNIST, "rb") as f:
-        data = f.read()
-    _, rows, cols = struct.unpack(">III", data[4:16])
-    return [data[16 + i * rows * cols:16 + (i + 1) * rows * cols] for i in range(n)]
-
-
-def png(width, height, pixels):
-    def chunk(kind, body):
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-    raw = b"".join(b"\0" + pixels[r * width:(r + 1) * width] for r in range(height))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
 
 
 def binary_body(header, tensors):
@@ -258,11 +217,7 @@ def main():
     finally:
         server.terminate()
         server.wait(timeout=30)
-    if failures:
-        print(f"{len(failures)} failure(s):\n  " + "\n  ".join(failures))
-        return 1
-    print("all OIP checks passed")
-    return 0
+    return report("OIP")
 
 
 def run(oip, native, port, hport, mport, log_path):

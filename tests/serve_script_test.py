@@ -120,7 +120,7 @@ def test_serve(bin_dir, src, stop, try_hints):
         serving = out.wait_for(r" krause-server: serving$", 1)
         check(serving < start, "the hints come after the server's 'serving' line")
         listen = next(l for l in lines if " krause-server: listening on port " in l)
-        ports = re.search(r"listening on port (\d+), REST \(v2\) on port (\d+), "
+        ports = re.search(r"listening on port (\d+), REST \(v2\) on port (\d+)[^,]*, "
                           r"/metrics on port (\d+)", listen)
         check(ports is not None, "listening line: " + listen)
         grpc, rest, metrics = ports.groups()
@@ -128,7 +128,7 @@ def test_serve(bin_dir, src, stop, try_hints):
             check(any(re.search(r" krause-server: model %s version 1: " % name, l)
                       for l in lines), "the log line of model " + name)
         commands = [l.split("   # ")[0].strip() for l in block if "   # " in l]
-        check(len(commands) == 6, "6 hints:\n" + "\n".join(block))
+        check(len(commands) == 7, "7 hints:\n" + "\n".join(block))
         if not try_hints:
             commands = []
         client = os.path.join(bin_dir, "krause-client")
@@ -136,7 +136,13 @@ def test_serve(bin_dir, src, stop, try_hints):
             ran = 0
             for c in commands:
                 argv = shlex.split(c)
-                if argv[0] == "curl":
+                if argv[0].startswith("http://"):  # the web page
+                    port = re.match(r"http://localhost:(\d+)/$", argv[0]).group(1)
+                    check(port == rest, "the page's address is the REST port: " + c)
+                    with urllib.request.urlopen(argv[0], timeout=10) as r:
+                        check(r.status == 200 and b"<title>krause-serve</title>" in r.read(),
+                              "the hinted address serves the web page: " + c)
+                elif argv[0] == "curl":
                     url = "http://" + argv[1]
                     port = re.match(r"localhost:(\d+)/", argv[1]).group(1)
                     check(port in (rest, metrics), "a hinted URL on a port the server has: " + c)

@@ -2,7 +2,8 @@
 # commands to try next (scripts/serve.sh). What it prints comes from the log itself: the ports
 # from the "listening on port ..." line, the models from the "model NAME version V: KIND ..."
 # lines (a generate hint only if a generator is served, a classify hint only with a classifier;
-# the REST example names the default classifier, else the first model).
+# the REST example names the default classifier, else the first model; the web page's address
+# when the server serves it).
 #   -v client=build/bin/krause-client   the client binary the hints name
 {
   print
@@ -18,6 +19,7 @@
     rest = substr(line, RSTART, RLENGTH)
     sub(/.* /, "", rest)
   }
+  web = (line ~ /REST \(v2\) on port [0-9]+[^,]* with the web page at \//)
   if (match(line, /\/metrics on port [0-9]+/)) {
     metrics = substr(line, RSTART, RLENGTH)
     sub(/.* /, "", metrics)
@@ -54,6 +56,7 @@ function hint(command, why) {
   example = classifier != "" ? classifier : first_model
   if (rest != "" && example != "")
     hint("curl localhost:" rest "/v2/models/" example, "the REST API (Open Inference Protocol)")
+  if (rest != "" && web) hint("http://localhost:" rest "/", "the web page, in a browser")
   if (metrics != "") hint("curl localhost:" metrics "/metrics", "Prometheus metrics")
   hint(client " --help", "every option (docs/serving.md: everything else)")
   print ""

@@ -132,6 +132,8 @@ struct ServerOptions {
   bool http_plaintext = false;
   // REST: a `: ping` comment on a generate_stream that has sent nothing for this long.
   int http_stream_ping_ms = 15000;
+  // The web page at / on the REST port (server/web/web_ui.h).
+  bool web_ui = true;
   // One JSON line per finished call (server/edge/request_log.h) to this file, "-" for stderr;
   // empty: none.
   std::string request_log;

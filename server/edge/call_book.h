@@ -44,12 +44,13 @@ inline std::chrono::steady_clock::time_point SteadyDeadline(
 inline constexpr char kProtocolKrause[] = "krause.v1";
 inline constexpr char kProtocolOipGrpc[] = "oip-grpc";
 inline constexpr char kProtocolOipRest[] = "oip-rest";
+inline constexpr char kProtocolKrauseConnect[] = "krause.v1-connect";  // krause.v1 over HTTP
 
 // Observer of calls (metrics); optional. `model` is "" until the call resolved a served model.
 struct CallObserver {
   virtual ~CallObserver() = default;
-  // Every call, once, when it finishes. `protocol`: kProtocolKrause, kProtocolOipGrpc or
-  // kProtocolOipRest.
+  // Every call, once, when it finishes. `protocol`: kProtocolKrause, kProtocolOipGrpc,
+  // kProtocolOipRest or kProtocolKrauseConnect.
   // `version`: the model's version ("" with the model when the call resolved none).
   virtual void OnCallDone(const std::string& rpc, const std::string& protocol,
                           const std::string& model, const std::string& version,

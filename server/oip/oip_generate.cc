@@ -216,7 +216,7 @@ class HttpGeneration final : public StreamedGeneration {
         reply_(request, std::move(exchange)) {}
 
   void Run(const HttpRequest& request, const std::string& name, const std::string& version) {
-    absl::Status st = EnterRest(book(), request, reply_);
+    absl::Status st = reply_.Enter(book(), request);
     if (st.ok()) st = Guarded("Generate", [&] { return Begin(request, name, version); });
     if (!st.ok()) FinishCall(st);
   }

@@ -93,6 +93,7 @@ class OipHttp::Handler {
 
   // On a loop thread: answers at once, or starts the work and returns (never waits).
   void Serve(HttpRequest request, std::shared_ptr<HttpExchange> ex) {
+    if (o_.other_routes && o_.other_routes(request, ex)) return;
     const bool post = request.method == "POST";
     if (!post && request.method != "GET") return NotAllowed(ex.get(), "GET");
     const std::string path = request.target.substr(0, request.target.find('?'));
@@ -189,7 +190,7 @@ class OipHttp::Handler {
   void Start(const HttpRequest& request, const std::shared_ptr<HttpExchange>& ex, const char* rpc,
              Body&& body, bool admin = false) {
     auto call = std::make_shared<RestCall>(edge_, rpc, request, ex);
-    absl::Status st = EnterRest(call->book, request, call->reply, admin);
+    absl::Status st = call->reply.Enter(call->book, request, admin);
     bool started = false;
     if (st.ok()) st = Guarded(rpc, [&] { return body(call, &started); });
     if (!started) call->book.Finish(&call->reply, st);

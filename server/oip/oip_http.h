@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,6 +43,9 @@ struct OipHttpOptions {
   int64_t deadline_ms = 600000;          // an inference's deadline (0: none) unless it sets one
   int stream_ping_ms = 15000;            // a `: ping` comment on a generate_stream this idle
   std::optional<HttpTls> tls;            // set: HTTPS only
+  // The other routes on this port (krause.v1 over Connect, the web page), tried before the
+  // protocol's: true when it answered the request. May be empty. Runs on the loop threads.
+  std::function<bool(const HttpRequest&, const std::shared_ptr<HttpExchange>&)> other_routes;
 };
 
 class OipHttp {

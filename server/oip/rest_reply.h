@@ -1,6 +1,7 @@
 // A REST call's reply, shared by the REST handlers (oip_http.cc) and the HTTP generation
-// (oip_generate.cc): the caller's X-Request-Id and traceparent echoed, a success body, or an
-// error as {"error": ...} with the HTTP status of its code.
+// (oip_generate.cc): an HttpCall (the caller's X-Request-Id and traceparent echoed, its entry
+// through the gate), a success body, or an error as {"error": ...} with the HTTP status of its
+// code.
 // Thread-safety: one call's reply is used by one thread at a time.
 #pragma once
 
@@ -13,6 +14,7 @@
 #include <utility>
 
 #include "server/edge/call_book.h"
+#include "server/edge/http_call.h"
 #include "server/edge/http_server.h"
 #include "server/edge/status.h"
 #include "server/oip/oip_json.h"
@@ -27,58 +29,26 @@ inline void SendJson(HttpExchange* ex, int status, std::string body, HttpHeaders
 
 // One REST call, as CallBook sees it: Finish(status) writes the reply (the success body set
 // before, or {"error": ...} with the code's HTTP status, or `override_status` when set).
-class RestReply {
+class RestReply : public HttpCall {
  public:
-  RestReply(const HttpRequest& request, std::shared_ptr<HttpExchange> exchange)
-      : exchange_(std::move(exchange)) {
-    for (const char* key : {"X-Request-Id", "traceparent"}) {
-      std::string v(request.Header(key).substr(0, 256));
-      if (!v.empty()) echo_.emplace_back(key, std::move(v));
-    }
-  }
+  using HttpCall::HttpCall;
   void Finish(const grpc::Status& st) {
     if (st.ok()) {
-      HttpHeaders headers = echo_;
+      HttpHeaders headers = echo();
       headers.insert(headers.end(), ok_headers_.begin(), ok_headers_.end());
-      SendJson(exchange_.get(), 200, std::move(ok_body_), std::move(headers), ok_content_type_);
+      SendJson(exchange(), 200, std::move(ok_body_), std::move(headers), ok_content_type_);
       return;
     }
-    auto headers = echo_;
+    auto headers = echo();
     if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED)
       headers.emplace_back("WWW-Authenticate", "Bearer");
     const int http = override_status_ != 0 ? override_status_ : HttpStatus(st.error_code());
-    SendJson(exchange_.get(), http, oip::ErrorJson(st.error_message()), std::move(headers));
+    SendJson(exchange(), http, oip::ErrorJson(st.error_message()), std::move(headers));
   }
-  std::string request_id() const {
-    for (const auto& [k, v] : echo_)
-      if (k[0] == 'X') return v;
-    return "";
-  }
-  std::string traceparent() const {
-    for (const auto& [k, v] : echo_)
-      if (k[0] == 't') return v;
-    return "";
-  }
-  HttpExchange* exchange() const { return exchange_.get(); }
-  const HttpHeaders& echo() const { return echo_; }
   std::string ok_body_;
   HttpHeaders ok_headers_;                            // with the success body
   const char* ok_content_type_ = "application/json";  // the success body's
   int override_status_ = 0;
-
- private:
-  std::shared_ptr<HttpExchange> exchange_;
-  HttpHeaders echo_;
 };
-
-// Enters the gate for a REST call: its bearer token (an admin token for model control), the ids
-// it echoes, its peer.
-inline absl::Status EnterRest(CallBook& book, const HttpRequest& request, const RestReply& reply,
-                              bool admin = false) {
-  std::optional<std::string_view> authorization;
-  const std::string_view auth = request.Header("Authorization");
-  if (!auth.empty()) authorization = auth;
-  return book.Enter(authorization, reply.request_id(), reply.traceparent(), request.peer, admin);
-}
 
 }  // namespace krause::server

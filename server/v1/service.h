@@ -1,7 +1,8 @@
-// krause.v1.KrauseService on gRPC's callback API: the krause.v1 front end. Handlers check the
-// request (requests.h turns it into the core's types) and start an operation of the served model
-// (core/operations.h: Classify, Score, Generate, Inspect); the reply is built in the
-// operation's `done`, on the reply pool or (an idle classifier) on the model's thread: the rule
+// krause.v1.KrauseService on gRPC's callback API: the krause.v1 front end. The unary handlers run
+// unary.h's functions (shared with the Connect protocol over HTTP, connect_http.h): they check
+// the request (requests.h turns it into the core's types) and start an operation of the served
+// model (core/operations.h: Classify, Score, Inspect); the reply is built in the operation's
+// `done`, on the reply pool or (an idle classifier) on the model's thread: the rule
 // is the core's. They run no model, except that a Classify may run its forward on the RPC thread
 // when it arrives at an idle batcher (RunOnArrival, classify_batcher.h). A Generate call is its
 // own object (generate_call.h). Every call passes the Gate first: authentication, and refusal
@@ -18,6 +19,7 @@
 #include "server/core/registry.h"
 #include "server/edge/front_end.h"
 #include "server/v1/requests.h"
+#include "server/v1/unary.h"
 
 namespace krause::server {
 
@@ -58,6 +60,13 @@ class KrauseService final : public v1::KrauseService::CallbackService {
   Gate* gate() const { return edge_->gate; }
 
  private:
+  // A unary method: the gate, then `start` (unary.h), its answer finishing the call.
+  template <typename Request, typename Response>
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const char* rpc,
+                                  const Request& request, Response* response,
+                                  absl::Status (*start)(const UnaryCallContext&, const Request&,
+                                                        Response*, UnaryDone));
+
   const FrontEndContext* const edge_;
 };
 
