@@ -29,6 +29,10 @@
 
 namespace krause::server::oip {
 
+// The largest `timeout` parameter (microseconds, as Triton's) an inference or a generation
+// accepts: a day.
+inline constexpr int64_t kMaxTimeoutMicroseconds = int64_t{24} * 3600 * 1000000;
+
 // The protocol's tensor datatypes.
 enum class DataType {
   kBool,

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/core/errors.h"
 #include "server/core/image_input.h"
+#include "server/edge/json_text.h"
 #include "server/edge/status.h"
 #include "server/edge/streamed_generation.h"
 #include "server/oip/rest_reply.h"
@@ -24,9 +25,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr int64_t kMaxTimeoutMicroseconds = int64_t{24} * 3600 * 1000000;  // a day
 
-std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
 absl::Status Bad(absl::string_view field, absl::string_view what) {
   return InvalidField(field, absl::StrCat(field, " ", what));
@@ -44,12 +43,12 @@ absl::StatusOr<int64_t> IntegerIn(const Json& j, const char* field, int64_t lo, 
   } else {
     return Bad(field, "must be an integer");
   }
-  return Bad(field, absl::StrCat("must be in [", lo, ", ", hi, "], got ", Dump(j)));
+  return Bad(field, absl::StrCat("must be in [", lo, ", ", hi, "], got ", JsonText(j)));
 }
 
 absl::StatusOr<uint64_t> Unsigned(const Json& j, const char* field) {
   if (j.is_number_unsigned()) return j.get<uint64_t>();
-  if (j.is_number_integer()) return Bad(field, absl::StrCat("must be >= 0, got ", Dump(j)));
+  if (j.is_number_integer()) return Bad(field, absl::StrCat("must be >= 0, got ", JsonText(j)));
   return Bad(field, "must be an integer");
 }
 
@@ -199,11 +198,7 @@ namespace {
 // Events keep their fields in the order written ("type" first), for people reading a stream.
 using Json = nlohmann::ordered_json;
 
-std::string DumpJson(const Json& j) {
-  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
-}
-
-std::string Event(const Json& j) { return absl::StrCat("data: ", DumpJson(j), "\n\n"); }
+std::string Event(const Json& j) { return absl::StrCat("data: ", JsonText(j), "\n\n"); }
 
 // One generation over HTTP: a StreamedGeneration whose chunks become Server-Sent Events (or,
 // for /generate, parts of one JSON document written at the end).
@@ -252,7 +247,7 @@ class HttpGeneration final : public StreamedGeneration {
     if (model_fields_.empty()) {
       Json j = {{"model_name", model().name()},
                 {"model_version", std::to_string(model().info().version)}};
-      const std::string d = DumpJson(j);
+      const std::string d = JsonText(j);
       model_fields_ = d.substr(1, d.size() - 2);
     }
     return model_fields_;
@@ -362,7 +357,7 @@ class HttpGeneration final : public StreamedGeneration {
     if (!started_.load()) {  // nothing sent yet: a plain answer
       if (st.ok()) {
         document_["images"] = std::move(document_images_);
-        reply_.ok_body_ = DumpJson(document_);
+        reply_.ok_body_ = JsonText(document_);
       } else if (ex->Gone()) {
         reply_.override_status_ = 499;  // nobody reads it
       }

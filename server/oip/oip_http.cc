@@ -178,9 +178,10 @@ class OipHttp::Handler {
   }
 
   void NotFound(HttpExchange* ex, const std::string& path) {
-    SendJson(ex, 404,
-             oip::ErrorJson(
-                 absl::StrCat("no such path: ", path.substr(0, 128), " (the API is under /v2)")));
+    SendJson(
+        ex, 404,
+        oip::ErrorJson(absl::StrCat("no such path: ", path.substr(0, 128),
+                                    " (the APIs are under /v2 and /krause.v1.KrauseService/)")));
   }
 
   // A counted call: through the gate, then `body`, which either finishes the call (an error, or

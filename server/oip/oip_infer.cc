@@ -21,7 +21,6 @@ namespace krause::server::oip {
 namespace {
 
 constexpr char kRpc[] = "ModelInfer";
-constexpr int64_t kMaxTimeoutMicroseconds = int64_t{24} * 3600 * 1000000;  // a day
 
 // The request's inputs by name; an unknown or repeated name, or a missing required one, is an
 // error naming it and the model's inputs.

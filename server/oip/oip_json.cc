@@ -7,16 +7,12 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "server/edge/json_text.h"
 
 namespace krause::server::oip {
 namespace {
 
 using Json = nlohmann::json;
-
-std::string Dump(const Json& j) {
-  // Client strings may be invalid UTF-8: replaced, never thrown on.
-  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
-}
 
 absl::Status Bad(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
@@ -99,7 +95,7 @@ class Flattener {
     return absl::OkStatus();
   }
   absl::Status OutOfRange(const Json& j) {
-    return Bad(field_, absl::StrCat("element ", count_, " (", Dump(j).substr(0, 32),
+    return Bad(field_, absl::StrCat("element ", count_, " (", JsonText(j).substr(0, 32),
                                     ") does not fit ", DataTypeName(t_->datatype)));
   }
   absl::Status WrongType(const Json& j) {
@@ -407,7 +403,7 @@ InferResponseBody ResponseBodyOf(const InferResponse& r, const BinaryOutputs& bi
     j["outputs"].push_back(std::move(o));
   }
   InferResponseBody out;
-  out.body = Dump(j);
+  out.body = JsonText(j);
   if (!tail.empty() || std::any_of(r.outputs.begin(), r.outputs.end(),
                                    [&](const Tensor& t) { return binary.Of(t.name); })) {
     out.json_length = static_cast<int64_t>(out.body.size());
@@ -465,7 +461,7 @@ std::string ModelMetadataJson(const ModelMetadata& m) {
           {{"name", s.name}, {"datatype", DataTypeName(s.datatype)}, {"shape", s.shape}});
     j[key] = std::move(list);
   }
-  return Dump(j);
+  return JsonText(j);
 }
 
 std::string ServerMetadataJson() {
@@ -473,13 +469,13 @@ std::string ServerMetadataJson() {
   j["name"] = kServerName;
   j["version"] = ServerVersion();
   j["extensions"] = Extensions();
-  return Dump(j);
+  return JsonText(j);
 }
 
 std::string ErrorJson(absl::string_view message) {
   Json j;
   j["error"] = std::string(message);
-  return Dump(j);
+  return JsonText(j);
 }
 
 }  // namespace krause::server::oip

@@ -20,6 +20,7 @@
 #include "server/core/errors.h"
 #include "server/edge/call_book.h"
 #include "server/edge/http_call.h"
+#include "server/edge/json_text.h"
 #include "server/edge/status.h"
 #include "server/v1/unary.h"
 
@@ -54,7 +55,7 @@ std::string ErrorBody(grpc::StatusCode code, const std::string& message,
     }
     j["details"] = std::move(list);
   }
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return JsonText(j);
 }
 
 // Answers a request refused before it became a call (not counted: no method, no codec); true.
