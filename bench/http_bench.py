@@ -31,7 +31,6 @@ import json
 import os
 import resource
 import select
-import signal
 import socket
 import subprocess
 import sys
@@ -39,25 +38,14 @@ import tempfile
 import time
 import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common import ROOT, Progress, free_port, median, stop, write_manifest
+
 FMNIST = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
-
-
-def median(v):
-    v = sorted(v)
-    n = len(v)
-    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
 
 def pct(v, p):
     v = sorted(v)
     return v[min(len(v) - 1, int(p * len(v)))]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Bench:
@@ -66,27 +54,14 @@ class Bench:
         self.bin = os.path.abspath(args.bin)
         self.tmp = tempfile.mkdtemp(prefix="krause-http-bench-")
         self.records = {}
-        self.start = time.time()
-        self.step = 0
         self.steps = (2 if args.binary_only else 5) + 2 * args.rounds
+        self.progress_line = Progress()
 
     def progress(self, what):
-        self.step += 1
-        elapsed = time.time() - self.start
-        eta = elapsed / (self.step - 1) * (self.steps - self.step + 1) if self.step > 1 else 0
-        print(f"[{self.step}/{self.steps}] {what}  ({elapsed:.0f} s elapsed, eta {eta:.0f} s)",
-              file=sys.stderr, flush=True)
+        self.progress_line(what, self.steps)
 
     def start_server(self):
-        m = os.path.join(ROOT, "models")
-        manifest = {"models": [
-            {"name": "krause-vit-fmnist", "checkpoint": f"{m}/krause_vit_fmnist.safetensors",
-             "default": True, "max_queued_images": 4096},
-            {"name": "karm-fmnist", "checkpoint": f"{m}/karm_fmnist.safetensors",
-             "default": True, "max_sequences": 128, "max_waiting": 1024}]}
-        path = os.path.join(self.tmp, "manifest.json")
-        with open(path, "w") as f:
-            json.dump(manifest, f)
+        path = write_manifest(self.tmp)
         self.grpc, self.rest, self.mport = free_port(), free_port(), free_port()
         self.log = open(os.path.join(self.tmp, "server.log"), "w")
         self.server = subprocess.Popen(
@@ -107,12 +82,7 @@ class Bench:
         sys.exit("http_bench: the server did not become ready")
 
     def stop_server(self):
-        if self.server.poll() is None:
-            self.server.send_signal(signal.SIGTERM)
-            try:
-                self.server.wait(30)
-            except subprocess.TimeoutExpired:
-                self.server.kill()
+        stop(self.server)
 
     def threads(self, name=None):
         """The server's threads (those called `name`: the REST port's are krause-rest)."""

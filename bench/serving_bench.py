@@ -40,20 +40,14 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common import ROOT, Progress, free_port, median, stop, write_manifest
+
 TORCH_PYTHON = "/usr/bin/python3"  # Debian's python3-torch
-
-
-def median(v):
-    v = sorted(v)
-    n = len(v)
-    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
 
 class Bench:
@@ -63,17 +57,9 @@ class Bench:
         self.tmp = tempfile.mkdtemp(prefix="krause-serving-bench-")
         self.records = {}
         self.server = None
-        self.start = time.time()
-        self.step = 0
+        self.progress = Progress()
 
     # ----------------------------------------------------------------------------- plumbing
-
-    def progress(self, what, total_steps):
-        self.step += 1
-        elapsed = time.time() - self.start
-        eta = elapsed / (self.step - 1) * (total_steps - self.step + 1) if self.step > 1 else 0
-        print(f"[{self.step}/{total_steps}] {what}  ({elapsed:.0f} s elapsed, eta {eta:.0f} s)",
-              file=sys.stderr, flush=True)
 
     def run_json_lines(self, cmd):
         out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
@@ -92,25 +78,12 @@ class Bench:
                              text=True).stdout
         return ["--http_listen="] if "-http_listen" in out else []
 
-    def free_port(self):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
     def start_server(self, server_bin):
-        models = os.path.join(ROOT, "models")
-        manifest = {"models": [
-            {"name": "krause-vit-fmnist", "checkpoint": f"{models}/krause_vit_fmnist.safetensors",
-             "default": True, "max_queued_images": 4096},
-            {"name": "karm-fmnist", "checkpoint": f"{models}/karm_fmnist.safetensors",
-             "default": True, "max_sequences": 128, "max_waiting": 1024}]}
-        path = os.path.join(self.tmp, "manifest.json")
-        with open(path, "w") as f:
-            json.dump(manifest, f)
+        path = write_manifest(self.tmp)
         port_file = os.path.join(self.tmp, "port")
         if os.path.exists(port_file):  # a previous server's (--against starts several)
             os.remove(port_file)
-        self.metrics = f"127.0.0.1:{self.free_port()}"
+        self.metrics = f"127.0.0.1:{free_port()}"
         # The REST port (8000 by default) off, where the build has one (--against may start an
         # older build).
         self.server = subprocess.Popen(
@@ -126,12 +99,7 @@ class Bench:
         self.address = "127.0.0.1:" + open(port_file).read().strip()
 
     def stop_server(self):
-        if self.server is not None and self.server.poll() is None:
-            self.server.send_signal(signal.SIGTERM)
-            try:
-                self.server.wait(30)
-            except subprocess.TimeoutExpired:
-                self.server.kill()
+        stop(self.server)
 
     def loadgen_cmd(self, name, *args):
         out = os.path.join(self.tmp, name + ".json")

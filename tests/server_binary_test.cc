@@ -9,9 +9,14 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "model/data/png.h"
 #include "server_fixture.h"
@@ -269,26 +274,47 @@ TEST_F(ServerBinaryTest, ClientSessionAndSigtermExitsZero) {
 namespace krause::testing {
 namespace {
 
-// krause-loadgen against an in-process server: closed and open loop, its JSON report counts
-// exactly the calls it was asked for, and the server's view comes from /metrics.
-TEST(LoadGen, ClosedAndOpenLoopReports) {
-  const TinyModels models = WriteTinyModels("loadgen", 5, 64);
-  server::ServerOptions o = LoopbackOptions(models.manifest);
-  o.metrics_listen = "127.0.0.1:0";
-  auto server = server::KrauseServer::Start(o);
-  ASSERT_TRUE(server.ok()) << server.status();
-  const std::string base =
-      std::string(KRAUSE_BIN_DIR) +
-      "/krause-loadgen --progress=false --server=127.0.0.1:" + std::to_string((*server)->port()) +
-      " --metrics=127.0.0.1:" + std::to_string((*server)->metrics_port()) +
-      " --data=synthetic --warmup=0 --json=- ";
+// krause-loadgen against an in-process server on the tiny models.
+class LoadGen : public ::testing::Test {
+ protected:
+  void Start(const std::string& name, const std::function<void(server::ServerOptions&)>& set) {
+    models_ = WriteTinyModels(name, 5, 64);
+    server::ServerOptions o = LoopbackOptions(models_.manifest);
+    set(o);
+    auto s = server::KrauseServer::Start(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = std::move(*s);
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown();
+    std::filesystem::remove_all(models_.dir);
+  }
+  // krause-loadgen with `args` (synthetic data, no warm-up): its exit code and JSON report.
+  static std::pair<int, nlohmann::json> Run(const std::string& args) {
+    const ShellRun r = Shell(std::string(KRAUSE_BIN_DIR) +
+                             "/krause-loadgen --progress=false --data=synthetic --warmup=0 "
+                             "--json=- " +
+                             args);
+    const size_t brace = r.out.find("{\n");
+    EXPECT_NE(brace, std::string::npos) << r.out;
+    if (brace == std::string::npos) return {r.code, nlohmann::json()};
+    return {r.code, nlohmann::json::parse(r.out.substr(brace))};
+  }
+
+  TinyModels models_;
+  std::unique_ptr<server::KrauseServer> server_;
+};
+
+// Closed and open loop: the JSON report counts exactly the calls it was asked for, and the
+// server's view comes from /metrics.
+TEST_F(LoadGen, ClosedAndOpenLoopReports) {
+  Start("loadgen", [](server::ServerOptions& o) { o.metrics_listen = "127.0.0.1:0"; });
+  const std::string base = "--server=127.0.0.1:" + std::to_string(server_->port()) +
+                           " --metrics=127.0.0.1:" + std::to_string(server_->metrics_port()) + " ";
   // Closed loop over the tiny KARM.
-  ShellRun r =
-      Shell(base + "--workload=generate --concurrency=8 --requests=24 --generate_model=karm");
-  ASSERT_EQ(r.code, 0) << r.out;
-  const size_t brace = r.out.find("{\n");
-  ASSERT_NE(brace, std::string::npos) << r.out;
-  nlohmann::json j = nlohmann::json::parse(r.out.substr(brace));
+  auto [code, j] =
+      Run(base + "--workload=generate --concurrency=8 --requests=24 --generate_model=karm");
+  ASSERT_EQ(code, 0) << j;
   EXPECT_EQ(j["calls"], 24);
   EXPECT_EQ(j["errors_by_code"]["Generate"]["OK"], 24);
   EXPECT_EQ(j["latency_seconds"]["Generate"]["count"], 24);
@@ -302,54 +328,41 @@ TEST(LoadGen, ClosedAndOpenLoopReports) {
 
   // Open loop; the 28x28 synthetic images do not fit the 8x8 classifier: every call fails
   // with INVALID_ARGUMENT, counted by code, and the exit code says so.
-  r = Shell(base + "--mode=open --rate=200 --arrivals=constant --requests=10 --workload=classify");
-  EXPECT_EQ(r.code, 3) << r.out;
-  j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  std::tie(code, j) =
+      Run(base + "--mode=open --rate=200 --arrivals=constant --requests=10 --workload=classify");
+  EXPECT_EQ(code, 3) << j;
   EXPECT_EQ(j["errors_by_code"]["Classify"]["INVALID_ARGUMENT"], 10);
-  (*server)->Shutdown();
-  std::filesystem::remove_all(models.dir);
 }
 
 // --protocol http: streamed generations through generate_stream, counted with the stream's
 // figures; a classify whose images do not fit is counted by the code its HTTP status means.
-TEST(LoadGen, HttpProtocolReports) {
-  const TinyModels models = WriteTinyModels("loadgen-http", 5, 64);
-  server::ServerOptions o = LoopbackOptions(models.manifest);
-  o.http_listen = "127.0.0.1:0";
-  auto server = server::KrauseServer::Start(o);
-  ASSERT_TRUE(server.ok()) << server.status();
+TEST_F(LoadGen, HttpProtocolReports) {
+  Start("loadgen-http", [](server::ServerOptions& o) { o.http_listen = "127.0.0.1:0"; });
   const std::string base =
-      std::string(KRAUSE_BIN_DIR) +
-      "/krause-loadgen --progress=false --protocol=http --http_server=127.0.0.1:" +
-      std::to_string((*server)->http_port()) +
-      " --data=synthetic --warmup=0 --json=- --classify_model=vit ";
-  ShellRun r = Shell(base +
-                     "--workload=generate --concurrency=8 --requests=24 --generate_model=karm "
-                     "--generate_images=2");
-  ASSERT_EQ(r.code, 0) << r.out;
-  nlohmann::json j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+      "--protocol=http --http_server=127.0.0.1:" + std::to_string(server_->http_port()) +
+      " --classify_model=vit ";
+  auto [code, j] = Run(base +
+                       "--workload=generate --concurrency=8 --requests=24 --generate_model=karm "
+                       "--generate_images=2");
+  ASSERT_EQ(code, 0) << j;
   EXPECT_EQ(j["calls"], 24);
   EXPECT_EQ(j["errors_by_code"]["Generate"]["OK"], 24);
   EXPECT_EQ(j["generate_first_pixel_seconds"]["count"], 24);
   EXPECT_GT(j["images_per_second"].get<double>(), 0.0);
   EXPECT_EQ(j["config"]["protocol"], "http");
-  r = Shell(base + "--workload=classify --concurrency=4 --requests=8");
-  EXPECT_EQ(r.code, 3) << r.out;
-  j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  std::tie(code, j) = Run(base + "--workload=classify --concurrency=4 --requests=8");
+  EXPECT_EQ(code, 3) << j;
   EXPECT_EQ(j["errors_by_code"]["ModelInfer"]["INVALID_ARGUMENT"], 8);
   ASSERT_FALSE(j["error_samples"].empty());
   EXPECT_NE(j["error_samples"][0].get<std::string>().find("image"), std::string::npos);
   // The same with binary tensors: the body is read (the error is the images' shape, not the
   // layout).
-  r = Shell(base + "--workload=classify --concurrency=4 --requests=8 --http_binary");
-  EXPECT_EQ(r.code, 3) << r.out;
-  j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  std::tie(code, j) = Run(base + "--workload=classify --concurrency=4 --requests=8 --http_binary");
+  EXPECT_EQ(code, 3) << j;
   EXPECT_EQ(j["errors_by_code"]["ModelInfer"]["INVALID_ARGUMENT"], 8);
   EXPECT_NE(j["error_samples"][0].get<std::string>().find("shape [1, 28, 28, 1]"),
             std::string::npos)
       << j["error_samples"];
-  (*server)->Shutdown();
-  std::filesystem::remove_all(models.dir);
 }
 
 }  // namespace
