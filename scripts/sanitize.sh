@@ -21,7 +21,7 @@ if [ "${1:-}" = "--thread" ]; then
   BUILD_DIR=${BUILD_DIR:-build-tsan}
   tests=(threads_test decode_engine_test cpu_decoder_test scheduling_test reply_pool_test
          generator_worker_test server_e2e_test server_hardening_test server_metrics_test
-         model_control_test http_server_test http_generate_test)
+         model_control_test http_server_test http_generate_test connect_http_test)
   BUILD_DIR="$BUILD_DIR" BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} TARGETS="${tests[*]}" \
     CMAKE_ARGS="-DKRAUSE_TSAN=ON -DKRAUSE_BUILD_BENCH=OFF ${CMAKE_ARGS:-}" scripts/build.sh
   built=$(date +%s)
