@@ -47,6 +47,8 @@ PACKAGES=(
   python3 python3-torch python3-numpy
   # the soak's clients (tests/soak.py: gRPC from Python, messages from the .proto at run time)
   python3-grpcio python3-protobuf
+  # the Python client (client/python): built into a virtual environment, tested with pytest
+  python3-venv python3-pil python3-pytest
   # the web page's test in a real browser (tests/web_ui_test.py): headless Chromium, driven by
   # its WebDriver through Selenium
   chromium chromium-driver python3-selenium
