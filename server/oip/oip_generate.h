@@ -37,27 +37,10 @@
 #include "server/core/served_model.h"
 #include "server/edge/front_end.h"
 #include "server/edge/http_server.h"
+#include "server/oip/oip_generate_body.h"
 
 namespace krause::server {
 namespace oip {
-
-// A generate body as read, before any model is known: types and ranges checked, unknown names
-// refused (InvalidArgument naming the field and what it must be).
-struct GenerateBody {
-  int64_t num_images = 0;  // 0: 1
-  std::optional<uint64_t> seed;
-  std::optional<double> temperature, top_p, guidance;
-  std::optional<int64_t> top_k;
-  std::optional<std::string> label;
-  std::optional<int64_t> class_index;
-  std::optional<std::string> prompt_png;  // the PNG's bytes
-  int64_t prompt_rows = 0;
-  int64_t update_interval_ms = 0;  // 0: 100
-  std::optional<bool> stream_rows;
-  uint64_t first_image = 0;
-  int64_t timeout_us = 0;  // 0: the server's deadline
-};
-absl::StatusOr<GenerateBody> ParseGenerateBody(std::string_view json);
 
 // The body against `model`: the plan and the stream's settings, as krause.v1's ParseGenerate
 // makes them from the same settings.
