@@ -43,6 +43,18 @@ class KrauseError(Exception):
         return self.code in RETRYABLE
 
 
+def _string_map(field) -> Dict[str, str]:
+    """ErrorInfo.metadata as a dict: a map<string, string>, or the repeated key-value entries the
+    map is on the wire (proto/google/rpc/error_details.proto spells it so)."""
+    out = {}
+    for item in field:
+        if hasattr(item, "key"):
+            out[item.key] = item.value
+        else:
+            out[item] = field[item]
+    return out
+
+
 def from_rpc_error(error: grpc.RpcError) -> KrauseError:
     """The KrauseError of a failed gRPC call (sync or asyncio), its details decoded."""
     code = error.code() if callable(getattr(error, "code", None)) else grpc.StatusCode.UNKNOWN
@@ -61,7 +73,8 @@ def from_rpc_error(error: grpc.RpcError) -> KrauseError:
             info, retry, bad = (error_details_pb2.ErrorInfo(), error_details_pb2.RetryInfo(),
                                 error_details_pb2.BadRequest())
             if any_.Unpack(info):
-                kwargs["reason"], kwargs["metadata"] = info.reason, dict(info.metadata)
+                kwargs["reason"] = info.reason
+                kwargs["metadata"] = _string_map(info.metadata)
             elif any_.Unpack(retry):
                 kwargs["retry_delay"] = retry.retry_delay.seconds + retry.retry_delay.nanos / 1e9
             elif any_.Unpack(bad) and bad.field_violations:

@@ -6,7 +6,8 @@ C++ client (krause-client) and the server's own metrics:
   - leaving a generate loop early brings the server's cache slots back to 0;
   - a replica killed (SIGKILL) mid-stream, among two, still gives the undisturbed images;
   - bad input raises KrauseError with the field the server names;
-  - AsyncClient runs concurrent calls with the same answers.
+  - AsyncClient runs concurrent calls with the same answers;
+  - model control with admin tokens, and a refusal's google.rpc details (reason, model, delay).
 Run by ctest `python_client` (scripts/python-client-test.sh installs the package first) with
 KRAUSE_BIN_DIR and KRAUSE_SOURCE_DIR set.
 """
@@ -49,19 +50,21 @@ def fashion_images(n):
 class Server:
     """A krause-server process on the bundled models, with its gRPC and /metrics ports."""
 
-    def __init__(self):
+    def __init__(self, models_dir=None, *flags, token=None):
         self.port, self.metrics = free_port(), free_port()
         self.proc = subprocess.Popen(
-            [os.path.join(BIN, "krause-server"), "--models_dir", os.path.join(SRC, "models"),
-             f"--listen=127.0.0.1:{self.port}", "--http_listen=",
-             f"--metrics_listen=127.0.0.1:{self.metrics}", "--quiet", "--drain_seconds=1"])
+            [os.path.join(BIN, "krause-server"), "--models_dir",
+             models_dir or os.path.join(SRC, "models"), f"--listen=127.0.0.1:{self.port}",
+             "--http_listen=", f"--metrics_listen=127.0.0.1:{self.metrics}", "--quiet",
+             "--drain_seconds=1", *flags])
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                Client(self.address, timeout=5, retries=0).models()
-                return
+                if Client(self.address, timeout=5, retries=0, token=token).models():
+                    return
             except KrauseError:
-                time.sleep(0.1)
+                pass
+            time.sleep(0.1)
         raise RuntimeError("krause-server did not start")
 
     @property
@@ -259,3 +262,39 @@ def test_a_replica_killed_mid_stream_gives_the_undisturbed_images():
     finally:
         a.stop(signal.SIGKILL)
         b.stop(signal.SIGKILL)
+
+
+def test_model_control(tmp_path):
+    repo = tmp_path / "repo"
+    for version, file in [(1, "krause_vit_fmnist"), (2, "vit_fmnist")]:
+        (repo / "vit" / str(version)).mkdir(parents=True)
+        os.symlink(os.path.join(os.path.abspath(SRC), "models", file + ".safetensors"),
+                   repo / "vit" / str(version) / "model.safetensors")
+    (tmp_path / "serve").write_text("serve-token\n")
+    (tmp_path / "admin").write_text("admin-token\n")
+    s = Server(str(repo), "--model_control=explicit", "--load_model=*",
+               f"--auth_tokens={tmp_path / 'serve'}", f"--admin_tokens={tmp_path / 'admin'}",
+               token="admin-token")
+    try:
+        image = fashion_images(1)[0]
+        with Client(s.address, token="serve-token", timeout=60, retries=0) as user, \
+                Client(s.address, token="admin-token", timeout=60) as admin:
+            with pytest.raises(KrauseError) as e:
+                user.unload_model("vit")
+            assert e.value.code.name == "PERMISSION_DENIED"
+            ready = [(v.name, v.version) for v in admin.repository_index(ready=True)]
+            assert ("vit", "2") in ready
+            assert user.classify(image, model="vit").model_version == "2"
+            after = admin.unload_model("vit")
+            assert after and all(v.state != "READY" for v in after)
+            with pytest.raises(KrauseError) as e:
+                user.classify(image, model="vit")
+            # The refusal's google.rpc details, read: ErrorInfo's reason and model, RetryInfo.
+            assert (e.value.code.name, e.value.reason, e.value.metadata) == (
+                "UNAVAILABLE", "MODEL_UNLOADED", {"model": "vit"})
+            assert e.value.retry_delay is not None and e.value.retryable
+            loaded = admin.load_model("vit", version="1")
+            assert ("1", "READY") in [(v.version, v.state) for v in loaded]
+            assert user.classify(image, model="vit", version="1").model_version == "1"
+    finally:
+        s.stop()
