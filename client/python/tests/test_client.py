@@ -3,7 +3,7 @@ C++ client (krause-client) and the server's own metrics:
   - classify's probabilities equal krause-client's JSON output, for arrays, PIL images, paths
     and PNG bytes alike;
   - generated images (and the rows streamed) byte-equal krause-client's for the same settings;
-  - leaving a generate loop early brings the server's cache slots back to 0;
+  - leaving a generate loop early (sync or async) brings the server's cache slots back to 0;
   - a replica killed (SIGKILL) mid-stream, among two, still gives the undisturbed images;
   - bad input raises KrauseError with the field the server names;
   - AsyncClient runs concurrent calls with the same answers;
@@ -177,6 +177,23 @@ def test_leaving_the_loop_frees_the_cache_slots(server, client):
     while server.slots_in_use() > 0 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert server.slots_in_use() == 0
+
+
+def test_leaving_an_async_loop_frees_the_cache_slots(server):
+    async def run():
+        async with AsyncClient(server.address, timeout=60) as ac:
+            held = 0
+            async for e in ac.generate(n=16, seed=4):
+                if isinstance(e, Rows):
+                    held = server.slots_in_use()
+                    break  # the abandoned async generator is closed: the call is cancelled
+            deadline = time.monotonic() + 5
+            while server.slots_in_use() > 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            return held, server.slots_in_use()
+
+    held, after = asyncio.run(run())
+    assert held > 0 and after == 0
 
 
 def test_bad_input_raises_with_the_field(client):
