@@ -5,6 +5,8 @@
 // Thread-safety: one call's object is used by one thread at a time.
 #pragma once
 
+#include <grpcpp/support/status_code_enum.h>
+
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +33,14 @@ class HttpCall {
   HttpExchange* exchange() const { return exchange_.get(); }
   // The headers every answer of the call carries (the echoed ids).
   const HttpHeaders& echo() const { return echo_; }
+  // An error answer's headers: the echoed ids and, for a missing or unknown token,
+  // WWW-Authenticate: Bearer.
+  HttpHeaders ErrorHeaders(grpc::StatusCode code) const {
+    HttpHeaders headers = echo_;
+    if (code == grpc::StatusCode::UNAUTHENTICATED)
+      headers.emplace_back("WWW-Authenticate", "Bearer");
+    return headers;
+  }
 
   // Enters the gate: the request's bearer token (an admin token for model control), the ids it
   // echoes, its peer.

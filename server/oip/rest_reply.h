@@ -39,9 +39,7 @@ class RestReply : public HttpCall {
       SendJson(exchange(), 200, std::move(ok_body_), std::move(headers), ok_content_type_);
       return;
     }
-    auto headers = echo();
-    if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED)
-      headers.emplace_back("WWW-Authenticate", "Bearer");
+    HttpHeaders headers = ErrorHeaders(st.error_code());
     const int http = override_status_ != 0 ? override_status_ : HttpStatus(st.error_code());
     SendJson(exchange(), http, oip::ErrorJson(st.error_message()), std::move(headers));
   }

@@ -73,7 +73,6 @@ class ConnectReply : public HttpCall {
       : HttpCall(request, std::move(exchange)), codec_(codec) {}
 
   void Finish(const grpc::Status& st) {
-    HttpHeaders headers = echo();
     std::string body;
     grpc::Status out = st;
     if (out.ok()) {
@@ -89,12 +88,12 @@ class ConnectReply : public HttpCall {
       }
     }
     if (out.ok()) {
+      HttpHeaders headers = echo();
       headers.emplace_back("Content-Type", ContentType(codec_));
       exchange()->Reply({200, std::move(headers), std::move(body)});
       return;
     }
-    if (out.error_code() == grpc::StatusCode::UNAUTHENTICATED)
-      headers.emplace_back("WWW-Authenticate", "Bearer");
+    HttpHeaders headers = ErrorHeaders(out.error_code());
     headers.emplace_back("Content-Type", "application/json");
     exchange()->Reply({HttpStatus(out.error_code()), std::move(headers),
                        ErrorBody(out.error_code(), out.error_message(), out.error_details())});
