@@ -1,6 +1,7 @@
 """What the serving benchmarks share (serving_bench.py, http_bench.py): the statistics, a free
-port, the progress line with its ETA, and the manifest they serve the bundled models with (the
+port, the progress line with its ETA, the first test image, and the manifest they serve the bundled models with (the
 Krause ViT and the KARM, with queues deep enough for their loads)."""
+import gzip
 import json
 import os
 import signal
@@ -10,6 +11,13 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FMNIST = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"  # Debian's test images
+
+
+def first_test_image():
+    """The first Fashion-MNIST test image's 784 bytes (28x28 grey)."""
+    with gzip.open(FMNIST, "rb") as f:
+        return f.read()[16:16 + 784]
 
 
 def median(v):

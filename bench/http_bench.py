@@ -26,7 +26,6 @@ Classify's. The load generator runs on the same cores as the server (its CPU tim
 records).
 """
 import argparse
-import gzip
 import json
 import os
 import resource
@@ -38,9 +37,8 @@ import tempfile
 import time
 import urllib.request
 
-from common import ROOT, Progress, free_port, median, stop, write_manifest
+from common import ROOT, Progress, first_test_image, free_port, median, stop, write_manifest
 
-FMNIST = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
 
 
 def pct(v, p):
@@ -129,7 +127,7 @@ class Bench:
         return times, statuses
 
     def beside_idle(self):
-        px = gzip.open(FMNIST).read()[16:16 + 784]
+        px = first_test_image()
         body = json.dumps({"inputs": [{"name": "image", "datatype": "UINT8",
                                        "shape": [1, 28, 28, 1], "data": list(px)}]}).encode()
         infer = (b"POST /v2/models/krause-vit-fmnist/infer HTTP/1.1\r\nHost: x\r\n"

@@ -27,7 +27,8 @@ import grpc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, Progress, free_port, median, stop, write_manifest  # noqa: E402
+from common import (ROOT, Progress, first_test_image, free_port, median, stop,  # noqa: E402
+                    write_manifest)
 
 try:
     import krause_serve
@@ -36,19 +37,12 @@ except ImportError:
     sys.exit("python_client_bench: run it with a Python that has the client installed: "
              "scripts/python-client-venv.sh /tmp/kc && /tmp/kc/bin/python " + sys.argv[0])
 
-FMNIST = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
 UPDATE_MS = 50  # krause-loadgen's default --update_interval_ms
-
-
-def image():
-    import gzip
-    with gzip.open(FMNIST, "rb") as f:
-        return np.frombuffer(f.read()[16:16 + 784], dtype=np.uint8).reshape(28, 28, 1)
 
 
 def classify_latencies(address, calls):
     """Median seconds of `calls` Classify calls: the client's, and grpcio's own stub's."""
-    px = image()
+    px = np.frombuffer(first_test_image(), dtype=np.uint8).reshape(28, 28, 1)
     client = krause_serve.Client(address)
     channel = grpc.insecure_channel(address)
     stub = krause_pb2_grpc.KrauseServiceStub(channel)

@@ -1,6 +1,7 @@
 """What the Python end-to-end tests share (oip_e2e_test.py, web_ui_test.py): a check list, free
 ports, krause.v1 and other message classes built at run time from a .proto (no generated code
-of the server's), Fashion-MNIST test images, a plain grey PNG writer, and waiting for a server.
+of the server's), Fashion-MNIST test images, a plain grey PNG writer, a Generate stream's images, and waiting for
+a server.
 """
 import gzip
 import os
@@ -65,6 +66,19 @@ def png(width, height, pixels):
     raw = b"".join(b"\0" + pixels[r * width:(r + 1) * width] for r in range(height))
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
             + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def collect_generation(messages, n, row_bytes=28):
+    """A krause.v1 Generate stream's n images: each image's pixels from its rows, and its PNG and
+    seed by image index."""
+    pixels = [bytearray(28 * row_bytes) for _ in range(n)]
+    pngs, seeds = {}, {}
+    for msg in messages:
+        for r in msg.rows:
+            pixels[r.image][r.first_row * row_bytes:(r.first_row + r.num_rows) * row_bytes] = r.pixels
+        for im in msg.images:
+            pngs[im.image], seeds[im.image] = im.png, im.seed
+    return [bytes(p) for p in pixels], pngs, seeds
 
 
 def wait_ready(rest, seconds=60):

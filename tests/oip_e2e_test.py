@@ -33,7 +33,8 @@ import urllib.request
 
 import grpc
 
-from e2e import check, classes, free_port, png, report, test_images
+from e2e import (check, classes, collect_generation, free_port, png, report, test_images,
+                 wait_ready)
 
 BIN, SRC = sys.argv[1], sys.argv[2]
 TOKEN = "oip-secret"
@@ -238,13 +239,7 @@ def run(oip, native, port, hport, mport, log_path):
             except ValueError:
                 return e.code, {"raw": text.decode(errors="replace")}
 
-    for _ in range(600):  # the models load after the ports open
-        try:
-            if http("GET", "/v2/health/ready", token=False)[0] == 200:
-                break
-        except OSError:
-            pass
-        time.sleep(0.1)
+    wait_ready(rest)  # the models load after the ports open
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     ser = lambda m: m.SerializeToString()
 
@@ -357,11 +352,8 @@ def run(oip, native, port, hport, mport, log_path):
             g.class_index = class_index
         if guidance is not None:
             g.guidance = guidance
-        buf = [bytearray(784) for _ in range(n)]
-        for msg in generate(g, metadata=AUTH, timeout=120):
-            for r in msg.rows:
-                buf[r.image][r.first_row * 28:(r.first_row + r.num_rows) * 28] = r.pixels
-        return b"".join(bytes(b) for b in buf)
+        pixels, _, _ = collect_generation(generate(g, metadata=AUTH, timeout=120), n)
+        return b"".join(pixels)
 
     def param(req, name, kind, value):
         setattr(req.parameters[name], kind, value)

@@ -29,7 +29,8 @@ import urllib.request
 
 import grpc
 
-from e2e import check, classes, free_port, png, report, test_images, wait_ready
+from e2e import (check, classes, collect_generation, free_port, png, report, test_images,
+                 wait_ready)
 
 BIN, SRC = sys.argv[1], sys.argv[2]
 SHOTS = sys.argv[3] if len(sys.argv) > 3 else None
@@ -130,14 +131,7 @@ def run(driver, native, tmp, port, hport, mport):
             field.send_keys(text)
 
     def native_images(request, n):  # pixels, PNGs and seeds, per image
-        buf = [bytearray(784) for _ in range(n)]
-        pngs, seeds = {}, {}
-        for msg in generate(request, metadata=AUTH, timeout=120):
-            for r in msg.rows:
-                buf[r.image][r.first_row * 28:(r.first_row + r.num_rows) * 28] = r.pixels
-            for im in msg.images:
-                pngs[im.image], seeds[im.image] = im.png, im.seed
-        return [bytes(b) for b in buf], pngs, seeds
+        return collect_generation(generate(request, metadata=AUTH, timeout=120), n)
 
     def slots_in_use():
         with urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10) as r:
