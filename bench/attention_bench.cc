@@ -389,7 +389,7 @@ double ItemMicros(int64_t rings, at::ScalarType dtype, bool hint, bool huge, int
     it.ring_kt = static_cast<char*>(keys_t.data_ptr()) + r * kD * stride * elem;
     it.ring_v = static_cast<char*>(values.data_ptr()) + r * kW * kD * elem;
     it.ring_bias = bias.data_ptr<float>() + r * stride;
-    it.elem = dtype == at::kBFloat16 ? cpu::RingElem::kBFloat16 : cpu::RingElem::kFloat32;
+    it.elem = dtype == at::kBFloat16 ? cpu::Elem::kBFloat16 : cpu::Elem::kFloat32;
     it.position = kPosition;
     it.window = kW;
     it.ring_stride = stride;
@@ -474,19 +474,23 @@ double OneCoreFmaGflops(int reps) {
 }
 
 // The decode step's batch-invariant linear kernel on one thread: `m` rows through an in x out
-// layer (cpu::LinearRowsArgs), GFLOP/s (MedianSeconds).
-double LinearGflops(int64_t m, int64_t in, int64_t out, int reps) {
+// layer (cpu::LinearRowsArgs) with weights of `elem`, GFLOP/s (MedianSeconds), in the kernel
+// variant in force (cpu::SetCpuKernelsForTesting).
+double LinearGflops(int64_t m, int64_t in, int64_t out, cpu::Elem elem, int reps) {
   const at::Tensor x = at::randn({m, in});
-  const at::Tensor wt = at::randn({out * in});  // chunk blocks: any values do
+  // Chunk blocks: any values do.
+  const at::Tensor wt =
+      at::randn({out * in}).to(elem == cpu::Elem::kBFloat16 ? at::kBFloat16 : at::kFloat);
   const at::Tensor bias = at::zeros({out});
   at::Tensor y = at::empty({m, out});
   const cpu::LinearRowsArgs a{x.data_ptr<float>(),
-                              wt.data_ptr<float>(),
+                              wt.data_ptr(),
                               bias.data_ptr<float>(),
                               y.data_ptr<float>(),
                               m,
                               in,
-                              out};
+                              out,
+                              elem};
   const cpu::CpuKernelTable& kernels = cpu::CpuKernels();
   const int64_t calls = std::max<int64_t>(1, static_cast<int64_t>(2e9 / (2.0 * m * in * out)));
   const double seconds = MedianSeconds(
@@ -551,22 +555,32 @@ int RunItems(const Options& o) {
   // The step's linears beside them: MNIST's layers at 64 rows, against this core's multiply-add
   // throughput.
   const double peak = OneCoreFmaGflops(reps);
-  std::printf("\nThe step's linear kernel at 64 rows (MNIST's layers), one thread:\n");
+  std::printf(
+      "\nThe step's linear kernel at 64 rows (MNIST's layers), one thread, each kernel variant\n"
+      "with fp32 and bf16 weights (GFLOP/s):\n");
   if (peak > 0) std::printf("  one core's multiply-adds (AVX2 FMA chains): %.1f GFLOP/s\n", peak);
-  for (auto [in, out, name] : {std::tuple<int64_t, int64_t, const char*>{256, 768, "qkv"},
-                               {256, 256, "out"},
-                               {256, 1024, "mlp0"},
-                               {1024, 256, "mlp2"}}) {
-    const double g = LinearGflops(64, in, out, reps);
-    std::printf("  %-5s %4lld x %-5lld %8.1f GFLOP/s", name, static_cast<long long>(in),
-                static_cast<long long>(out), g);
-    if (peak > 0) std::printf("  %5.0f%% of the chains", 100.0 * g / peak);
-    std::printf("\n");
-    json.push_back(absl::StrFormat(
-        "{\"op\":\"linear\",\"layer\":\"%s\",\"rows\":64,\"in\":%d,\"out\":%d,\"gflops\":%.6g,"
-        "\"one_core_fma_gflops\":%.6g}",
-        name, in, out, g, peak));
+  for (int v = 0; v < cpu::NumCpuKernelVariants(); ++v) {
+    const char* variant = cpu::CpuKernelVariantName(v);
+    if (!cpu::SetCpuKernelsForTesting(variant)) continue;
+    for (auto [in, out, name] : {std::tuple<int64_t, int64_t, const char*>{256, 768, "qkv"},
+                                 {256, 256, "out"},
+                                 {256, 1024, "mlp0"},
+                                 {1024, 256, "mlp2"}}) {
+      const double g = LinearGflops(64, in, out, cpu::Elem::kFloat32, reps);
+      const double g16 = LinearGflops(64, in, out, cpu::Elem::kBFloat16, reps);
+      std::printf("  %-5s %-5s %4lld x %-5lld fp32 %7.1f, bf16 %7.1f (%.2fx)", variant, name,
+                  static_cast<long long>(in), static_cast<long long>(out), g, g16, g16 / g);
+      if (peak > 0) std::printf("  fp32 %3.0f%% of the chains", 100.0 * g / peak);
+      std::printf("\n");
+      for (auto [weights, gflops] : {std::pair{"float32", g}, {"bfloat16", g16}}) {
+        json.push_back(absl::StrFormat(
+            "{\"op\":\"linear\",\"kernels\":\"%s\",\"weights\":\"%s\",\"layer\":\"%s\","
+            "\"rows\":64,\"in\":%d,\"out\":%d,\"gflops\":%.6g,\"one_core_fma_gflops\":%.6g}",
+            variant, weights, name, in, out, gflops, peak));
+      }
+    }
   }
+  cpu::SetCpuKernelsForTesting(nullptr);
   progress.Step("the step's linears");
   if (!o.json_path.empty()) {
     std::ofstream js(o.json_path);

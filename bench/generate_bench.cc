@@ -12,6 +12,9 @@
 //                   the sampled positions). Validated against "full" on the MNIST config: the
 //                   table prints both and their ratio.
 //   KV bytes per sequence.
+// On the CPU each model is measured twice, with its linear weights in fp32 and in bfloat16
+// (ParameterStore::RoundLinear; methods step_w16, integ_w16, full_w16), and the KARM once more
+// over bf16 ring caches (step_bf16e, integ_bf16e, full_bf16).
 // Ratios come from one run. --json writes one record per measurement.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -32,6 +35,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/progress.h"
+#include "model/engine/cpu_decoder.h"
 #include "model/engine/decode_engine.h"
 #include "model/engine/decode_graphs.h"
 #include "model/engine/device_context.h"
@@ -96,7 +100,7 @@ PixelModelConfig PaperConfig(const std::string& which, const std::string& attent
 }
 
 // The per-position step records: eager, graphed (CUDA), graphed over a bf16 cache (CUDA), eager
-// over a bf16 cache (a KARM on the CPU).
+// over a bf16 cache (a KARM on the CPU), eager with bf16 linear weights (the CPU).
 struct StepMethod {
   const char* method;
   const char* label;
@@ -104,7 +108,8 @@ struct StepMethod {
 constexpr StepMethod kStepMethods[] = {{"step", ""},
                                        {"step_graph", "graphed "},
                                        {"step_bf16", "graphed bf16-cache "},
-                                       {"step_bf16e", "bf16-cache "}};
+                                       {"step_bf16e", "bf16-cache "},
+                                       {"step_w16", "bf16-weights "}};
 
 bool IsStepMethod(const std::string& method) {
   for (const StepMethod& m : kStepMethods)
@@ -295,7 +300,8 @@ int Main(int argc, char** argv) {
           "                  and its median time: a steady load to profile (perf record -g);\n"
           "                  CACHE float32 (default) or bfloat16 (a KARM's ring caches)\n"
           "On the CPU the KARM is also measured over bf16 ring caches (rows bf16-cache,\n"
-          "integ_bf16e, full_bf16) beside its fp32 ones.\n");
+          "integ_bf16e, full_bf16) beside its fp32 ones, and both models with bf16 linear\n"
+          "weights (rows bf16-weights, integ_w16, full_w16) beside fp32 ones.\n");
       return 0;
     } else {
       std::fprintf(stderr, "unknown argument %s (see --help)\n", a.c_str());
@@ -326,8 +332,9 @@ int Main(int argc, char** argv) {
   Progress progress;
   for (const auto& cfg : configs) {
     progress.total += 2 * static_cast<int>(streams.size()) * (cfg == "mnist" ? 2 : 1);
-    if (device.is_cpu()) {  // the KARM's bf16-cache steps (and full runs)
-      progress.total += static_cast<int>(streams.size()) * (cfg == "mnist" ? 2 : 1);
+    if (device
+            .is_cpu()) {  // the KARM's bf16-cache steps, both models' bf16 weights (and full runs)
+      progress.total += 3 * static_cast<int>(streams.size()) * (cfg == "mnist" ? 2 : 1);
     }
   }
   // What the decode step's bytes per second are measured against: a device-to-device copy on a
@@ -345,10 +352,25 @@ int Main(int argc, char** argv) {
       // The engine's choice: packed batch-invariant linear layers on the CPU, plain ones on a
       // GPU; the Krause layers' scales validated once on either.
       const PixelDecodeWeights packed = PackForDecode(*model);
+      // On the CPU, the same model with bf16 linear weights (packed in half the bytes).
+      std::optional<PixelModel> model16;
+      std::optional<PixelDecodeWeights> packed16;
+      if (device.is_cpu()) {
+        model16.emplace(PixelModel::Create(c, 1).value());
+        if (!model16->parameters().RoundLinear(at::kBFloat16).ok()) return 1;
+        packed16.emplace(PackForDecode(*model16));
+      }
       const int64_t n = c.seq_len();
       const std::string image = absl::StrFormat("%dx%dx%d", c.height, c.width_px, c.channels);
       const std::string name = attention == "krause" ? "KARM" : "ARM";
       param_bytes[which + name] = model->parameters().NumParameters() * 4;
+      if (packed16) {  // the packed linears' bytes are what bf16 halves
+        const auto bytes = [](const PixelDecodeWeights& w) {
+          return dynamic_cast<const CpuDecoder&>(*w.cpu).weight_bytes();
+        };
+        param_bytes[which + name + "w16"] =
+            param_bytes[which + name] - bytes(packed) + bytes(*packed16);
+      }
       std::vector<int64_t> positions;
       const int samples = o.quick ? 5 : 9;
       for (int i = 0; i < samples; ++i) positions.push_back(i * (n - 1) / (samples - 1));
@@ -380,12 +402,15 @@ int Main(int argc, char** argv) {
           records.push_back({which, name, image, integrated_method, s, -1, s / total, total / n,
                              PixelKvCache::BytesPerSequence(c, dtype)});
         };
-        // The eager step over `steps_cache`.
+        // The eager step over `steps_cache` (of `m` and its packed weights `w`).
         auto eager = [&](PixelKvCache* steps_cache, const char* step_method,
-                         const char* integrated_method, at::ScalarType dtype) {
+                         const char* integrated_method, at::ScalarType dtype,
+                         const PixelModel* m = nullptr, const PixelDecodeWeights* w = nullptr) {
+          if (m == nullptr) m = &*model;
+          if (w == nullptr) w = &packed;
           const StepFn step = [&](const at::Tensor& u, const at::Tensor& pos,
                                   const at::Tensor& sl) {
-            return model->DecodeStep(u, pos, sl, steps_cache, &packed);
+            return m->DecodeStep(u, pos, sl, steps_cache, w);
           };
           integrate(sweep(step, 1, step_method, dtype), integrated_method, dtype);
         };
@@ -428,6 +453,19 @@ int Main(int argc, char** argv) {
           progress.Step(absl::StrFormat("%s %s S=%d full run", which, name, s));
         } else if (which == "mnist") {
           progress.Step("skipped");
+        }
+        // On the CPU, the model with bf16 linear weights over the same fp32 cache.
+        if (packed16) {
+          eager(&*cache, "step_w16", "integ_w16", at::kFloat, &*model16, &*packed16);
+          progress.Step(absl::StrFormat("%s %s S=%d bf16-weights steps", which, name, s));
+          if (full_run) {
+            const double ips = FullRun(*model16, s);
+            records.push_back({which, name, image, "full_w16", s, -1, ips, s / ips / n,
+                               PixelKvCache::BytesPerSequence(c)});
+            progress.Step(absl::StrFormat("%s %s S=%d bf16-weights full run", which, name, s));
+          } else if (which == "mnist") {
+            progress.Step("skipped");
+          }
         }
         // The KARM on the CPU once more over bf16 ring caches (the decode kernel widens their
         // elements; half the key and value bytes), step by step and, for MNIST, end to end.
@@ -513,7 +551,18 @@ int Main(int argc, char** argv) {
             Ratio{"KARM", "full_bf16", "ARM", "full",
                   "KARM (bf16 cache) / ARM images/s (full run)"},
             Ratio{"KARM", "full_bf16", "KARM", "full",
-                  "KARM bf16 / fp32 cache images/s (full run)"}}) {
+                  "KARM bf16 / fp32 cache images/s (full run)"},
+            Ratio{"KARM", "integ_w16", "KARM", "integrated",
+                  "KARM bf16 / fp32 weights images/s (integrated)"},
+            Ratio{"ARM", "integ_w16", "ARM", "integrated",
+                  "ARM bf16 / fp32 weights images/s (integrated)"},
+            Ratio{"KARM", "full_w16", "KARM", "full",
+                  "KARM bf16 / fp32 weights images/s (full run)"},
+            Ratio{"ARM", "full_w16", "ARM", "full", "ARM bf16 / fp32 weights images/s (full run)"},
+            Ratio{"KARM", "integ_w16", "ARM", "integ_w16",
+                  "KARM / ARM images/s (integrated, bf16 weights)"},
+            Ratio{"KARM", "full_w16", "ARM", "full_w16",
+                  "KARM / ARM images/s (full run, bf16 weights)"}}) {
         const Record* x = find(which, q.model, s, q.method);
         const Record* y = find(which, q.over_model, s, q.over_method);
         if (x && y)
@@ -547,8 +596,9 @@ int Main(int argc, char** argv) {
             if (r.model == which && r.attention == att && r.streams == s && r.method == m.method)
               last = &r;
           if (last == nullptr) continue;
-          const double bytes =
-              static_cast<double>(s) * last->kv_bytes_per_sequence + param_bytes[which + att];
+          const std::string weights = std::string(m.method) == "step_w16" ? "w16" : "";
+          const double bytes = static_cast<double>(s) * last->kv_bytes_per_sequence +
+                               param_bytes[which + att + weights];
           const double bps = bytes / last->step_seconds;
           std::printf("  %-6s %-4s S=%-3lld %sstep at position %lld reads %.1f MB: %.1f GB/s",
                       which.c_str(), att, static_cast<long long>(s), m.label,

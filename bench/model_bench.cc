@@ -17,6 +17,9 @@
 //   runs alternating: the packed prefill the engine runs on the CPU (CpuDecoder::Prefill, bit
 //   for bit the decode steps) and the LibTorch forward it replaced; reports each median and
 //   packed / libtorch.
+// --weights float32,bfloat16: each measurement once per dtype of the linear layers' weights
+//   (LoadModel's linear_dtype, the manifest's "weights_dtype"), side by side in one run; every
+//   record names its "weights" and the "cpu_kernels" variant (KRAUSE_CPU_KERNELS forces one).
 // Threads: SetCpuThreads(--threads) as the server does. Output: one JSON record per line.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -34,6 +37,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "model/attention/cpu_kernels.h"
 #include "model/data/datasets.h"
 #include "model/engine/decode_engine.h"
 #include "model/loader.h"
@@ -55,7 +59,7 @@ int Usage() {
                "       krause-model-bench generate CHECKPOINT [--streams 1,64] [--images N]\n"
                "       krause-model-bench score CHECKPOINT [--batches 1,16] [--seconds 3]\n"
                "       krause-model-bench prefill CHECKPOINT [--lengths 28,392,783] [--seconds 3]\n"
-               "       [--threads T (0: one per core)]\n");
+               "       [--threads T (0: one per core)] [--weights float32,bfloat16]\n");
   return 2;
 }
 
@@ -68,6 +72,16 @@ std::vector<int64_t> Ints(const std::string& s) {
   }
   return out;
 }
+
+struct Args {
+  std::string what, path;
+  std::vector<int64_t> sizes;
+  double seconds = 3;
+  int64_t images = 0;
+  bool reference = false;
+};
+
+int Bench(const Args& a, const std::string& weights, const krause::CpuThreads& t);
 
 }  // namespace
 
@@ -82,6 +96,7 @@ int main(int argc, char** argv) {
   int64_t images = 0;
   int threads = 0;
   bool reference = false;
+  std::vector<std::string> weights = {"float32"};
   for (int i = 3; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--batches" || flag == "--streams" || flag == "--lengths") {
@@ -95,6 +110,10 @@ int main(int argc, char** argv) {
       reference = value == "1";
     } else if (flag == "--threads") {
       if (!absl::SimpleAtoi(value, &threads)) return Usage();
+    } else if (flag == "--weights") {
+      weights = absl::StrSplit(value, ',');
+      for (const std::string& w : weights)
+        if (w != "float32" && w != "bfloat16") return Usage();
     } else {
       return Usage();
     }
@@ -102,8 +121,33 @@ int main(int argc, char** argv) {
   if ((argc - 3) % 2 != 0 ||
       (what != "classify" && what != "generate" && what != "score" && what != "prefill"))
     return Usage();
+  if (const char* e = krause::cpu::CpuKernelsChoiceError(); *e != '\0') {
+    std::fprintf(stderr, "krause-model-bench: %s\n", e);
+    return 2;
+  }
   const krause::CpuThreads t = krause::SetCpuThreads(threads);
-  auto model = krause::LoadModel(path, "cpu");
+  const Args args{what, path, sizes, seconds, images, reference};
+  for (const std::string& w : weights) {
+    if (const int rc = Bench(args, w, t); rc != 0) return rc;
+  }
+  return 0;
+}
+
+namespace {
+
+// One JSON record's tail: the weights' dtype, the CPU kernels' variant and the threads.
+std::string Tail(const std::string& weights, const krause::CpuThreads& t) {
+  return absl::StrFormat(",\"weights\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d}", weights,
+                         krause::cpu::CpuKernels().name, t.intra_op);
+}
+
+int Bench(const Args& a, const std::string& weights, const krause::CpuThreads& t) {
+  const std::string& what = a.what;
+  const std::vector<int64_t>& sizes = a.sizes;
+  const double seconds = a.seconds;
+  const int64_t images = a.images;
+  const bool reference = a.reference;
+  auto model = krause::LoadModel(a.path, "cpu", weights == "bfloat16" ? at::kBFloat16 : at::kFloat);
   if (!model.ok()) {
     std::fprintf(stderr, "krause-model-bench: %s\n", model.status().ToString().c_str());
     return 1;
@@ -136,9 +180,9 @@ int main(int argc, char** argv) {
       }
       std::printf(
           "{\"what\":\"prefill\",\"positions\":%lld,\"runs\":%zu,\"packed_seconds\":%.6g,"
-          "\"libtorch_seconds\":%.6g,\"packed_over_libtorch\":%.4g,\"threads\":%d}\n",
+          "\"libtorch_seconds\":%.6g,\"packed_over_libtorch\":%.4g%s\n",
           static_cast<long long>(p), times[0].size(), median[0], median[1], median[0] / median[1],
-          t.intra_op);
+          Tail(weights, t).c_str());
       std::fflush(stdout);
     }
     return 0;
@@ -189,12 +233,12 @@ int main(int argc, char** argv) {
       const double median = times[times.size() / 2];
       std::printf(
           "{\"what\":\"%s\",\"impl\":\"%s\",\"batch\":%lld,\"runs\":%zu,"
-          "\"median_seconds\":%.6g,\"images_per_second\":%.6g,\"threads\":%d}\n",
+          "\"median_seconds\":%.6g,\"images_per_second\":%.6g%s\n",
           what.c_str(),
           what == "score" ? "libtorch"
           : reference     ? "libtorch"
                           : "packed",
-          static_cast<long long>(b), times.size(), median, b / median, t.intra_op);
+          static_cast<long long>(b), times.size(), median, b / median, Tail(weights, t).c_str());
       std::fflush(stdout);
     }
     return 0;
@@ -220,10 +264,12 @@ int main(int argc, char** argv) {
     const double sec = Since(t0);
     std::printf(
         "{\"what\":\"generate\",\"streams\":%lld,\"images\":%lld,\"seconds\":%.6g,"
-        "\"images_per_second\":%.6g,\"threads\":%d}\n",
+        "\"images_per_second\":%.6g%s\n",
         static_cast<long long>(s), static_cast<long long>(finished), sec, finished / sec,
-        t.intra_op);
+        Tail(weights, t).c_str());
     std::fflush(stdout);
   }
   return 0;
 }
+
+}  // namespace

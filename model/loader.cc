@@ -31,7 +31,8 @@ absl::Status Save(const std::string& path, const Model& model,
 
 }  // namespace
 
-absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string& device) {
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string& device,
+                                      at::ScalarType linear_dtype) {
   if (!std::filesystem::exists(path))
     return absl::NotFoundError(absl::StrCat(path, ": no such file"));
   at::Device dev(at::kCPU);
@@ -69,6 +70,7 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string
       if (!m.ok()) return WithPath(path, m.status());
       absl::Status st =
           m->parameters().LoadStrict(contents->tensors, ViT::IgnoredCheckpointNames());
+      if (st.ok()) st = m->parameters().RoundLinear(linear_dtype);
       if (!st.ok()) return WithPath(path, st);
       m->parameters().To(dev);
       out.vit = std::make_shared<const ViT>(std::move(*m));
@@ -78,6 +80,7 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string
       auto m = PixelModel::Create(*cfg, 0);
       if (!m.ok()) return WithPath(path, m.status());
       absl::Status st = m->parameters().LoadStrict(contents->tensors);
+      if (st.ok()) st = m->parameters().RoundLinear(linear_dtype);
       if (!st.ok()) return WithPath(path, st);
       m->parameters().To(dev);
       out.pixel = std::make_shared<const PixelModel>(std::move(*m));

@@ -33,8 +33,11 @@ struct LoadedModel {
 
 // Reads `path`, builds the model its config describes and loads the weights strictly, on
 // `device` ("cpu", "cuda", "cuda:N"). NotFound / InvalidArgument / FailedPrecondition (no CUDA)
-// with the path in the message.
-absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string& device = "cpu");
+// with the path in the message. `linear_dtype` kBFloat16 serves the model with bfloat16 linear
+// weights (ParameterStore::RoundLinear: every implementation computes with the rounded weights;
+// the packed CPU paths read half the bytes); kFloat (the default) leaves them as trained.
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string& device = "cpu",
+                                      at::ScalarType linear_dtype = at::kFloat);
 
 // Writes a model with its config (and `metadata`) as a checkpoint LoadModel reads.
 absl::Status SaveModel(const std::string& path, const ViT& model,

@@ -86,6 +86,13 @@ absl::StatusOr<std::unique_ptr<CpuViT>> CpuViT::Create(const ViT& model) {
   return v;
 }
 
+int64_t CpuViT::weight_bytes() const {
+  int64_t bytes = patch_embed_.bytes() + head_.bytes();
+  for (const Layer& l : layers_)
+    bytes += l.qkv.bytes() + l.out.bytes() + l.mlp0.bytes() + l.mlp2.bytes();
+  return bytes;
+}
+
 void CpuViT::Image(const uint8_t* pixels, float* probs) const {
   const int64_t n = tokens_, d = d_, dh = head_dim_, g2 = grid_ * grid_;
   const int64_t cpp = channels_ * patch_ * patch_;

@@ -31,7 +31,8 @@ namespace krause {
 
 class CpuViT {
  public:
-  // Packs the model's current weights (any dtype on any device; fp32 CPU copies).
+  // Packs the model's current weights (any dtype on any device; fp32 CPU copies, the linear layers'
+  // in bfloat16 when the model's were rounded: ParameterStore::RoundLinear).
   static absl::StatusOr<std::unique_ptr<CpuViT>> Create(const ViT& model);
 
   // pixels: `images` images [C, H, W] uint8, contiguous, the model's shape, normalised as
@@ -41,6 +42,8 @@ class CpuViT {
 
   int64_t classes() const { return classes_; }
   double flops_per_image() const { return flops_per_image_; }
+  // The packed linear layers' bytes (weights and biases: what a forward streams through).
+  int64_t weight_bytes() const;
 
  private:
   CpuViT() = default;

@@ -14,6 +14,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "model/attention/cpu_kernels.h"
 #include "model/util/help.h"
 #include "model/util/threads.h"
 #include "server/core/options.h"
@@ -226,6 +227,10 @@ int main(int argc, char** argv) {
   if (o.inspect_max_entries < 1) {
     std::fprintf(stderr, "krause-server: --inspect_max_entries must be >= 1, got %lld\n",
                  static_cast<long long>(o.inspect_max_entries));
+    return 2;
+  }
+  if (const char* e = krause::cpu::CpuKernelsChoiceError(); *e != '\0') {
+    std::fprintf(stderr, "krause-server: %s\n", e);
     return 2;
   }
   krause::SetCpuThreads(o.threads);

@@ -3,6 +3,9 @@
 //   - every plan mode (inline, sequence blocks, layer ops), every CPU kernel variant and every
 //     batch composition give a sequence the same logits, bit for bit, and they match the LibTorch
 //     reference step (PixelModel::DecodeStep without packed weights) within 1e-4;
+//   - bfloat16 linear weights (ParameterStore::RoundLinear): the packed step on half the bytes has
+//     the bits of the fp32 packed step on the rounded weights, in every variant, and matches the
+//     reference step on the rounded weights; the linear kernel alone likewise at odd shapes;
 //   - bad slots, positions and tokens are refused by name and leave the cache unchanged;
 //   - SamplePixel draws exactly what SamplePixelReference draws.
 #include "model/engine/cpu_decoder.h"
@@ -20,6 +23,7 @@
 #include "model/attention/cpu_kernels.h"
 #include "model/engine/sampling.h"
 #include "model/kv_cache.h"
+#include "model/nn/packed.h"
 #include "model/pixel_model.h"
 #include "tests/test_util.h"
 
@@ -192,6 +196,35 @@ TEST_P(CpuDecoderTest, EveryModeKernelAndBatchGivesTheSameBitsAndMatchesTheRefer
   cpu::SetCpuKernelsForTesting(nullptr);
 }
 
+TEST_P(CpuDecoderTest, Bf16WeightsGiveTheBitsOfFp32WeightsRoundedAndMatchTheReference) {
+  const int64_t seqs = 5;
+  const at::Tensor fp32 = Run(seqs, seqs, Mode::kInline);
+  const int64_t fp32_bytes = decoder_->weight_bytes();
+  ASSERT_TRUE(model_->parameters().RoundLinear(at::kBFloat16).ok());
+  decoder_ = CpuDecoder::Create(*model_).value();
+  EXPECT_LT(decoder_->weight_bytes(), fp32_bytes * 6 / 10) << "bf16 blocks: about half the bytes";
+  const at::Tensor reference = Run(seqs, seqs, std::nullopt, /*reference=*/true);
+  const at::Tensor bf16 = Run(seqs, seqs, Mode::kInline);
+  EXPECT_LE((bf16 - reference).abs().max().item<double>(), 1e-4)
+      << "packed bf16 step vs the LibTorch reference step on the rounded weights";
+  EXPECT_GT((bf16 - fp32).abs().max().item<double>(), 1e-5) << "the rounding changed nothing";
+  // The rounded values, packed as fp32 (RoundLinear(kFloat) keeps the values): the same bits.
+  ASSERT_TRUE(model_->parameters().RoundLinear(at::kFloat).ok());
+  std::unique_ptr<CpuDecoder> fp32_rounded = CpuDecoder::Create(*model_).value();
+  EXPECT_EQ(fp32_rounded->weight_bytes(), fp32_bytes);
+  for (int v = 0; v < cpu::NumCpuKernelVariants(); ++v) {
+    ASSERT_TRUE(cpu::SetCpuKernelsForTesting(cpu::CpuKernelVariantName(v)));
+    SCOPED_TRACE(cpu::CpuKernelVariantName(v));
+    std::swap(decoder_, fp32_rounded);
+    const at::Tensor want = Run(seqs, 1, Mode::kInline);
+    std::swap(decoder_, fp32_rounded);
+    for (Mode mode : {Mode::kInline, Mode::kSequenceBlocks, Mode::kLayerOps}) {
+      EXPECT_TRUE(at::equal(Run(seqs, seqs, mode), want)) << static_cast<int>(mode);
+    }
+  }
+  cpu::SetCpuKernelsForTesting(nullptr);
+}
+
 TEST_P(CpuDecoderTest, ASequencesClassChangesItsLogitsOnlyAndTheReferenceAgrees) {
   if (!model_->config().conditional()) GTEST_SKIP() << "unconditional";
   const int64_t seqs = 8, rows = model_->config().classes + 1;
@@ -334,6 +367,40 @@ TEST(CpuKernels, GeluMatchesTheErfFormulaInEveryVariant) {
         const double want = 0.5 * x[i] * (1.0 + std::erf(x[i] / std::sqrt(2.0)));
         ASSERT_NEAR(y[i], want, 2e-6 * std::max(1.0, std::abs(static_cast<double>(x[i]))))
             << cpu::CpuKernelVariantName(v) << " x " << x[i];
+      }
+    }
+  }
+  cpu::SetCpuKernelsForTesting(nullptr);
+}
+
+TEST(CpuKernels, Bf16LinearWeightsGiveTheFp32KernelsBitsOnTheRoundedWeights) {
+  // Row counts through every row group (6, 4, 1) and tail; widths with a padded last chunk.
+  at::manual_seed(9);
+  for (int64_t in : {1, 7, 48, 129}) {
+    for (int64_t out : {5, 16, 33}) {
+      const at::Tensor w = at::randn({out, in}) * 0.3, b = at::randn({out});
+      const at::Tensor rounded = w.to(at::kBFloat16).to(at::kFloat);
+      const nn::PackedLinear half = nn::PackLinear({w}, {b}, cpu::Elem::kBFloat16);
+      const nn::PackedLinear full = nn::PackLinear({rounded}, {b});
+      ASSERT_TRUE(half.wt.empty());
+      ASSERT_EQ(half.wt16.size(), full.wt.size());
+      for (int v = 0; v < cpu::NumCpuKernelVariants(); ++v) {
+        ASSERT_TRUE(cpu::SetCpuKernelsForTesting(cpu::CpuKernelVariantName(v)));
+        for (int64_t rows : {1, 3, 4, 6, 11, 13}) {
+          SCOPED_TRACE(::testing::Message() << cpu::CpuKernelVariantName(v) << " in " << in
+                                            << " out " << out << " rows " << rows);
+          const at::Tensor x = at::randn({rows, in});
+          std::vector<float> got(rows * half.out_pad), want(rows * full.out_pad);
+          half.Apply(x.data_ptr<float>(), rows, got.data());
+          full.Apply(x.data_ptr<float>(), rows, want.data());
+          ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+          // And it is the layer: within fp32 rounding of x W^T + b in double.
+          const at::Tensor exact =
+              at::linear(x.to(at::kDouble), rounded.to(at::kDouble), b.to(at::kDouble));
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < out; ++j)
+              ASSERT_NEAR(got[r * half.out_pad + j], exact[r][j].item<double>(), 1e-4);
+        }
       }
     }
   }

@@ -225,14 +225,29 @@ TEST(GeneratorWorker, UpdatesGoOutOldestCallFirst) {
 
 // A call whose images all wait for a cache slot hears from the worker while it waits (what lets
 // a Generate call send its start, with its waiting count, before any pixel).
+// The worker is held at its second step until the waiting call is in, so that the busy image
+// still holds the one slot then, however slowly this thread goes (under load in a parallel ctest
+// run the busy image once finished before the second Submit, and the waiting call got the slot).
 TEST(GeneratorWorker, ACallWaitingForASlotGetsUpdatesBeforeItsFirstPixel) {
   auto model = TinyModel(64);
-  auto worker = GeneratorWorker::Create(model, Slots(1)).value();
+  std::mutex hold_mu;
+  std::condition_variable hold_cv;
+  bool release = false;
+  int steps = 0;
+  auto worker = GeneratorWorker::Create(model, Slots(1), [&](const DecodeEvent&) {
+                  std::unique_lock<std::mutex> hold(hold_mu);
+                  if (++steps >= 2) hold_cv.wait(hold, [&] { return release; });
+                }).value();
   auto busy = std::make_shared<Recorder>(1, std::vector<size_t>{0});
   ASSERT_TRUE(worker->Submit({Request(1)}, busy).ok());
   ASSERT_TRUE(busy->WaitStarted(0));
   auto waiting = std::make_shared<Recorder>(2, std::vector<size_t>{0, 0});
   ASSERT_TRUE(worker->Submit({Request(2), Request(3)}, waiting).ok());
+  {
+    std::lock_guard<std::mutex> hold(hold_mu);
+    release = true;
+  }
+  hold_cv.notify_all();
   EXPECT_EQ(waiting->FirstUpdateAdmitted(), 0) << "its first update came with a slot, or never";
   EXPECT_TRUE(waiting->pixels()[0].empty() || waiting->admitted()[0] == 1);
   worker->Cancel(busy.get());

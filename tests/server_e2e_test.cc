@@ -22,10 +22,12 @@
 
 #include "client/resume.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
+#include "model/attention/cpu_kernels.h"
 #include "model/data/png.h"
 #include "model/engine/decode_engine.h"
 #include "model/engine/inspect.h"
 #include "model/util/threads.h"
+#include "model/vit_cpu.h"
 #include "server/core/served_classifier.h"
 #include "server/core/served_generator.h"
 #include "server_test.h"
@@ -1418,6 +1420,64 @@ TEST_F(ServerTest, ShutdownLetsInFlightStreamsFinishWithinTheGrace) {
 
 // A model on a device that is not there, or a device that does not exist, stops the start with
 // an error naming the model and the device; nothing listens.
+// "weights_dtype": "bfloat16" serves both kinds with their linear weights rounded to bfloat16:
+// ModelInfo and the kernel check say so, a Classify answer has the bits of the packed forward of
+// the rounded model, and a bad name is refused naming the entry and the key.
+TEST(ServerStart, Bf16WeightsServeTheRoundedModelAndSaySo) {
+  const TinyModels models = WriteTinyModels("bf16w");
+  auto bad = server::ParseManifest(
+      R"({"models": [{"name": "c", "checkpoint": "vit.safetensors", "weights_dtype": "int8"}]})",
+      models.dir);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()),
+              ::testing::HasSubstr("models[0].weights_dtype must be float32 or bfloat16"));
+  const std::string manifest = models.dir + "/bf16w.json";
+  WriteText(manifest, R"({"models": [
+      {"name": "c", "checkpoint": "vit.safetensors", "weights_dtype": "bfloat16"},
+      {"name": "g", "checkpoint": "karm.safetensors", "weights_dtype": "bfloat16"},
+      {"name": "f", "checkpoint": "vit.safetensors", "default": false}]})");
+  auto server = server::KrauseServer::Start(LoopbackOptions(manifest));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = Stub(ClientFor((*server)->port()));
+  for (const auto& [name, dtype] :
+       {std::pair{"c", "bfloat16"}, {"g", "bfloat16"}, {"f", "float32"}}) {
+    grpc::ClientContext ctx;
+    v1::GetModelRequest req;
+    req.set_name(name);
+    v1::ModelInfo info;
+    ASSERT_TRUE(stub->GetModel(&ctx, req, &info).ok()) << name;
+    EXPECT_EQ(info.weights_dtype(), dtype) << name;
+    EXPECT_EQ(info.cpu_kernels(), cpu::CpuKernels().name) << name;
+    EXPECT_EQ(info.implementation(), "fused_cpu") << name;
+    ASSERT_GT(info.kernel_checks_size(), 0);
+    EXPECT_EQ(info.kernel_checks(0).result(), "passed") << name;
+  }
+  const at::Tensor images = RandomImages(4, 8, 8, 1, 11);
+  auto classify = [&](const std::string& model) {
+    v1::ClassifyRequest req;
+    req.set_model(model);
+    req.set_return_probabilities(true);
+    for (int i = 0; i < 4; ++i) *req.add_images() = RawImage(images[i]);
+    grpc::ClientContext ctx;
+    v1::ClassifyResponse r;
+    EXPECT_TRUE(stub->Classify(&ctx, req, &r).ok());
+    std::vector<float> p;
+    for (const auto& c : r.results())
+      p.insert(p.end(), c.probabilities().begin(), c.probabilities().end());
+    return p;
+  };
+  KRAUSE_ASSERT_OK_AND_ASSIGN(LoadedModel rounded,
+                              LoadModel(models.dir + "/vit.safetensors", "cpu", at::kBFloat16));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(auto packed, CpuViT::Create(*rounded.vit));
+  std::vector<float> want(4 * packed->classes());
+  const at::Tensor chw = images.permute({0, 3, 1, 2}).contiguous();
+  ASSERT_TRUE(packed->Forward(chw.data_ptr<uint8_t>(), 4, want.data()).ok());
+  EXPECT_EQ(classify("c"), want);
+  EXPECT_NE(classify("f"), want) << "the fp32 model answers differently";
+  (*server)->Shutdown();
+  std::filesystem::remove_all(models.dir);
+}
+
 TEST(ServerStart, ModelDevicesAreCheckedAtLoad) {
   const TinyModels models = WriteTinyModels("device");
   auto start_with = [&](const std::string& model, const std::string& device) {

@@ -11,6 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "model/attention/cpu_kernels.h"
 #include "model/engine/kernel_check.h"
 #include "model/loader.h"
 #include "model/util/help.h"
@@ -21,6 +22,9 @@ ABSL_FLAG(std::string, attention_impl, "auto",
           "auto (every implementation in the server's order) or one of cuda, fused_cpu, windowed");
 ABSL_FLAG(std::string, kv_cache_dtype, "float32",
           "generators' cache dtype on a GPU: float32, bfloat16, float16");
+ABSL_FLAG(std::string, weights_dtype, "float32",
+          "the linear layers' weights as served: float32, or bfloat16 (rounded at load; the\n"
+          "reference computes with the same rounded weights)");
 ABSL_FLAG(int, threads, 0, "intra-op threads (0: all cores)");
 
 int main(int argc, char** argv) {
@@ -47,6 +51,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "krause-check: %s\n", std::string(chain.status().message()).c_str());
     return 2;
   }
+  const std::string weights_name = absl::GetFlag(FLAGS_weights_dtype);
+  if (weights_name != "float32" && weights_name != "bfloat16") {
+    std::fprintf(stderr, "krause-check: --weights_dtype must be float32 or bfloat16, got \"%s\"\n",
+                 weights_name.c_str());
+    return 2;
+  }
+  if (const char* e = krause::cpu::CpuKernelsChoiceError(); *e != '\0') {
+    std::fprintf(stderr, "krause-check: %s\n", e);
+    return 2;
+  }
+  const at::ScalarType weights = weights_name == "bfloat16" ? at::kBFloat16 : at::kFloat;
   const std::string dtype_name = absl::GetFlag(FLAGS_kv_cache_dtype);
   const at::ScalarType dtype = dtype_name == "bfloat16"  ? at::kBFloat16
                                : dtype_name == "float16" ? at::kHalf
@@ -54,7 +69,7 @@ int main(int argc, char** argv) {
   int worst = 0;
   std::vector<std::string> verdicts, details;
   for (const char* file : files) {
-    auto cpu = krause::LoadModel(file, "cpu");
+    auto cpu = krause::LoadModel(file, "cpu", weights);
     if (!cpu.ok()) {
       verdicts.push_back(std::string("FAILED ") + file + ": " +
                          std::string(cpu.status().message()));
@@ -64,7 +79,7 @@ int main(int argc, char** argv) {
     std::string verdict;
     for (size_t i = 0; i < chain->size() && verdict.empty(); ++i) {
       const krause::ServingChoice& choice = (*chain)[i];
-      auto model = choice.device == "cpu" ? cpu : krause::LoadModel(file, choice.device);
+      auto model = choice.device == "cpu" ? cpu : krause::LoadModel(file, choice.device, weights);
       krause::KernelCheck c;
       if (!model.ok()) {
         c.choice = choice;
@@ -86,7 +101,8 @@ int main(int argc, char** argv) {
     }
     verdicts.push_back(verdict);
   }
-  std::printf("krause-check on %s: %s\n", device.c_str(),
+  std::printf("krause-check on %s (CPU kernels %s, %s weights): %s\n", device.c_str(),
+              krause::cpu::CpuKernels().name, weights_name.c_str(),
               worst == 0   ? "every model passes on its first implementation"
               : worst == 1 ? "a model falls back"
                            : "a model would not be served");

@@ -48,6 +48,9 @@ ABSL_FLAG(int64_t, test_limit, 0, "score only the first N test images (0: all)")
 ABSL_FLAG(std::string, out, "eval-out", "output folder: grid.png, report.json");
 ABSL_FLAG(int, threads, 0, "intra-op threads (0: all cores)");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
+ABSL_FLAG(std::string, weights_dtype, "float32",
+          "the generator's linear weights: float32, or bfloat16 (rounded at load, as a model "
+          "served with \"weights_dtype\": \"bfloat16\"); the judge stays float32");
 
 namespace {
 
@@ -99,7 +102,11 @@ int main(int argc, char** argv) {
   const std::string device = absl::GetFlag(FLAGS_device);
   const std::string out_dir = absl::GetFlag(FLAGS_out);
 
-  auto gen = krause::LoadModel(gen_path, device);
+  const std::string weights = absl::GetFlag(FLAGS_weights_dtype);
+  if (weights != "float32" && weights != "bfloat16")
+    return Fail("--weights_dtype must be float32 or bfloat16, got \"" + weights + "\"");
+  auto gen =
+      krause::LoadModel(gen_path, device, weights == "bfloat16" ? at::kBFloat16 : at::kFloat);
   if (!gen.ok()) return Fail(gen.status().ToString());
   if (gen->classifier()) return Fail(gen_path + " is a classifier, not a generator");
   auto cls = krause::LoadModel(absl::GetFlag(FLAGS_classifier), device);
@@ -165,6 +172,7 @@ int main(int argc, char** argv) {
   const double top1_real = std::get<0>(fr->probabilities.max(1)).mean().item<double>();
   nlohmann::json report = {{"generator", gen_path},
                            {"classifier", absl::GetFlag(FLAGS_classifier)},
+                           {"weights_dtype", weights},
                            {"samples", count},
                            {"conditional", conditional},
                            {"seed", absl::GetFlag(FLAGS_seed)},

@@ -1,8 +1,10 @@
 #include "model/attention/cpu_kernels.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 namespace krause::cpu {
 namespace {
@@ -24,6 +26,34 @@ const CpuKernelTable* Best() {
 }
 
 std::atomic<const CpuKernelTable*> g_forced{nullptr};
+
+const CpuKernelTable* Variant(const char* name) {
+  if (std::strcmp(name, "base") == 0) return &base::kTable;
+#if defined(KRAUSE_HAVE_AVX2_KERNELS)
+  if (std::strcmp(name, "avx2") == 0 && HasAvx2()) return &avx2::kTable;
+#endif
+  return nullptr;
+}
+
+// The process's choice: KRAUSE_CPU_KERNELS's variant when it names one this CPU runs, else the
+// best (and the reason in *error).
+const CpuKernelTable* Chosen(std::string* error) {
+  const char* env = std::getenv("KRAUSE_CPU_KERNELS");
+  if (env == nullptr || *env == '\0') return Best();
+  if (const CpuKernelTable* t = Variant(env)) return t;
+  *error = std::string("KRAUSE_CPU_KERNELS=") + env + " is not a variant this build and CPU run (" +
+           (NumCpuKernelVariants() == 2 ? "base, avx2" : "base") + ")";
+  return Best();
+}
+
+struct Choice {
+  std::string error;
+  const CpuKernelTable* table = Chosen(&error);
+};
+const Choice& TheChoice() {
+  static const Choice choice;
+  return choice;
+}
 
 // The fault tables (SetCpuKernelsForTesting "fault_values" / "fault_throw"): the best variant
 // with its Krause prefill and decode kernels broken, everything else (linear rows, GELU, the
@@ -57,9 +87,11 @@ CpuKernelTable Faulty(const char* name, decltype(CpuKernelTable::prefill) prefil
 const CpuKernelTable& CpuKernels() {
   const CpuKernelTable* forced = g_forced.load(std::memory_order_acquire);
   if (forced != nullptr) return *forced;
-  static const CpuKernelTable* const best = Best();
-  return *best;
+  static const CpuKernelTable* const chosen = TheChoice().table;
+  return *chosen;
 }
+
+const char* CpuKernelsChoiceError() { return TheChoice().error.c_str(); }
 
 int NumCpuKernelVariants() { return HasAvx2() ? 2 : 1; }
 
@@ -68,10 +100,6 @@ const char* CpuKernelVariantName(int i) { return i == 0 ? "base" : "avx2"; }
 bool SetCpuKernelsForTesting(const char* name) {
   if (name == nullptr) {
     g_forced.store(nullptr, std::memory_order_release);
-    return true;
-  }
-  if (std::strcmp(name, "base") == 0) {
-    g_forced.store(&base::kTable, std::memory_order_release);
     return true;
   }
   if (std::strcmp(name, "fault_values") == 0) {
@@ -84,12 +112,10 @@ bool SetCpuKernelsForTesting(const char* name) {
     g_forced.store(&t, std::memory_order_release);
     return true;
   }
-#if defined(KRAUSE_HAVE_AVX2_KERNELS)
-  if (std::strcmp(name, "avx2") == 0 && HasAvx2()) {
-    g_forced.store(&avx2::kTable, std::memory_order_release);
+  if (const CpuKernelTable* t = Variant(name)) {
+    g_forced.store(t, std::memory_order_release);
     return true;
   }
-#endif
   return false;
 }
 

@@ -10,7 +10,7 @@
 // Layout: keys are stored TRANSPOSED, kt[t * kt_stride + j] = k_j[t], so that the scores of one
 // query against a run of keys vectorise over j; rows of kt are readable kScoreChunk - 1 floats
 // past the last key (callers pad). Everything fp32 and contiguous, except a decode step's ring,
-// whose keys and values may be bfloat16 (RingElem).
+// whose keys and values may be bfloat16, and a linear layer's weights, which may be too (Elem).
 //
 // Thread-safety: the kernels are pure functions over caller-owned buffers; callers parallelise.
 #pragma once
@@ -61,11 +61,13 @@ struct PrefillSlice {
   int64_t kept;
 };
 
-// The element type of a decode ring's keys and values. A bfloat16 ring stores each new key and
-// value rounded to nearest even (as LibTorch's float -> bfloat16; a NaN stays a NaN), its bias is
-// that of the rounded key, and the step computes in fp32 on the widened elements: the scores are
-// exact RBF scores of the stored keys, in the fp32 ring's order of operations.
-enum class RingElem : int32_t { kFloat32 = 0, kBFloat16 = 1 };
+// The element type of a decode ring's keys and values, and of a linear layer's weights. A bfloat16
+// ring stores each new key and value rounded to nearest even (as LibTorch's float -> bfloat16; a
+// NaN stays a NaN), its bias is that of the rounded key, and the step computes in fp32 on the
+// widened elements: the scores are exact RBF scores of the stored keys, in the fp32 ring's order
+// of operations. bfloat16 linear weights likewise: widened exactly, then the fp32 kernel's sums,
+// so the result has the bits of the fp32 kernel on the weights rounded to bfloat16.
+enum class Elem : int32_t { kFloat32 = 0, kBFloat16 = 1 };
 
 // One decode-step work item: one sequence, one head.
 struct DecodeItem {
@@ -75,7 +77,7 @@ struct DecodeItem {
   void* ring_kt;     // [d, ring_stride] of `elem`: key of position p at column p % window
   void* ring_v;      // [window, d] of `elem`
   float* ring_bias;  // [ring_stride]
-  RingElem elem;
+  Elem elem;
   int64_t position, window, ring_stride, d, top_k;
   float inv_var;
   float* out;          // [d]
@@ -99,12 +101,14 @@ struct DecodeItem {
 // W[c kScoreChunk + l, t], so that a chunk's k x 16 weights are one contiguous run: a step with
 // few rows streams them from memory in order (a [k, n_pad] layout read each chunk as k lines
 // n_pad floats apart, a page apart for wide layers: half the speed at one sequence).
+// The weights may be bfloat16 (elem): half the bytes a step with few rows streams.
 struct LinearRowsArgs {
-  const float* x;   // [m, k]
-  const float* wt;  // [n_pad / kScoreChunk, k, kScoreChunk]
+  const float* x;  // [m, k]
+  const void* wt;  // [n_pad / kScoreChunk, k, kScoreChunk] of `elem`
   const float* bias;
   float* out;  // [m, n_pad]
   int64_t m, k, n_pad;
+  Elem elem = Elem::kFloat32;
 };
 
 // One (batch, head) slice of causal softmax attention, the ARM baseline's training path
@@ -145,7 +149,13 @@ struct CpuKernelTable {
   void (*softmax_backward)(const SoftmaxSlice& slice, float* scratch);
 };
 
+// The variant the process runs: the best this CPU supports, or the one the environment variable
+// KRAUSE_CPU_KERNELS names ("base", "avx2"), read once (tests and benchmarks force others
+// per call with SetCpuKernelsForTesting).
 const CpuKernelTable& CpuKernels();
+// Why KRAUSE_CPU_KERNELS was not followed ("" when it was, or is unset): a name this build or CPU
+// lacks. The server refuses to start then.
+const char* CpuKernelsChoiceError();
 // nullptr restores automatic choice. Returns false if `name` is not available on this CPU.
 // Besides the variants, two fault injections for the load-time kernel check's tests
 // (engine/kernel_check.h): "fault_values" (the best variant, but every row the Krause prefill and

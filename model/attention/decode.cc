@@ -69,7 +69,7 @@ absl::StatusOr<KrauseRingCache> KrauseRingCache::Create(int64_t slots, int64_t h
   c.values_base_ = static_cast<char*>(c.values_.data_ptr());
   c.bias_base_ = c.bias_.data_ptr<float>();
   c.elem_bytes_ = static_cast<int64_t>(c.values_.element_size());  // 4, or 2 (bf16, fp16)
-  c.elem_ = dtype == at::kBFloat16 ? cpu::RingElem::kBFloat16 : cpu::RingElem::kFloat32;
+  c.elem_ = dtype == at::kBFloat16 ? cpu::Elem::kBFloat16 : cpu::Elem::kFloat32;
   return c;
 }
 

@@ -75,7 +75,7 @@ class KrauseRingCache {
   char* values_base_ = nullptr;
   float* bias_base_ = nullptr;
   int64_t elem_bytes_ = 4;
-  cpu::RingElem elem_ = cpu::RingElem::kFloat32;
+  cpu::Elem elem_ = cpu::Elem::kFloat32;
 };
 
 struct DecodeSelection {

@@ -122,7 +122,7 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const PixelModel&
       layer.mlp2 = PackLinear(p, {b + "mlp.2"});
       for (const Linear* lin : {&layer.qkv, &layer.out, &layer.mlp0, &layer.mlp2}) {
         linear_macs += static_cast<double>(lin->in * lin->out);
-        dec->weight_bytes_ += static_cast<int64_t>(sizeof(float)) * (lin->in + 1) * lin->out_pad;
+        dec->weight_bytes_ += lin->bytes();
       }
       dec->layers_.push_back(std::move(layer));
     }
@@ -132,7 +132,7 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const PixelModel&
       return absl::InvalidArgumentError("head must have 256 outputs");
     }
     linear_macs += static_cast<double>(dec->head_.in * dec->head_.out);
-    dec->weight_bytes_ += static_cast<int64_t>(sizeof(float)) * (dec->head_.in + 1) * 256;
+    dec->weight_bytes_ += dec->head_.bytes();
     // Attention per head: scores and aggregation over the window (KARM) or, on average, half
     // the sequence (ARM).
     const double keys = krause ? static_cast<double>(c.window) : c.seq_len() / 2.0;

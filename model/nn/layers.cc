@@ -10,6 +10,7 @@ void AddLinear(ParameterStore* p, const std::string& prefix, int64_t in, int64_t
                at::Generator& gen) {
   p->Add(prefix + ".weight", TruncNormal({out, in}, 0.02, gen));
   p->Add(prefix + ".bias", at::zeros({out}));
+  p->MarkLinear(prefix + ".weight");
 }
 
 void AddLayerNorm(ParameterStore* p, const std::string& prefix, int64_t dim) {

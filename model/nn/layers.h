@@ -10,7 +10,8 @@
 
 namespace krause::nn {
 
-// Registers `prefix.weight` [out, in] (truncated normal, std 0.02) and `prefix.bias` [out] (0).
+// Registers `prefix.weight` [out, in] (truncated normal, std 0.02, marked as a linear weight:
+// ParameterStore::RoundLinear) and `prefix.bias` [out] (0).
 void AddLinear(ParameterStore* p, const std::string& prefix, int64_t in, int64_t out,
                at::Generator& gen);
 // Registers `prefix.weight` (1) and `prefix.bias` (0), both [dim].

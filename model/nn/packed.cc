@@ -9,12 +9,29 @@
 namespace krause::nn {
 
 void PackedLinear::Apply(const float* x, int64_t rows, float* out, int64_t c0, int64_t c1) const {
-  const cpu::LinearRowsArgs a{x, wt.data(), bias.data(), out, rows, in, out_pad};
+  const void* w = elem == cpu::Elem::kBFloat16 ? static_cast<const void*>(wt16.data())
+                                               : static_cast<const void*>(wt.data());
+  const cpu::LinearRowsArgs a{x, w, bias.data(), out, rows, in, out_pad, elem};
   cpu::CpuKernels().linear_rows(a, c0, c1);
 }
 
+namespace {
+
+// Lays out src [out, in] (row-major) as LinearRowsArgs::wt's chunk blocks in dst [out_pad * in]
+// (zero-filled): column j is lane j % 16 of chunk j / 16, whose [in, 16] block is contiguous.
+template <typename T>
+void ToChunkBlocks(const T* src, int64_t out, int64_t in, T* dst) {
+  constexpr int64_t kChunk = cpu::kScoreChunk;
+  for (int64_t j = 0; j < out; ++j) {
+    T* block = dst + (j / kChunk) * in * kChunk + j % kChunk;
+    for (int64_t i = 0; i < in; ++i) block[i * kChunk] = src[j * in + i];
+  }
+}
+
+}  // namespace
+
 PackedLinear PackLinear(const std::vector<at::Tensor>& weights,
-                        const std::vector<at::Tensor>& biases) {
+                        const std::vector<at::Tensor>& biases, cpu::Elem elem) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> w, b;
   for (const at::Tensor& t : weights) {
@@ -26,16 +43,19 @@ PackedLinear PackLinear(const std::vector<at::Tensor>& weights,
   l.out = weight.size(0);
   l.in = weight.size(1);
   l.out_pad = cpu::RoundUpToChunk(l.out);
-  l.wt.assign(l.in * l.out_pad, 0.0f);
-  l.bias.assign(l.out_pad, 0.0f);
-  const float* wp = weight.data_ptr<float>();
-  constexpr int64_t kChunk = cpu::kScoreChunk;
-  for (int64_t j = 0; j < l.out; ++j) {
-    // Column j is lane j % 16 of chunk j / 16, whose [in, 16] block is contiguous.
-    float* block = l.wt.data() + (j / kChunk) * l.in * kChunk + j % kChunk;
-    for (int64_t i = 0; i < l.in; ++i) block[i * kChunk] = wp[j * l.in + i];
-    l.bias[j] = bias.data_ptr<float>()[j];
+  l.elem = elem;
+  if (elem == cpu::Elem::kBFloat16) {
+    // LibTorch's rounding (nearest even), then the raw bits.
+    const at::Tensor rounded = weight.to(at::kBFloat16).contiguous();
+    l.wt16.assign(l.in * l.out_pad, 0);
+    ToChunkBlocks(reinterpret_cast<const uint16_t*>(rounded.data_ptr()), l.out, l.in,
+                  l.wt16.data());
+  } else {
+    l.wt.assign(l.in * l.out_pad, 0.0f);
+    ToChunkBlocks(weight.data_ptr<float>(), l.out, l.in, l.wt.data());
   }
+  l.bias.assign(l.out_pad, 0.0f);
+  std::copy_n(bias.data_ptr<float>(), l.out, l.bias.data());
   return l;
 }
 
@@ -45,7 +65,8 @@ PackedLinear PackLinear(const ParameterStore& p, const std::vector<std::string>&
     w.push_back(p.Get(name + ".weight"));
     b.push_back(p.Get(name + ".bias"));
   }
-  return PackLinear(w, b);
+  return PackLinear(w, b,
+                    p.linear_dtype() == at::kBFloat16 ? cpu::Elem::kBFloat16 : cpu::Elem::kFloat32);
 }
 
 std::vector<float> Floats(const at::Tensor& t) {

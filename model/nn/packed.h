@@ -17,24 +17,36 @@
 
 namespace krause::nn {
 
-// out = x W^T + b, packed as cpu_kernels.h's LinearRowsArgs wants.
+// out = x W^T + b, packed as cpu_kernels.h's LinearRowsArgs wants. The weights are fp32 (`wt`) or
+// bfloat16 (`wt16`, elem kBFloat16: half the bytes; the kernel widens them exactly); the biases
+// are fp32 either way.
 struct PackedLinear {
-  std::vector<float> wt;    // [out_pad / 16, in, 16]: LinearRowsArgs::wt's chunk blocks
-  std::vector<float> bias;  // [out_pad]
+  std::vector<float> wt;       // [out_pad / 16, in, 16]: LinearRowsArgs::wt's chunk blocks
+  std::vector<uint16_t> wt16;  // the same blocks as bfloat16 bits (elem kBFloat16; wt empty)
+  std::vector<float> bias;     // [out_pad]
   int64_t in = 0, out = 0, out_pad = 0;
+  cpu::Elem elem = cpu::Elem::kFloat32;
 
   int64_t chunks() const { return out_pad / cpu::kScoreChunk; }
+  // The bytes a pass over every row reads: the weights and the biases.
+  int64_t bytes() const {
+    return static_cast<int64_t>(wt.size() * sizeof(float) + wt16.size() * sizeof(uint16_t) +
+                                bias.size() * sizeof(float));
+  }
   // out rows (stride out_pad) = x rows (stride in) W^T + b, output column chunks [c0, c1).
   void Apply(const float* x, int64_t rows, float* out, int64_t c0, int64_t c1) const;
   void Apply(const float* x, int64_t rows, float* out) const { Apply(x, rows, out, 0, chunks()); }
 };
 
 // Weights [out, in] (and biases [out]) of one or more layers, stacked along their outputs
-// (q, k, v -> one matrix); any dtype, fp32 copies. A weight of more dims is flattened to
+// (q, k, v -> one matrix); any dtype, fp32 copies, or with `elem` kBFloat16 the weights rounded
+// to bfloat16 (nearest even, as LibTorch rounds). A weight of more dims is flattened to
 // [out, rest] (a convolution whose kernel equals its stride is a linear layer over patches).
 PackedLinear PackLinear(const std::vector<at::Tensor>& weights,
-                        const std::vector<at::Tensor>& biases);
-// The same from `prefix.weight` / `prefix.bias` of a store.
+                        const std::vector<at::Tensor>& biases,
+                        cpu::Elem elem = cpu::Elem::kFloat32);
+// The same from `prefix.weight` / `prefix.bias` of a store, in the store's linear_dtype():
+// bfloat16 blocks for a store whose linear weights were rounded (ParameterStore::RoundLinear).
 PackedLinear PackLinear(const ParameterStore& p, const std::vector<std::string>& prefixes);
 
 // A tensor's values as fp32.

@@ -68,6 +68,28 @@ absl::Status ParameterStore::LoadStrict(const NamedTensors& tensors,
     const at::Tensor& src = *given.at(name);
     param.copy_(src.reshape(param.sizes()).to(param.scalar_type()));
   }
+  linear_dtype_ = at::kFloat;
+  return absl::OkStatus();
+}
+
+void ParameterStore::MarkLinear(const std::string& name) {
+  Get(name);  // registered, or throws
+  linear_.insert(name);
+}
+
+absl::Status ParameterStore::RoundLinear(at::ScalarType dtype) {
+  if (dtype != at::kFloat && dtype != at::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("linear weights can be float32 or bfloat16, not ", at::toString(dtype)));
+  }
+  if (dtype == at::kBFloat16) {
+    at::NoGradGuard no_grad;
+    for (const std::string& name : linear_) {
+      at::Tensor& w = items_.at(index_.at(name)).second;
+      w.copy_(w.to(at::kBFloat16).to(w.scalar_type()));
+    }
+  }
+  linear_dtype_ = dtype;
   return absl::OkStatus();
 }
 

@@ -36,9 +36,23 @@ class ParameterStore {
   // Moves every parameter to `device` (keeps requires_grad).
   void To(const at::Device& device);
 
+  // Marks `name` (registered) as a linear layer's weight (nn::AddLinear registers its weights so):
+  // the tensors RoundLinear rounds.
+  void MarkLinear(const std::string& name);
+  // Serving with reduced-precision weights: rounds every linear layer's weight to the values of
+  // `dtype` (kBFloat16: nearest even, as LibTorch converts; kFloat: unchanged), keeping them fp32
+  // tensors, and records `dtype` as linear_dtype(). Every implementation (LibTorch ops, the packed
+  // CPU paths, CUDA) then computes the same function of the same weights; the packed CPU paths
+  // store them in half the bytes (nn::PackLinear). InvalidArgument for any other dtype. A later
+  // LoadStrict restores fp32 (kFloat).
+  absl::Status RoundLinear(at::ScalarType dtype);
+  at::ScalarType linear_dtype() const { return linear_dtype_; }
+
  private:
   NamedTensors items_;
   std::map<std::string, size_t> index_;
+  std::set<std::string> linear_;
+  at::ScalarType linear_dtype_ = at::kFloat;
 };
 
 }  // namespace krause

@@ -50,7 +50,11 @@ struct ModelInfo {
   int64_t max_images_per_request = 0;
   int64_t kv_cache_bytes_per_sequence = 0;  // generators
   std::string kv_cache_dtype;               // generators: "float32", "bfloat16" or "float16"
-  std::string checkpoint;                   // the file it was loaded from
+  std::string weights_dtype;                // the linear layers' weights: "float32" or "bfloat16"
+  // The CPU kernels' variant the process runs ("base", "avx2": cpu::CpuKernels()); empty for a
+  // model served on a GPU.
+  std::string cpu_kernels;
+  std::string checkpoint;  // the file it was loaded from
   // Generators: what a request that leaves a sampling field unset gets (ServedGenerator).
   std::optional<double> default_temperature, default_top_p, default_guidance;
   std::optional<int64_t> default_top_k;

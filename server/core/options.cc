@@ -75,6 +75,7 @@ absl::Status ReadKey(const nlohmann::json& m, const char* key, const std::string
 
 constexpr KvCacheDtype kKvCacheDtypes[] = {KvCacheDtype::kFloat32, KvCacheDtype::kBFloat16,
                                            KvCacheDtype::kFloat16};
+constexpr WeightsDtype kWeightsDtypes[] = {WeightsDtype::kFloat32, WeightsDtype::kBFloat16};
 
 }  // namespace
 
@@ -88,6 +89,10 @@ const char* KvCacheDtypeName(KvCacheDtype dtype) {
       return "float16";
   }
   return "?";
+}
+
+const char* WeightsDtypeName(WeightsDtype dtype) {
+  return dtype == WeightsDtype::kBFloat16 ? "bfloat16" : "float32";
 }
 
 absl::Status ReadSamplingDefaults(const nlohmann::json& m, const std::string& where,
@@ -144,6 +149,7 @@ absl::Status ReadServingOptions(const nlohmann::json& m, const std::string& wher
                                               "max_waiting",
                                               "max_images_per_request",
                                               "kv_cache_dtype",
+                                              "weights_dtype",
                                               "temperature",
                                               "top_p",
                                               "top_k",
@@ -159,6 +165,7 @@ absl::Status ReadServingOptions(const nlohmann::json& m, const std::string& wher
   }
   ModelSpec& s = *spec;
   std::string cache_dtype = KvCacheDtypeName(s.kv_cache_dtype);
+  std::string weights_dtype = WeightsDtypeName(s.weights_dtype);
   for (absl::Status st :
        {ReadKey(m, "device", where, &s.device), ReadKey(m, "default", where, &s.is_default),
         ReadKey(m, "max_batch_size", where, &s.max_batch_size),
@@ -168,6 +175,7 @@ absl::Status ReadServingOptions(const nlohmann::json& m, const std::string& wher
         ReadKey(m, "max_waiting", where, &s.max_waiting),
         ReadKey(m, "cuda_graphs", where, &s.cuda_graphs),
         ReadKey(m, "kv_cache_dtype", where, &cache_dtype),
+        ReadKey(m, "weights_dtype", where, &weights_dtype),
         ReadKey(m, "max_images_per_request", where, &s.max_images_per_request),
         ReadKey(m, "attention_impl", where, &s.attention_impl),
         ReadSamplingDefaults(m, where, &s.sampling)}) {
@@ -189,6 +197,14 @@ absl::Status ReadServingOptions(const nlohmann::json& m, const std::string& wher
         w, "kv_cache_dtype must be float32, bfloat16 or float16, got \"", cache_dtype, "\""));
   }
   s.kv_cache_dtype = *dtype;
+  const auto* weights =
+      std::find_if(std::begin(kWeightsDtypes), std::end(kWeightsDtypes),
+                   [&](WeightsDtype d) { return weights_dtype == WeightsDtypeName(d); });
+  if (weights == std::end(kWeightsDtypes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(w, "weights_dtype must be float32 or bfloat16, got \"", weights_dtype, "\""));
+  }
+  s.weights_dtype = *weights;
   if (std::find(std::begin(kServingImplNames), std::end(kServingImplNames), s.attention_impl) ==
       std::end(kServingImplNames)) {
     return absl::InvalidArgumentError(absl::StrCat(w, "attention_impl must be ",

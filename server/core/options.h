@@ -9,7 +9,8 @@
 //      "max_images_per_request": 64},
 //     {"name": "fmnist-karm", "checkpoint": "models/karm_fmnist.safetensors",
 //      "max_sequences": 64, "max_waiting": 256, "max_images_per_request": 16,
-//      "cuda_graphs": false, "kv_cache_dtype": "float32", "attention_impl": "auto"}]}
+//      "cuda_graphs": false, "kv_cache_dtype": "float32", "attention_impl": "auto",
+//      "weights_dtype": "float32"}]}
 // Relative checkpoint paths are resolved against the manifest's folder. Unknown keys are an
 // error (a typo must not silently change a limit).
 #pragma once
@@ -31,6 +32,12 @@ namespace krause::server {
 // "kv_cache_dtype", parsed once by ParseManifest.
 enum class KvCacheDtype { kFloat32, kBFloat16, kFloat16 };
 const char* KvCacheDtypeName(KvCacheDtype dtype);  // "float32", "bfloat16", "float16"
+
+// A model's linear layers' weights as served (ParameterStore::RoundLinear): the manifest's
+// "weights_dtype". bfloat16 rounds them once at load; every implementation then computes with the
+// rounded weights, and the packed CPU paths read half the bytes.
+enum class WeightsDtype { kFloat32, kBFloat16 };
+const char* WeightsDtypeName(WeightsDtype dtype);  // "float32", "bfloat16"
 
 // A generator's sampling defaults: what a Generate request (either protocol) that leaves a field
 // unset gets. From the checkpoint's metadata ("sampling_defaults", a JSON object with these keys)
@@ -71,6 +78,7 @@ struct ModelSpec {
   int64_t max_waiting = defaults::kMaxWaiting;  // images waiting for a slot; beyond, UNAVAILABLE
   bool cuda_graphs = false;  // a KARM on a GPU: replay its decode step as CUDA graphs
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kFloat32;  // a KARM: bf16 anywhere, fp16 on a GPU
+  WeightsDtype weights_dtype = WeightsDtype::kFloat32;   // either kind, any device
   // Images per Classify / Generate / Score request (0: max_batch_size for classifiers, 16 for
   // generators: defaults::kGeneratorImagesPerRequest; each kind's ImagesPerRequest applies it,
   // served_classifier.h / served_generator.h). A classifier's may not exceed its max_batch_size

@@ -15,6 +15,11 @@
 namespace krause::server {
 namespace {
 
+// The dtype LoadModel rounds a model's linear weights to.
+at::ScalarType WeightsScalarType(WeightsDtype dtype) {
+  return dtype == WeightsDtype::kBFloat16 ? at::kBFloat16 : at::kFloat;
+}
+
 // The kinds a checkpoint can hold: how to tell, and how to serve it. The one table a new kind
 // joins.
 struct KindEntry {
@@ -65,7 +70,7 @@ absl::StatusOr<Registry::Checked> Registry::Check(const ModelSpec& spec,
   const auto on = [&](const std::string& device) -> absl::StatusOr<const LoadedModel*> {
     if (device == spec.device) return &loaded;
     if (!cpu) {
-      auto l = LoadModel(spec.checkpoint, "cpu");
+      auto l = LoadModel(spec.checkpoint, "cpu", WeightsScalarType(spec.weights_dtype));
       if (!l.ok()) return l.status();
       cpu = std::move(*l);
     }
@@ -95,7 +100,7 @@ absl::StatusOr<Registry::Checked> Registry::Check(const ModelSpec& spec,
 }
 
 absl::StatusOr<ModelRef> Registry::Build(const ModelSpec& spec, const WorkerHooks& hooks) {
-  auto loaded = LoadModel(spec.checkpoint, spec.device);
+  auto loaded = LoadModel(spec.checkpoint, spec.device, WeightsScalarType(spec.weights_dtype));
   if (!loaded.ok()) return WithContext("model " + spec.name, loaded.status());
   auto checked = Check(spec, *loaded);
   if (!checked.ok()) return checked.status();

@@ -1,6 +1,9 @@
 #include "server/core/served_model.h"
 
+#include <c10/core/Device.h>
+
 #include "absl/strings/str_cat.h"
+#include "model/attention/cpu_kernels.h"
 #include "server/core/errors.h"
 
 namespace krause::server {
@@ -15,6 +18,8 @@ ServedModel::ServedModel(ModelSpec spec, const LoadedModel& model, ModelKind kin
   info_.version = spec_.version;
   info_.kind = kind;
   info_.device = spec_.device;
+  info_.weights_dtype = WeightsDtypeName(spec_.weights_dtype);
+  if (at::Device(spec_.device).is_cpu()) info_.cpu_kernels = cpu::CpuKernels().name;
   info_.checkpoint = model.path;
   const auto summary = model.metadata.find("summary");
   if (summary != model.metadata.end()) info_.summary = summary->second;

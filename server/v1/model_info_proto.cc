@@ -37,6 +37,8 @@ v1::ModelInfo ToProto(const ModelInfo& m) {
   info.set_max_images_per_request(static_cast<uint32_t>(m.max_images_per_request));
   info.set_kv_cache_bytes_per_sequence(static_cast<uint64_t>(m.kv_cache_bytes_per_sequence));
   info.set_kv_cache_dtype(m.kv_cache_dtype);
+  info.set_weights_dtype(m.weights_dtype);
+  info.set_cpu_kernels(m.cpu_kernels);
   info.set_checkpoint(m.checkpoint);
   info.set_summary(m.summary);
   info.set_implementation(m.implementation);
@@ -55,7 +57,9 @@ v1::ModelInfo ToProto(const ModelInfo& m) {
 
 std::string KernelCheckLine(const ModelInfo& m) {
   std::string line = absl::StrCat("model ", m.name, " version ", m.version, ": serving on ",
-                                  m.implementation, " (", m.device, "); kernel check: ");
+                                  m.implementation, " (", m.device);
+  if (!m.cpu_kernels.empty()) absl::StrAppend(&line, ", ", m.cpu_kernels, " kernels");
+  absl::StrAppend(&line, ", ", m.weights_dtype, " weights); kernel check: ");
   for (size_t i = 0; i < m.kernel_checks.size(); ++i)
     absl::StrAppend(&line, i > 0 ? "; " : "", m.kernel_checks[i].summary);
   return line;

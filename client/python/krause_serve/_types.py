@@ -51,6 +51,8 @@ class ModelInfo:
     max_images_per_request: int
     kv_cache_bytes_per_sequence: int
     kv_cache_dtype: str
+    weights_dtype: str  # the linear layers' weights as served: "float32" or "bfloat16"
+    cpu_kernels: str    # models on the CPU: the CPU kernels' variant ("avx2", "base"); "" on a GPU
     checkpoint: str
     default_temperature: Optional[float]
     default_top_p: Optional[float]
@@ -79,7 +81,8 @@ class ModelInfo:
             max_batch_size=m.max_batch_size, max_queue_delay_ms=m.max_queue_delay_ms,
             max_images_per_request=m.max_images_per_request,
             kv_cache_bytes_per_sequence=m.kv_cache_bytes_per_sequence,
-            kv_cache_dtype=m.kv_cache_dtype, checkpoint=m.checkpoint,
+            kv_cache_dtype=m.kv_cache_dtype, weights_dtype=m.weights_dtype,
+            cpu_kernels=m.cpu_kernels, checkpoint=m.checkpoint,
             default_temperature=_optional(m, "default_temperature"),
             default_top_p=_optional(m, "default_top_p"),
             default_top_k=_optional(m, "default_top_k"),

@@ -372,7 +372,8 @@ function implementationText(m) {
   const check = (m.kernelChecks || []).find((c) => c.implementation === m.implementation);
   if (!check) return m.implementation || '';
   const diff = check.maxAbsDiff ? ` (${Number(check.maxAbsDiff).toExponential(1)})` : '';
-  return `${m.implementation}, ${m.device || 'cpu'}; check ${check.result}${diff}`;
+  const weights = m.weightsDtype === 'bfloat16' ? ', bf16 weights' : '';
+  return `${m.implementation}, ${m.device || 'cpu'}${weights}; check ${check.result}${diff}`;
 }
 
 function renderModels() {
