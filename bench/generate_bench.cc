@@ -446,26 +446,24 @@ int Main(int argc, char** argv) {
         }
         progress.Step(absl::StrFormat("%s %s S=%d steps", which, name, s));
         const bool full_run = which == "mnist" && !(o.quick && s > 1);
-        if (full_run) {
-          const double ips = FullRun(*model, s);
-          records.push_back({which, name, image, "full", s, -1, ips, s / ips / n,
-                             PixelKvCache::BytesPerSequence(c)});
-          progress.Step(absl::StrFormat("%s %s S=%d full run", which, name, s));
-        } else if (which == "mnist") {
-          progress.Step("skipped");
-        }
+        // The engine end to end (MNIST; with --quick only S = 1) on `m`, as record `method`.
+        auto full = [&](const PixelModel& m, const char* method, const char* label,
+                        at::ScalarType dtype) {
+          if (full_run) {
+            const double ips = FullRun(m, s, dtype);
+            records.push_back({which, name, image, method, s, -1, ips, s / ips / n,
+                               PixelKvCache::BytesPerSequence(c, dtype)});
+            progress.Step(absl::StrFormat("%s %s S=%d %sfull run", which, name, s, label));
+          } else if (which == "mnist") {
+            progress.Step("skipped");
+          }
+        };
+        full(*model, "full", "", at::kFloat);
         // On the CPU, the model with bf16 linear weights over the same fp32 cache.
         if (packed16) {
           eager(&*cache, "step_w16", "integ_w16", at::kFloat, &*model16, &*packed16);
           progress.Step(absl::StrFormat("%s %s S=%d bf16-weights steps", which, name, s));
-          if (full_run) {
-            const double ips = FullRun(*model16, s);
-            records.push_back({which, name, image, "full_w16", s, -1, ips, s / ips / n,
-                               PixelKvCache::BytesPerSequence(c)});
-            progress.Step(absl::StrFormat("%s %s S=%d bf16-weights full run", which, name, s));
-          } else if (which == "mnist") {
-            progress.Step("skipped");
-          }
+          full(*model16, "full_w16", "bf16-weights ", at::kFloat);
         }
         // The KARM on the CPU once more over bf16 ring caches (the decode kernel widens their
         // elements; half the key and value bytes), step by step and, for MNIST, end to end.
@@ -478,14 +476,7 @@ int Main(int argc, char** argv) {
           FillRandom(c, &*bf16);
           eager(&*bf16, "step_bf16e", "integ_bf16e", at::kBFloat16);
           progress.Step(absl::StrFormat("%s %s S=%d bf16-cache steps", which, name, s));
-          if (full_run) {
-            const double ips = FullRun(*model, s, at::kBFloat16);
-            records.push_back({which, name, image, "full_bf16", s, -1, ips, s / ips / n,
-                               PixelKvCache::BytesPerSequence(c, at::kBFloat16)});
-            progress.Step(absl::StrFormat("%s %s S=%d bf16-cache full run", which, name, s));
-          } else if (which == "mnist") {
-            progress.Step("skipped");
-          }
+          full(*model, "full_bf16", "bf16-cache ", at::kBFloat16);
         }
       }
     }

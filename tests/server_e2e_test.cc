@@ -1418,8 +1418,6 @@ TEST_F(ServerTest, ShutdownLetsInFlightStreamsFinishWithinTheGrace) {
   stopper.join();
 }
 
-// A model on a device that is not there, or a device that does not exist, stops the start with
-// an error naming the model and the device; nothing listens.
 // "weights_dtype": "bfloat16" serves both kinds with their linear weights rounded to bfloat16:
 // ModelInfo and the kernel check say so, a Classify answer has the bits of the packed forward of
 // the rounded model, and a bad name is refused naming the entry and the key.
@@ -1478,6 +1476,8 @@ TEST(ServerStart, Bf16WeightsServeTheRoundedModelAndSaySo) {
   std::filesystem::remove_all(models.dir);
 }
 
+// A model on a device that is not there, or a device that does not exist, stops the start with
+// an error naming the model and the device; nothing listens.
 TEST(ServerStart, ModelDevicesAreCheckedAtLoad) {
   const TinyModels models = WriteTinyModels("device");
   auto start_with = [&](const std::string& model, const std::string& device) {
