@@ -81,7 +81,13 @@ struct Args {
   bool reference = false;
 };
 
-int Bench(const Args& a, const std::string& weights, const krause::CpuThreads& t);
+// One dtype of the linear weights: its name (as records show it) and LoadModel's linear_dtype.
+struct Weights {
+  std::string name;
+  at::ScalarType dtype;
+};
+
+int Bench(const Args& a, const Weights& weights, const krause::CpuThreads& t);
 
 }  // namespace
 
@@ -96,7 +102,7 @@ int main(int argc, char** argv) {
   int64_t images = 0;
   int threads = 0;
   bool reference = false;
-  std::vector<std::string> weights = {"float32"};
+  std::vector<Weights> weights = {{"float32", at::kFloat}};
   for (int i = 3; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--batches" || flag == "--streams" || flag == "--lengths") {
@@ -111,9 +117,12 @@ int main(int argc, char** argv) {
     } else if (flag == "--threads") {
       if (!absl::SimpleAtoi(value, &threads)) return Usage();
     } else if (flag == "--weights") {
-      weights = absl::StrSplit(value, ',');
-      for (const std::string& w : weights)
-        if (w != "float32" && w != "bfloat16") return Usage();
+      weights.clear();
+      for (absl::string_view w : absl::StrSplit(value, ',')) {
+        const auto dtype = krause::ParseLinearDtype(std::string(w), "--weights");
+        if (!dtype.ok()) return Usage();
+        weights.push_back({std::string(w), *dtype});
+      }
     } else {
       return Usage();
     }
@@ -127,7 +136,7 @@ int main(int argc, char** argv) {
   }
   const krause::CpuThreads t = krause::SetCpuThreads(threads);
   const Args args{what, path, sizes, seconds, images, reference};
-  for (const std::string& w : weights) {
+  for (const Weights& w : weights) {
     if (const int rc = Bench(args, w, t); rc != 0) return rc;
   }
   return 0;
@@ -136,18 +145,18 @@ int main(int argc, char** argv) {
 namespace {
 
 // One JSON record's tail: the weights' dtype, the CPU kernels' variant and the threads.
-std::string Tail(const std::string& weights, const krause::CpuThreads& t) {
-  return absl::StrFormat(",\"weights\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d}", weights,
+std::string Tail(const Weights& weights, const krause::CpuThreads& t) {
+  return absl::StrFormat(",\"weights\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d}", weights.name,
                          krause::cpu::CpuKernels().name, t.intra_op);
 }
 
-int Bench(const Args& a, const std::string& weights, const krause::CpuThreads& t) {
+int Bench(const Args& a, const Weights& weights, const krause::CpuThreads& t) {
   const std::string& what = a.what;
   const std::vector<int64_t>& sizes = a.sizes;
   const double seconds = a.seconds;
   const int64_t images = a.images;
   const bool reference = a.reference;
-  auto model = krause::LoadModel(a.path, "cpu", weights == "bfloat16" ? at::kBFloat16 : at::kFloat);
+  auto model = krause::LoadModel(a.path, "cpu", weights.dtype);
   if (!model.ok()) {
     std::fprintf(stderr, "krause-model-bench: %s\n", model.status().ToString().c_str());
     return 1;

@@ -94,6 +94,13 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string
   return out;
 }
 
+absl::StatusOr<at::ScalarType> ParseLinearDtype(const std::string& name, const std::string& what) {
+  if (name == "float32") return at::kFloat;
+  if (name == "bfloat16") return at::kBFloat16;
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " must be float32 or bfloat16, got \"", name, "\""));
+}
+
 absl::Status SaveModel(const std::string& path, const ViT& model,
                        std::map<std::string, std::string> metadata) {
   return Save(path, model, std::move(metadata));

@@ -38,6 +38,9 @@ struct LoadedModel {
 // the packed CPU paths read half the bytes); kFloat (the default) leaves them as trained.
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string& device = "cpu",
                                       at::ScalarType linear_dtype = at::kFloat);
+// A linear_dtype by name: "float32" (kFloat) or "bfloat16" (kBFloat16); InvalidArgument
+// "`what` must be float32 or bfloat16, got \"NAME\"" otherwise (the tools' --weights_dtype).
+absl::StatusOr<at::ScalarType> ParseLinearDtype(const std::string& name, const std::string& what);
 
 // Writes a model with its config (and `metadata`) as a checkpoint LoadModel reads.
 absl::Status SaveModel(const std::string& path, const ViT& model,

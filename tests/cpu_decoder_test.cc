@@ -196,7 +196,7 @@ TEST_P(CpuDecoderTest, EveryModeKernelAndBatchGivesTheSameBitsAndMatchesTheRefer
   cpu::SetCpuKernelsForTesting(nullptr);
 }
 
-TEST_P(CpuDecoderTest, Bf16WeightsGiveTheBitsOfFp32WeightsRoundedAndMatchTheReference) {
+TEST_P(CpuDecoderTest, Bf16WeightsGiveTheBitsOfFp32WeightsRounded) {
   const int64_t seqs = 5;
   const at::Tensor fp32 = Run(seqs, seqs, Mode::kInline);
   const int64_t fp32_bytes = decoder_->weight_bytes();

@@ -52,16 +52,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string weights_name = absl::GetFlag(FLAGS_weights_dtype);
-  if (weights_name != "float32" && weights_name != "bfloat16") {
-    std::fprintf(stderr, "krause-check: --weights_dtype must be float32 or bfloat16, got \"%s\"\n",
-                 weights_name.c_str());
+  const auto weights = krause::ParseLinearDtype(weights_name, "--weights_dtype");
+  if (!weights.ok()) {
+    std::fprintf(stderr, "krause-check: %s\n", std::string(weights.status().message()).c_str());
     return 2;
   }
   if (const char* e = krause::cpu::CpuKernelsChoiceError(); *e != '\0') {
     std::fprintf(stderr, "krause-check: %s\n", e);
     return 2;
   }
-  const at::ScalarType weights = weights_name == "bfloat16" ? at::kBFloat16 : at::kFloat;
   const std::string dtype_name = absl::GetFlag(FLAGS_kv_cache_dtype);
   const at::ScalarType dtype = dtype_name == "bfloat16"  ? at::kBFloat16
                                : dtype_name == "float16" ? at::kHalf
@@ -69,7 +68,7 @@ int main(int argc, char** argv) {
   int worst = 0;
   std::vector<std::string> verdicts, details;
   for (const char* file : files) {
-    auto cpu = krause::LoadModel(file, "cpu", weights);
+    auto cpu = krause::LoadModel(file, "cpu", *weights);
     if (!cpu.ok()) {
       verdicts.push_back(std::string("FAILED ") + file + ": " +
                          std::string(cpu.status().message()));
@@ -79,7 +78,7 @@ int main(int argc, char** argv) {
     std::string verdict;
     for (size_t i = 0; i < chain->size() && verdict.empty(); ++i) {
       const krause::ServingChoice& choice = (*chain)[i];
-      auto model = choice.device == "cpu" ? cpu : krause::LoadModel(file, choice.device, weights);
+      auto model = choice.device == "cpu" ? cpu : krause::LoadModel(file, choice.device, *weights);
       krause::KernelCheck c;
       if (!model.ok()) {
         c.choice = choice;

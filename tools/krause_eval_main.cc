@@ -103,10 +103,9 @@ int main(int argc, char** argv) {
   const std::string out_dir = absl::GetFlag(FLAGS_out);
 
   const std::string weights = absl::GetFlag(FLAGS_weights_dtype);
-  if (weights != "float32" && weights != "bfloat16")
-    return Fail("--weights_dtype must be float32 or bfloat16, got \"" + weights + "\"");
-  auto gen =
-      krause::LoadModel(gen_path, device, weights == "bfloat16" ? at::kBFloat16 : at::kFloat);
+  const auto linear_dtype = krause::ParseLinearDtype(weights, "--weights_dtype");
+  if (!linear_dtype.ok()) return Fail(std::string(linear_dtype.status().message()));
+  auto gen = krause::LoadModel(gen_path, device, *linear_dtype);
   if (!gen.ok()) return Fail(gen.status().ToString());
   if (gen->classifier()) return Fail(gen_path + " is a classifier, not a generator");
   auto cls = krause::LoadModel(absl::GetFlag(FLAGS_classifier), device);

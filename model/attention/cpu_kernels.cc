@@ -41,8 +41,10 @@ const CpuKernelTable* Chosen(std::string* error) {
   const char* env = std::getenv("KRAUSE_CPU_KERNELS");
   if (env == nullptr || *env == '\0') return Best();
   if (const CpuKernelTable* t = Variant(env)) return t;
-  *error = std::string("KRAUSE_CPU_KERNELS=") + env + " is not a variant this build and CPU run (" +
-           (NumCpuKernelVariants() == 2 ? "base, avx2" : "base") + ")";
+  *error = std::string("KRAUSE_CPU_KERNELS=") + env + " is not a variant this build and CPU run (";
+  for (int i = 0; i < NumCpuKernelVariants(); ++i)
+    *error += std::string(i > 0 ? ", " : "") + CpuKernelVariantName(i);
+  *error += ")";
   return Best();
 }
 
@@ -87,8 +89,7 @@ CpuKernelTable Faulty(const char* name, decltype(CpuKernelTable::prefill) prefil
 const CpuKernelTable& CpuKernels() {
   const CpuKernelTable* forced = g_forced.load(std::memory_order_acquire);
   if (forced != nullptr) return *forced;
-  static const CpuKernelTable* const chosen = TheChoice().table;
-  return *chosen;
+  return *TheChoice().table;
 }
 
 const char* CpuKernelsChoiceError() { return TheChoice().error.c_str(); }

@@ -77,6 +77,14 @@ constexpr KvCacheDtype kKvCacheDtypes[] = {KvCacheDtype::kFloat32, KvCacheDtype:
                                            KvCacheDtype::kFloat16};
 constexpr WeightsDtype kWeightsDtypes[] = {WeightsDtype::kFloat32, WeightsDtype::kBFloat16};
 
+// The value of `all` whose name (`name_of`) is `name`, or nullptr.
+template <typename E, size_t N>
+const E* ByName(const E (&all)[N], const char* (*name_of)(E), const std::string& name) {
+  const E* it =
+      std::find_if(std::begin(all), std::end(all), [&](E e) { return name == name_of(e); });
+  return it == std::end(all) ? nullptr : it;
+}
+
 }  // namespace
 
 const char* KvCacheDtypeName(KvCacheDtype dtype) {
@@ -189,18 +197,14 @@ absl::Status ReadServingOptions(const nlohmann::json& m, const std::string& wher
   if (st.ok()) st = CheckRange(w + "max_waiting", s.max_waiting, 0, 1 << 20);
   if (st.ok()) st = CheckRange(w + "max_images_per_request", s.max_images_per_request, 0, 4096);
   if (!st.ok()) return st;
-  const auto* dtype =
-      std::find_if(std::begin(kKvCacheDtypes), std::end(kKvCacheDtypes),
-                   [&](KvCacheDtype d) { return cache_dtype == KvCacheDtypeName(d); });
-  if (dtype == std::end(kKvCacheDtypes)) {
+  const KvCacheDtype* dtype = ByName(kKvCacheDtypes, &KvCacheDtypeName, cache_dtype);
+  if (dtype == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         w, "kv_cache_dtype must be float32, bfloat16 or float16, got \"", cache_dtype, "\""));
   }
   s.kv_cache_dtype = *dtype;
-  const auto* weights =
-      std::find_if(std::begin(kWeightsDtypes), std::end(kWeightsDtypes),
-                   [&](WeightsDtype d) { return weights_dtype == WeightsDtypeName(d); });
-  if (weights == std::end(kWeightsDtypes)) {
+  const WeightsDtype* weights = ByName(kWeightsDtypes, &WeightsDtypeName, weights_dtype);
+  if (weights == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(w, "weights_dtype must be float32 or bfloat16, got \"", weights_dtype, "\""));
   }
