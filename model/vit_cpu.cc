@@ -20,9 +20,32 @@ using nn::Floats;
 using nn::LayerNormRow;
 using nn::PackLinear;
 
-absl::StatusOr<std::unique_ptr<CpuViT>> CpuViT::Create(const ViT& model) {
+namespace {
+
+// The stacked layers `prefixes` of a store as a bf16 linear layer over `rows` rows whose output
+// rows are RoundUpToChunk(out) apart (the packed layers' layout).
+absl::StatusOr<nn::Bf16Linear> Bf16Of(const ParameterStore& p,
+                                      const std::vector<std::string>& prefixes, int64_t rows) {
+  std::vector<at::Tensor> w, b;
+  for (const std::string& name : prefixes) {
+    w.push_back(p.Get(name + ".weight").detach().to(at::kCPU, at::kFloat));
+    b.push_back(p.Get(name + ".bias").detach().to(at::kCPU, at::kFloat));
+  }
+  const at::Tensor weight = at::cat(w, 0).contiguous(), bias = at::cat(b, 0).contiguous();
+  return nn::Bf16Linear::Create(weight.data_ptr<float>(), bias.data_ptr<float>(), weight.size(0),
+                                weight.size(1), rows, cpu::RoundUpToChunk(weight.size(0)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CpuViT>> CpuViT::Create(const ViT& model, Precision precision) {
   const ViTConfig& c = model.config();
   std::unique_ptr<CpuViT> v(new CpuViT());
+  if (precision == Precision::kBf16 && !nn::Bf16MatmulSupport().available) {
+    v->fallback_ = nn::Bf16MatmulSupport().why;
+    precision = Precision::kFp32;
+  }
+  v->precision_ = precision;
   try {
     at::NoGradGuard no_grad;
     const ParameterStore& p = model.parameters();
@@ -50,10 +73,23 @@ absl::StatusOr<std::unique_ptr<CpuViT>> CpuViT::Create(const ViT& model) {
       const std::string b = absl::StrCat("blocks.", l, ".");
       const std::string a = b + "attention.";
       Layer layer;
-      layer.qkv = PackLinear(p, {a + "W_q", a + "W_k", a + "W_v"});
-      layer.out = PackLinear(p, {a + "out_proj"});
-      layer.mlp0 = PackLinear(p, {b + "ffn.0"});
-      layer.mlp2 = PackLinear(p, {b + "ffn.3"});
+      if (precision == Precision::kBf16) {
+        const int64_t n = c.tokens();
+        for (auto [dst, names] :
+             {std::pair{&layer.qkv16, std::vector<std::string>{a + "W_q", a + "W_k", a + "W_v"}},
+              std::pair{&layer.out16, std::vector<std::string>{a + "out_proj"}},
+              std::pair{&layer.mlp016, std::vector<std::string>{b + "ffn.0"}},
+              std::pair{&layer.mlp216, std::vector<std::string>{b + "ffn.3"}}}) {
+          auto l16 = Bf16Of(p, names, n);
+          if (!l16.ok()) return l16.status();
+          *dst = std::move(*l16);
+        }
+      } else {
+        layer.qkv = PackLinear(p, {a + "W_q", a + "W_k", a + "W_v"});
+        layer.out = PackLinear(p, {a + "out_proj"});
+        layer.mlp0 = PackLinear(p, {b + "ffn.0"});
+        layer.mlp2 = PackLinear(p, {b + "ffn.3"});
+      }
       layer.norm1_w = Floats(p.Get(b + "norm1.weight"));
       layer.norm1_b = Floats(p.Get(b + "norm1.bias"));
       layer.norm2_w = Floats(p.Get(b + "norm2.weight"));
@@ -88,30 +124,73 @@ absl::StatusOr<std::unique_ptr<CpuViT>> CpuViT::Create(const ViT& model) {
 
 int64_t CpuViT::weight_bytes() const {
   int64_t bytes = patch_embed_.bytes() + head_.bytes();
-  for (const Layer& l : layers_)
+  for (const Layer& l : layers_) {
     bytes += l.qkv.bytes() + l.out.bytes() + l.mlp0.bytes() + l.mlp2.bytes();
+    if (precision_ == Precision::kBf16)
+      bytes += l.qkv16.bytes() + l.out16.bytes() + l.mlp016.bytes() + l.mlp216.bytes();
+  }
   return bytes;
 }
 
-void CpuViT::Image(const uint8_t* pixels, float* probs) const {
+std::string CpuViT::linear_kernels() const {
+  if (precision_ == Precision::kBf16) return "onednn " + nn::Bf16MatmulSupport().impl;
+  return cpu::CpuKernels().name;
+}
+
+namespace {
+
+// f(begin, end) over [0, n): on the calling thread, or split over the intra-op threads (tasks of
+// at least `grain`) when `parallel`. What each index computes does not depend on the split.
+template <typename F>
+void Over(bool parallel, int64_t n, int64_t grain, const F& f) {
+  if (parallel) {
+    at::parallel_for(0, n, grain, f);
+  } else {
+    f(0, n);
+  }
+}
+
+// out = x W^T + b, the output chunks split over the threads when `parallel`.
+void PackedApply(const nn::PackedLinear& l, const float* x, int64_t rows, float* out, bool parallel) {
+  Over(parallel, l.chunks(), 1, [&](int64_t c0, int64_t c1) { l.Apply(x, rows, out, c0, c1); });
+}
+
+}  // namespace
+
+void CpuViT::Linear(const nn::PackedLinear& fp32, const nn::Bf16Linear& bf16, const float* x,
+                    float* out, bool parallel, uint16_t* halves) const {
+  if (precision_ != Precision::kBf16) {
+    PackedApply(fp32, x, tokens_, out, parallel);
+    return;
+  }
+  nn::ToBf16(x, tokens_ * bf16.in(), halves);
+  Over(parallel, bf16.blocks(), 1,
+       [&](int64_t b0, int64_t b1) { bf16.Apply(halves, out, b0, b1); });
+}
+
+void CpuViT::Image(const uint8_t* pixels, float* probs, bool parallel) const {
   const int64_t n = tokens_, d = d_, dh = head_dim_, g2 = grid_ * grid_;
   const int64_t cpp = channels_ * patch_ * patch_;
-  const Layer& l0 = layers_[0];
-  const int64_t qkv_pad = l0.qkv.out_pad, d_pad = l0.out.out_pad, mlp_pad = l0.mlp0.out_pad;
+  const int64_t kt_stride = cpu::RoundUpToChunk(n);
+  const int64_t qkv_pad = cpu::RoundUpToChunk(3 * d), d_pad = cpu::RoundUpToChunk(d);
+  const int64_t mlp_pad = cpu::RoundUpToChunk(mlp_);
   nn::ThreadScratch& scratch = nn::ThreadScratch::Get();
-  // Row buffers of one image.
-  const int64_t per_head = 4 * n * dh + n;  // q, k, v, out, key biases
+  // Row buffers of one image (the calling thread's; with `parallel` the other threads write
+  // disjoint parts of them and use their own scratch for the kernels).
+  // Per head: q, k, v, out [N, dh], key biases or logsumexps [N], keys transposed [dh, N pad].
+  const int64_t per_head = 4 * n * dh + n + dh * kt_stride;
   float* base = scratch.Rows(g2 * cpp + n * d + n * qkv_pad + heads_ * per_head + n * d +
-                             n * std::max(d_pad, head_.out_pad) + n * mlp_pad + n * mlp_ + n);
+                             n * std::max(d_pad, head_.out_pad) + n * mlp_pad + n * mlp_);
   float* patches = base;                   // [G*G, C*p*p]
   float* x = patches + g2 * cpp;           // [N, D]
   float* qkv = x + n * d;                  // [N, 3D pad]
-  float* heads = qkv + n * qkv_pad;        // per head: q, k, v, out [N, dh], bias [N]
+  float* heads = qkv + n * qkv_pad;        // per head: q, k, v, out [N, dh], bias [N], kt
   float* att = heads + heads_ * per_head;  // [N, D]
   float* tmp = att + n * d;                // [N, D pad]
   float* mid = tmp + n * std::max(d_pad, head_.out_pad);  // [N, MLP pad]
   float* act = mid + n * mlp_pad;                         // [N, MLP]
-  float* scores = act + n * mlp_;                         // [N]
+  // bf16: a layer's input rounded (the widest input, the MLP's).
+  uint16_t* halves = precision_ == Precision::kBf16 ? scratch.Halves(n * std::max(d, mlp_)) : nullptr;
 
   // Normalised pixels, gathered patch by patch in the convolution weight's order (c, y, x).
   const int64_t hw = size_ * size_;
@@ -130,7 +209,7 @@ void CpuViT::Image(const uint8_t* pixels, float* probs) const {
       }
     }
   }
-  patch_embed_.Apply(patches, g2, tmp);
+  PackedApply(patch_embed_, patches, g2, tmp, parallel);
   const int64_t first = cls_ ? 1 : 0;
   if (cls_) {
     for (int64_t i = 0; i < d; ++i) x[i] = cls_token_[i] + pos_embed_[i];
@@ -142,69 +221,90 @@ void CpuViT::Image(const uint8_t* pixels, float* probs) const {
   }
 
   const cpu::CpuKernelTable& kernels = cpu::CpuKernels();
+  // Rows of the element-wise steps per task: enough work to be worth a thread.
+  const int64_t row_grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(d, 1));
   for (const Layer& L : layers_) {
-    L.qkv.Apply(x, n, qkv);
-    for (int64_t hh = 0; hh < heads_; ++hh) {
-      float* q = heads + hh * per_head;
-      float* k = q + n * dh;
-      float* v = k + n * dh;
-      float* o = v + n * dh;
-      float* bias = o + n * dh;
-      for (int64_t t = 0; t < n; ++t) {
-        const float* row = qkv + t * qkv_pad + hh * dh;
-        std::copy(row, row + dh, q + t * dh);
-        std::copy(row + d, row + d + dh, k + t * dh);
-        std::copy(row + 2 * d, row + 2 * d + dh, v + t * dh);
-      }
-      if (krause_) {
-        kernels.key_biases(k, n, dh, bias);
-        cpu::PrefillSlice s{};
-        s.q = q;
-        s.k = k;
-        s.kt = nullptr;  // a table's rows read k directly
-        s.bias = bias;
-        s.v = v;
-        s.inv_var = L.inv_var;
-        s.n = n;
-        s.d = dh;
-        s.top_k = L.top_k;
-        s.kind = 2;
-        s.table = table_->index.data();
-        s.table_count = table_->count.data();
-        s.table_width = table_->width;
-        s.out = o;
-        kernels.prefill(s, 0, n, scratch.Kernel(table_->width));
-      } else {
-        float* w = scratch.Floats(n);
+    Linear(L.qkv, L.qkv16, x, qkv, parallel, halves);
+    Over(parallel, heads_, 1, [&](int64_t h0, int64_t h1) {
+      nn::ThreadScratch& own = nn::ThreadScratch::Get();
+      for (int64_t hh = h0; hh < h1; ++hh) {
+        float* q = heads + hh * per_head;
+        float* k = q + n * dh;
+        float* v = k + n * dh;
+        float* o = v + n * dh;
+        float* bias = o + n * dh;
+        float* kt = bias + n;
         for (int64_t t = 0; t < n; ++t) {
-          for (int64_t j = 0; j < n; ++j)
-            scores[j] = nn::Dot(q + t * dh, k + j * dh, dh) * softmax_scale_;
-          nn::SoftmaxRow(scores, n, w);
-          float* out = o + t * dh;
-          std::fill(out, out + dh, 0.0f);
-          for (int64_t j = 0; j < n; ++j) {
-            for (int64_t e = 0; e < dh; ++e) out[e] += w[j] * v[j * dh + e];
-          }
+          const float* row = qkv + t * qkv_pad + hh * dh;
+          std::copy(row, row + dh, q + t * dh);
+          std::copy(row + d, row + d + dh, k + t * dh);
+          std::copy(row + 2 * d, row + 2 * d + dh, v + t * dh);
         }
+        if (krause_) {
+          kernels.key_biases(k, n, dh, bias);
+          cpu::PrefillSlice s{};
+          s.q = q;
+          s.k = k;
+          s.kt = nullptr;  // a table's rows read k directly
+          s.bias = bias;
+          s.v = v;
+          s.inv_var = L.inv_var;
+          s.n = n;
+          s.d = dh;
+          s.top_k = L.top_k;
+          s.kind = 2;
+          s.table = table_->index.data();
+          s.table_count = table_->count.data();
+          s.table_width = table_->width;
+          s.out = o;
+          kernels.prefill(s, 0, n, own.Kernel(table_->width));
+        } else {
+          // Dense softmax attention through the softmax kernel (not causal): the scores of a
+          // group of queries against the transposed keys, the row softmax, the weighted values.
+          for (int64_t e = 0; e < dh; ++e) {
+            float* col = kt + e * kt_stride;
+            for (int64_t t = 0; t < n; ++t) col[t] = k[t * dh + e];
+            std::fill(col + n, col + kt_stride, 0.0f);
+          }
+          cpu::SoftmaxSlice s{};
+          s.q = q;
+          s.k = k;
+          s.kt = kt;
+          s.v = v;
+          s.scale = softmax_scale_;
+          s.n = n;
+          s.d = dh;
+          s.stride = kt_stride;
+          s.out = o;
+          s.lse = bias;
+          s.causal = false;
+          kernels.softmax_forward(s, 0, n, own.Floats(cpu::SoftmaxScratchFloats(n)));
+        }
+        for (int64_t t = 0; t < n; ++t)
+          std::copy(o + t * dh, o + (t + 1) * dh, att + t * d + hh * dh);
       }
-      for (int64_t t = 0; t < n; ++t)
-        std::copy(o + t * dh, o + (t + 1) * dh, att + t * d + hh * dh);
-    }
+    });
     // Post-LN blocks: x = norm1(x + attn(x)); x = norm2(x + ffn(x)).
-    L.out.Apply(att, n, tmp);
-    for (int64_t t = 0; t < n; ++t) {
-      float* xr = x + t * d;
-      for (int64_t i = 0; i < d; ++i) xr[i] += tmp[t * d_pad + i];
-      LayerNormRow(xr, d, L.norm1_w.data(), L.norm1_b.data(), xr);
-    }
-    L.mlp0.Apply(x, n, mid);
-    for (int64_t t = 0; t < n; ++t) nn::GeluRow(mid + t * mlp_pad, mlp_, act + t * mlp_);
-    L.mlp2.Apply(act, n, tmp);
-    for (int64_t t = 0; t < n; ++t) {
-      float* xr = x + t * d;
-      for (int64_t i = 0; i < d; ++i) xr[i] += tmp[t * d_pad + i];
-      LayerNormRow(xr, d, L.norm2_w.data(), L.norm2_b.data(), xr);
-    }
+    Linear(L.out, L.out16, att, tmp, parallel, halves);
+    Over(parallel, n, row_grain, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        float* xr = x + t * d;
+        for (int64_t i = 0; i < d; ++i) xr[i] += tmp[t * d_pad + i];
+        LayerNormRow(xr, d, L.norm1_w.data(), L.norm1_b.data(), xr);
+      }
+    });
+    Linear(L.mlp0, L.mlp016, x, mid, parallel, halves);
+    Over(parallel, n, row_grain, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) nn::GeluRow(mid + t * mlp_pad, mlp_, act + t * mlp_);
+    });
+    Linear(L.mlp2, L.mlp216, act, tmp, parallel, halves);
+    Over(parallel, n, row_grain, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        float* xr = x + t * d;
+        for (int64_t i = 0; i < d; ++i) xr[i] += tmp[t * d_pad + i];
+        LayerNormRow(xr, d, L.norm2_w.data(), L.norm2_b.data(), xr);
+      }
+    });
   }
   // The final norm and the head on CLS (or on the mean of the normed patch tokens).
   float* pooled = att;
@@ -222,17 +322,30 @@ void CpuViT::Image(const uint8_t* pixels, float* probs) const {
   nn::SoftmaxRow(tmp, classes_, probs);
 }
 
-absl::Status CpuViT::Forward(const uint8_t* pixels, int64_t images, float* probs) const {
+absl::Status CpuViT::Forward(const uint8_t* pixels, int64_t images, float* probs,
+                             Split split) const {
   if (images < 0)
     return absl::InvalidArgumentError(absl::StrCat("images must be >= 0, got ", images));
   const int64_t image_bytes = channels_ * size_ * size_;
   try {
-    // Tasks of whole images, of at least half the parallel threshold each.
-    at::parallel_for(0, images, GrainForWork(flops_per_image_, kMinParallelForwardFlops / 2),
-                     [&](int64_t i0, int64_t i1) {
-                       for (int64_t i = i0; i < i1; ++i)
-                         Image(pixels + i * image_bytes, probs + i * classes_);
-                     });
+    if (split == Split::kAuto) {
+      split = images < at::get_num_threads() && flops_per_image_ >= 2 * kMinParallelForwardFlops
+                  ? Split::kWithinImage
+                  : Split::kImages;
+    }
+    if (split == Split::kWithinImage) {
+      // Fewer images than threads, each worth splitting: one image at a time on all threads
+      // (its layers' output columns, heads and rows split between them).
+      for (int64_t i = 0; i < images; ++i)
+        Image(pixels + i * image_bytes, probs + i * classes_, /*parallel=*/true);
+    } else {
+      // Tasks of whole images, of at least half the parallel threshold each.
+      at::parallel_for(0, images, GrainForWork(flops_per_image_, kMinParallelForwardFlops / 2),
+                       [&](int64_t i0, int64_t i1) {
+                         for (int64_t i = i0; i < i1; ++i)
+                           Image(pixels + i * image_bytes, probs + i * classes_, false);
+                       });
+    }
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("classifier forward failed: ", ExceptionMessage(e)));
   }

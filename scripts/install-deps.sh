@@ -20,6 +20,8 @@ BUILD_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   # LibTorch (CPU, 1.13 on Debian 12) and a fast BLAS for it
   libtorch-dev libopenblas0-pthread
+  # oneDNN's headers (the library is LibTorch's own): the bf16 linear layers
+  libdnnl-dev
   # gRPC, protobuf, Abseil, Prometheus
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev

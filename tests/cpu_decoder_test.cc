@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -406,6 +407,78 @@ TEST(CpuKernels, Bf16LinearWeightsGiveTheFp32KernelsBitsOnTheRoundedWeights) {
     }
   }
   cpu::SetCpuKernelsForTesting(nullptr);
+}
+
+// The avx512 variant (512-bit linear tiles, 16-wide GELU) gives the avx2 variant's bits: the same
+// multiply-adds in the same order per element. Linear rows through every tile (12, 4, 1 rows; two
+// chunks and one), fp32 and bf16 weights; GELU; the table prefill and the dense softmax.
+TEST(CpuKernels, TheAvx512VariantGivesTheAvx2VariantsBits) {
+  if (cpu::NumCpuKernelVariants() < 3) GTEST_SKIP() << "this CPU or build has no avx512 variant";
+  ASSERT_STREQ(cpu::CpuKernelVariantName(1), "avx2");
+  ASSERT_STREQ(cpu::CpuKernelVariantName(2), "avx512");
+  at::manual_seed(11);
+  // What `run` writes under each variant, compared bit for bit.
+  auto same = [](const std::function<std::vector<float>()>& run) {
+    std::vector<float> got[2];
+    for (int v : {1, 2}) {
+      EXPECT_TRUE(cpu::SetCpuKernelsForTesting(cpu::CpuKernelVariantName(v)));
+      got[v - 1] = run();
+    }
+    cpu::SetCpuKernelsForTesting(nullptr);
+    return got[0].size() == got[1].size() &&
+           std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)) == 0;
+  };
+  for (int64_t in : {1, 7, 48, 129, 384}) {
+    for (int64_t out : {5, 16, 33, 48, 80}) {
+      const at::Tensor w = at::randn({out, in}) * 0.3, b = at::randn({out});
+      for (cpu::Elem elem : {cpu::Elem::kFloat32, cpu::Elem::kBFloat16}) {
+        const nn::PackedLinear l = nn::PackLinear({w}, {b}, elem);
+        for (int64_t rows : {1, 3, 4, 11, 12, 13, 17, 29}) {
+          const at::Tensor x = at::randn({rows, in});
+          EXPECT_TRUE(same([&] {
+            std::vector<float> o(rows * l.out_pad);
+            l.Apply(x.data_ptr<float>(), rows, o.data());
+            // and a chunk range that starts on an odd chunk
+            if (l.chunks() > 2) l.Apply(x.data_ptr<float>(), rows, o.data(), 1, l.chunks());
+            return o;
+          })) << "in " << in << " out " << out << " rows " << rows << " bf16 "
+              << (elem == cpu::Elem::kBFloat16);
+        }
+      }
+    }
+  }
+  for (int64_t n : {1, 8, 15, 16, 17, 40, 1027}) {
+    const at::Tensor x = at::randn({n}) * 4;
+    EXPECT_TRUE(same([&] {
+      std::vector<float> y(n);
+      cpu::CpuKernels().gelu(x.data_ptr<float>(), n, y.data());
+      return y;
+    })) << "gelu n " << n;
+  }
+  // Dense (not causal) softmax attention over n keys.
+  for (int64_t n : {5, 50, 197}) {
+    const int64_t d = 64, stride = cpu::RoundUpToChunk(n);
+    const at::Tensor q = at::randn({n, d}), k = at::randn({n, d}), v = at::randn({n, d});
+    at::Tensor kt = at::zeros({d, stride});
+    kt.narrow(1, 0, n).copy_(k.t());
+    EXPECT_TRUE(same([&] {
+      std::vector<float> out(n * d), lse(n), scratch(cpu::SoftmaxScratchFloats(n));
+      cpu::SoftmaxSlice s{};
+      s.q = q.data_ptr<float>();
+      s.k = k.data_ptr<float>();
+      s.kt = kt.data_ptr<float>();
+      s.v = v.data_ptr<float>();
+      s.scale = 0.125f;
+      s.n = n;
+      s.d = d;
+      s.stride = stride;
+      s.out = out.data();
+      s.lse = lse.data();
+      s.causal = false;
+      cpu::CpuKernels().softmax_forward(s, 0, n, scratch.data());
+      return out;
+    })) << "softmax n " << n;
+  }
 }
 
 TEST(SamplePixel, DrawsWhatTheReferenceDraws) {

@@ -1,7 +1,8 @@
 // The packed CPU classifier forward (CpuViT) against its reference, ViT::Forward:
 //   - Krause (both grid metrics, with and without CLS) and softmax ViTs, one and three channels,
 //     every CPU kernel variant: probabilities within 1e-5 of softmax(ViT::Forward);
-//   - an image's probabilities have the same bits alone and in a batch split over threads;
+//   - an image's probabilities have the same bits alone and in a batch split over threads, by
+//     images or within each image;
 //   - with bfloat16 linear weights, the bits of the fp32 packing of the rounded weights;
 //   - the bundled classifier on real test images: the same predictions as the reference.
 #include "model/vit_cpu.h"
@@ -42,10 +43,11 @@ at::Tensor Reference(const ViT& m, const at::Tensor& pixels) {
   return at::softmax(m.Forward(NormalizePixels(m.config(), pixels)), -1).contiguous();
 }
 
-at::Tensor Packed(const CpuViT& p, const at::Tensor& pixels) {
+at::Tensor Packed(const CpuViT& p, const at::Tensor& pixels,
+                  CpuViT::Split split = CpuViT::Split::kAuto) {
   at::Tensor out = at::empty({pixels.size(0), p.classes()});
-  const absl::Status st =
-      p.Forward(pixels.contiguous().data_ptr<uint8_t>(), pixels.size(0), out.data_ptr<float>());
+  const absl::Status st = p.Forward(pixels.contiguous().data_ptr<uint8_t>(), pixels.size(0),
+                                    out.data_ptr<float>(), split);
   EXPECT_TRUE(st.ok()) << st;
   return out;
 }
@@ -90,6 +92,19 @@ TEST_P(CpuViTTest, MatchesTheReferenceForwardAndIsBatchInvariant) {
     for (int64_t i = 0; i < 5; ++i) {
       EXPECT_TRUE(at::equal(Packed(*packed, pixels.narrow(0, i, 1)), got.narrow(0, i, 1))) << i;
     }
+    // Whole images per thread, or each image's layers, heads and rows split over two threads
+    // (what a paper-size model's small batches run): the same bits.
+    const int threads = at::get_num_threads();
+    at::set_num_threads(2);
+    EXPECT_TRUE(at::equal(Packed(*packed, pixels, CpuViT::Split::kWithinImage), got));
+    EXPECT_TRUE(at::equal(Packed(*packed, pixels, CpuViT::Split::kImages), got));
+    at::set_num_threads(threads);
+  }
+  if (cpu::NumCpuKernelVariants() >= 3) {  // avx512 gives avx2's bits (the table prefill too)
+    ASSERT_TRUE(cpu::SetCpuKernelsForTesting("avx2"));
+    const at::Tensor avx2 = Packed(*packed, pixels);
+    ASSERT_TRUE(cpu::SetCpuKernelsForTesting("avx512"));
+    EXPECT_TRUE(at::equal(Packed(*packed, pixels), avx2));
   }
   cpu::SetCpuKernelsForTesting(nullptr);
   // bfloat16 linear weights (ParameterStore::RoundLinear): the packed forward on half the bytes

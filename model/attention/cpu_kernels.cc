@@ -18,7 +18,20 @@ bool HasAvx2() {
 #endif
 }
 
+bool HasAvx512() {
+#if defined(KRAUSE_HAVE_AVX512_KERNELS) && defined(__x86_64__)
+  __builtin_cpu_init();
+  return HasAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
+}
+
 const CpuKernelTable* Best() {
+#if defined(KRAUSE_HAVE_AVX512_KERNELS)
+  if (HasAvx512()) return &avx512::kTable;
+#endif
 #if defined(KRAUSE_HAVE_AVX2_KERNELS)
   if (HasAvx2()) return &avx2::kTable;
 #endif
@@ -31,6 +44,9 @@ const CpuKernelTable* Variant(const char* name) {
   if (std::strcmp(name, "base") == 0) return &base::kTable;
 #if defined(KRAUSE_HAVE_AVX2_KERNELS)
   if (std::strcmp(name, "avx2") == 0 && HasAvx2()) return &avx2::kTable;
+#endif
+#if defined(KRAUSE_HAVE_AVX512_KERNELS)
+  if (std::strcmp(name, "avx512") == 0 && HasAvx512()) return &avx512::kTable;
 #endif
   return nullptr;
 }
@@ -94,9 +110,12 @@ const CpuKernelTable& CpuKernels() {
 
 const char* CpuKernelsChoiceError() { return TheChoice().error.c_str(); }
 
-int NumCpuKernelVariants() { return HasAvx2() ? 2 : 1; }
+int NumCpuKernelVariants() { return HasAvx512() ? 3 : HasAvx2() ? 2 : 1; }
 
-const char* CpuKernelVariantName(int i) { return i == 0 ? "base" : "avx2"; }
+const char* CpuKernelVariantName(int i) {
+  static const char* const kNames[] = {"base", "avx2", "avx512"};
+  return i >= 0 && i < 3 ? kNames[i] : "";
+}
 
 bool SetCpuKernelsForTesting(const char* name) {
   if (name == nullptr) {

@@ -2,9 +2,10 @@
 // (decode.cc) share the building blocks in cpu_kernels.inc, so a token decoded step by step gets
 // bit for bit the scores, the selection and the summation order that the prefill gave it.
 //
-// Variants: cpu_kernels.inc is compiled twice, as `base` (the compiler's default ISA) and, on
-// x86-64, as `avx2` (-mavx2 -mfma); CpuKernels() picks the best the running CPU supports, and tests
-// can force either (SetCpuKernelsForTesting). The .inc files use no LibTorch and no inline library
+// Variants: cpu_kernels.inc is compiled up to three times, as `base` (the compiler's default ISA)
+// and, on x86-64, as `avx2` (-mavx2 -mfma) and `avx512` (AVX-512 F/VL/BW/DQ besides; its linear
+// kernel uses 512-bit registers and gives the avx2 variant's bits); CpuKernels() picks the best the
+// running CPU supports, and tests can force any (SetCpuKernelsForTesting). The .inc files use no LibTorch and no inline library
 // code that could be shared between the two variants (ODR): only raw pointers and POD structs.
 //
 // Layout: keys are stored TRANSPOSED, kt[t * kt_stride + j] = k_j[t], so that the scores of one
@@ -129,6 +130,8 @@ struct SoftmaxSlice {
   float* lse;      // [n]    forward: written; backward: read
   const float* g;  // [n, d] backward
   float *dq, *dk, *dv;
+  // false: every query attends to all n keys (a classifier's dense attention; forward only).
+  bool causal = true;
 };
 // Scratch floats a softmax slice of length n needs.
 inline int64_t SoftmaxScratchFloats(int64_t n) { return 2 * kQueryGroup * RoundUpToChunk(n); }
@@ -150,7 +153,7 @@ struct CpuKernelTable {
 };
 
 // The variant the process runs: the best this CPU supports, or the one the environment variable
-// KRAUSE_CPU_KERNELS names ("base", "avx2"), read once (tests and benchmarks force others
+// KRAUSE_CPU_KERNELS names ("base", "avx2", "avx512"), read once (tests and benchmarks force others
 // per call with SetCpuKernelsForTesting).
 const CpuKernelTable& CpuKernels();
 // Why KRAUSE_CPU_KERNELS was not followed ("" when it was, or is unset): a name this build or CPU
@@ -170,6 +173,9 @@ namespace base {
 extern const CpuKernelTable kTable;
 }
 namespace avx2 {
+extern const CpuKernelTable kTable;
+}
+namespace avx512 {
 extern const CpuKernelTable kTable;
 }
 

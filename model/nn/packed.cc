@@ -153,6 +153,11 @@ float* ThreadScratch::Floats(int64_t n) {
   return floats.data();
 }
 
+uint16_t* ThreadScratch::Halves(int64_t n) {
+  if (static_cast<int64_t>(halves.size()) < n) halves.assign(n, 0);
+  return halves.data();
+}
+
 float* ThreadScratch::Rows(int64_t n) {
   if (static_cast<int64_t>(rows.size()) < n) rows.assign(n, 0.0f);
   return rows.data();

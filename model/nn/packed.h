@@ -69,6 +69,7 @@ struct ThreadScratch {
   std::vector<int32_t> ints;
   std::vector<int64_t> keys;
   std::vector<char> seen;
+  std::vector<uint16_t> halves;  // bfloat16 activations (nn/dnnl_linear.h)
   int64_t max_candidates = -1;
   cpu::Scratch view{};
 
@@ -80,6 +81,8 @@ struct ThreadScratch {
   float* Floats(int64_t n);
   // `n` floats of row buffers.
   float* Rows(int64_t n);
+  // `n` bfloat16 values.
+  uint16_t* Halves(int64_t n);
 };
 
 }  // namespace krause::nn
