@@ -17,9 +17,19 @@
 //   runs alternating: the packed prefill the engine runs on the CPU (CpuDecoder::Prefill, bit
 //   for bit the decode steps) and the LibTorch forward it replaced; reports each median and
 //   packed / libtorch.
+// --precision fp32,bf16 (classify): each measurement once per precision (precision.h); records
+//   name the precision the forward ran (fp32 after a fallback) and its linear kernels.
 // --weights float32,bfloat16: each measurement once per dtype of the linear layers' weights
 //   (LoadModel's linear_dtype, the manifest's "weights_dtype"), side by side in one run; every
 //   record names its "weights" and the "cpu_kernels" variant (KRAUSE_CPU_KERNELS forces one).
+// init NAME OUT: writes a model of the paper's size with random weights (seeded, the official
+//   layout; speed does not depend on the values) as a checkpoint: vit-s16 (Krause ViT-S/16 for
+//   224x224x3 images: width 384, depth 12, heads 6, MLP 1536, 1000 classes, radius 2, top-k 8),
+//   vit-s16-softmax (its softmax baseline), karm-mnist (the paper's MNIST KARM: 28x28x1, width
+//   256, depth 12, heads 8, W 128, top-k 96) and arm-mnist (its softmax baseline).
+//   bench/paper_models.sh writes all four into a flat --models_dir.
+// classify and score take Fashion-MNIST test images when the model's shape is 28x28x1, else
+//   random pixels (seeded) of the model's shape.
 // Threads: SetCpuThreads(--threads) as the server does. Output: one JSON record per line.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -59,7 +69,9 @@ int Usage() {
                "       krause-model-bench generate CHECKPOINT [--streams 1,64] [--images N]\n"
                "       krause-model-bench score CHECKPOINT [--batches 1,16] [--seconds 3]\n"
                "       krause-model-bench prefill CHECKPOINT [--lengths 28,392,783] [--seconds 3]\n"
-               "       [--threads T (0: one per core)] [--weights float32,bfloat16]\n");
+               "       krause-model-bench init vit-s16|vit-s16-softmax|karm-mnist|arm-mnist OUT\n"
+               "       [--threads T (0: one per core)] [--weights float32,bfloat16]\n"
+               "       [--precision fp32,bf16 (classify)]\n");
   return 2;
 }
 
@@ -79,6 +91,7 @@ struct Args {
   double seconds = 3;
   int64_t images = 0;
   bool reference = false;
+  krause::Precision precision = krause::Precision::kFp32;
 };
 
 // One dtype of the linear weights: its name (as records show it) and LoadModel's linear_dtype.
@@ -89,11 +102,68 @@ struct Weights {
 
 int Bench(const Args& a, const Weights& weights, const krause::CpuThreads& t);
 
+// The paper-size models of `init`, by name: a ViT or a pixel model config.
+int Init(const std::string& name, const std::string& out) {
+  absl::Status st;
+  if (name == "vit-s16" || name == "vit-s16-softmax") {
+    krause::ViTConfig c;
+    c.attention =
+        name == "vit-s16" ? krause::AttentionKind::kKrause : krause::AttentionKind::kSoftmax;
+    c.image_size = 224;
+    c.channels = 3;
+    c.patch = 16;
+    c.d_model = 384;
+    c.depth = 12;
+    c.heads = 6;
+    c.mlp = 1536;
+    c.classes = 1000;
+    c.radius = 2;
+    c.top_k = 8;
+    c.mean = {0.485, 0.456, 0.406};  // ImageNet's normalisation
+    c.std = {0.229, 0.224, 0.225};
+    auto m = krause::ViT::Create(c, 1);
+    st = m.ok() ? krause::SaveModel(out, *m) : m.status();
+  } else if (name == "karm-mnist" || name == "arm-mnist") {
+    krause::PixelModelConfig c;
+    c.attention =
+        name == "karm-mnist" ? krause::AttentionKind::kKrause : krause::AttentionKind::kSoftmax;
+    c.d_model = 256;
+    c.depth = 12;
+    c.heads = 8;
+    c.window = 128;
+    c.top_k = 96;
+    auto m = krause::PixelModel::Create(c, 1);
+    st = m.ok() ? krause::SaveModel(out, *m) : m.status();
+  } else {
+    std::fprintf(stderr, "krause-model-bench init: NAME is vit-s16, vit-s16-softmax, karm-mnist "
+                         "or arm-mnist, got %s\n", name.c_str());
+    return 2;
+  }
+  if (!st.ok()) {
+    std::fprintf(stderr, "krause-model-bench init: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+// B images of the model's shape [B, C, H, W] uint8: Fashion-MNIST test images for 28x28x1
+// models, random pixels (seeded) otherwise.
+absl::StatusOr<at::Tensor> Images(int64_t b, int64_t channels, int64_t height, int64_t width) {
+  if (channels == 1 && height == 28 && width == 28) {
+    auto ds = krause::LoadFashionMnist("/usr/share/datasets/fashion-mnist", false);
+    if (!ds.ok()) return ds.status();
+    return ds->images.narrow(0, 0, b).contiguous();
+  }
+  at::manual_seed(b);
+  return at::randint(0, 256, {b, channels, height, width}, at::kByte);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3) return Usage();
   const std::string what = argv[1], path = argv[2];
+  if (what == "init") return argc == 4 ? Init(path, argv[3]) : Usage();
   std::vector<int64_t> sizes = what == "classify"  ? std::vector<int64_t>{1, 32}
                                : what == "score"   ? std::vector<int64_t>{1, 16}
                                : what == "prefill" ? std::vector<int64_t>{28, 392, 783}
@@ -103,6 +173,7 @@ int main(int argc, char** argv) {
   int threads = 0;
   bool reference = false;
   std::vector<Weights> weights = {{"float32", at::kFloat}};
+  std::vector<krause::Precision> precisions = {krause::Precision::kFp32};
   for (int i = 3; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--batches" || flag == "--streams" || flag == "--lengths") {
@@ -116,6 +187,13 @@ int main(int argc, char** argv) {
       reference = value == "1";
     } else if (flag == "--threads") {
       if (!absl::SimpleAtoi(value, &threads)) return Usage();
+    } else if (flag == "--precision") {
+      precisions.clear();
+      for (absl::string_view p : absl::StrSplit(value, ',')) {
+        const auto precision = krause::ParsePrecision(std::string(p), "--precision");
+        if (!precision.ok()) return Usage();
+        precisions.push_back(*precision);
+      }
     } else if (flag == "--weights") {
       weights.clear();
       for (absl::string_view w : absl::StrSplit(value, ',')) {
@@ -135,9 +213,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   const krause::CpuThreads t = krause::SetCpuThreads(threads);
-  const Args args{what, path, sizes, seconds, images, reference};
-  for (const Weights& w : weights) {
-    if (const int rc = Bench(args, w, t); rc != 0) return rc;
+  for (const krause::Precision p : precisions) {
+    const Args args{what, path, sizes, seconds, images, reference, p};
+    for (const Weights& w : weights) {
+      if (const int rc = Bench(args, w, t); rc != 0) return rc;
+    }
   }
   return 0;
 }
@@ -198,22 +278,27 @@ int Bench(const Args& a, const Weights& weights, const krause::CpuThreads& t) {
   }
   if (what == "classify" || what == "score") {
     if (model->classifier() != (what == "classify")) return Usage();
-    auto ds = krause::LoadFashionMnist("/usr/share/datasets/fashion-mnist", false);
-    if (!ds.ok()) {
-      std::fprintf(stderr, "krause-model-bench: %s\n", ds.status().ToString().c_str());
-      return 1;
-    }
     std::unique_ptr<krause::CpuViT> packed;
     std::vector<float> probs;
     for (int64_t b : sizes) {
-      const at::Tensor pixels = ds->images.narrow(0, 0, b).contiguous();
+      auto images =
+          model->classifier()
+              ? Images(b, model->vit->config().channels, model->vit->config().image_size,
+                       model->vit->config().image_size)
+              : Images(b, model->pixel->config().channels, model->pixel->config().height,
+                       model->pixel->config().width_px);
+      if (!images.ok()) {
+        std::fprintf(stderr, "krause-model-bench: %s\n", images.status().ToString().c_str());
+        return 1;
+      }
+      const at::Tensor pixels = *images;
       std::function<void()> run;
       if (what == "classify" && reference) {
         const krause::ViT& vit = *model->vit;
         run = [&] { at::softmax(vit.Forward(krause::NormalizePixels(vit.config(), pixels)), -1); };
       } else if (what == "classify") {
         if (!packed) {
-          auto p = krause::CpuViT::Create(*model->vit);
+          auto p = krause::CpuViT::Create(*model->vit, a.precision);
           if (!p.ok()) {
             std::fprintf(stderr, "krause-model-bench: %s\n", p.status().ToString().c_str());
             return 1;
@@ -240,14 +325,20 @@ int Bench(const Args& a, const Weights& weights, const krause::CpuThreads& t) {
       }
       std::sort(times.begin(), times.end());
       const double median = times[times.size() / 2];
+      const std::string precision =
+          packed ? absl::StrFormat(",\"precision\":\"%s\",\"linear_kernels\":\"%s\"",
+                                   krause::PrecisionName(packed->precision()),
+                                   packed->linear_kernels())
+                 : std::string();
       std::printf(
           "{\"what\":\"%s\",\"impl\":\"%s\",\"batch\":%lld,\"runs\":%zu,"
-          "\"median_seconds\":%.6g,\"images_per_second\":%.6g%s\n",
+          "\"median_seconds\":%.6g,\"images_per_second\":%.6g%s%s\n",
           what.c_str(),
           what == "score" ? "libtorch"
           : reference     ? "libtorch"
                           : "packed",
-          static_cast<long long>(b), times.size(), median, b / median, Tail(weights, t).c_str());
+          static_cast<long long>(b), times.size(), median, b / median, precision.c_str(),
+          Tail(weights, t).c_str());
       std::fflush(stdout);
     }
     return 0;

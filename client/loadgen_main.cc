@@ -97,7 +97,9 @@ ABSL_FLAG(int32_t, prompt_rows, 14, "complete: rows of the prompt");
 ABSL_FLAG(int32_t, update_interval_ms, 50, "Generate: the stream's update interval");
 ABSL_FLAG(int32_t, generate_images, 1, "Generate: images per call");
 ABSL_FLAG(std::string, data, "fashion-mnist",
-          "classify images: fashion-mnist (the Debian package's test set) or synthetic");
+          "classify and score images: fashion-mnist (the Debian package's test set) or synthetic "
+          "(random pixels of the model's shape, which GetModel tells: a 224x224x3 model gets "
+          "224x224x3 images)");
 ABSL_FLAG(int32_t, channels, 4, "gRPC channels the calls are spread over");
 ABSL_FLAG(std::string, metrics, "", "server /metrics address host:port to scrape before and after");
 ABSL_FLAG(std::string, json, "", "write the report as JSON to this file ('-': stdout)");
@@ -471,7 +473,30 @@ class LoadGen {
   Stats stats_;
 };
 
-std::vector<v1::Image> LoadImages() {
+// The shape of the images a model takes, as GetModel reports it.
+struct ImageShape {
+  int64_t height = 28, width = 28, channels = 1;
+};
+
+// `model` (empty: the default model of `kind`) from ListModels.
+absl::StatusOr<ImageShape> ModelShape(v1::KrauseService::Stub* stub,
+                                      const krause::client::ConnectionOptions& conn,
+                                      const std::string& model, v1::ModelInfo::Kind kind) {
+  grpc::ClientContext ctx;
+  krause::client::PrepareContext(conn, &ctx);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::ListModelsResponse list;
+  const grpc::Status st = stub->ListModels(&ctx, v1::ListModelsRequest(), &list);
+  if (!st.ok()) return absl::UnavailableError(krause::client::Explain(st, conn));
+  for (const v1::ModelInfo& m : list.models()) {
+    if (model.empty() ? (m.kind() == kind && m.is_default()) : m.name() == model)
+      return ImageShape{m.height(), m.width(), m.channels()};
+  }
+  return absl::NotFoundError(
+      absl::StrCat("the server lists no model ", model.empty() ? "(default)" : model));
+}
+
+std::vector<v1::Image> LoadImages(const ImageShape& shape) {
   std::vector<v1::Image> out;
   if (absl::GetFlag(FLAGS_data) == "fashion-mnist") {
     auto ds = krause::ReadIdxArray(
@@ -493,14 +518,9 @@ std::vector<v1::Image> LoadImages() {
   }
   std::mt19937 rng(1);
   for (int i = 0; i < 64; ++i) {
-    v1::Image im;
-    std::string px(28 * 28, '\0');
+    std::string px(shape.height * shape.width * shape.channels, '\0');
     for (char& c : px) c = static_cast<char>(rng() & 255);
-    im.mutable_raw()->set_height(28);
-    im.mutable_raw()->set_width(28);
-    im.mutable_raw()->set_channels(1);
-    im.mutable_raw()->set_pixels(px);
-    out.push_back(std::move(im));
+    out.push_back(krause::server::RawImageProto(shape.height, shape.width, shape.channels, px));
   }
   return out;
 }
@@ -605,7 +625,25 @@ int main(int argc, char** argv) {
   if (protocol == "http")
     http = std::make_unique<krause::client::HttpLoadClient>(absl::GetFlag(FLAGS_http_server),
                                                             conn.token);
-  LoadGen gen(std::move(stubs), std::move(oip_stubs), std::move(http), conn, LoadImages());
+  const std::string data = absl::GetFlag(FLAGS_data);
+  if (data != "fashion-mnist" && data != "synthetic") {
+    std::fprintf(stderr, "krause-loadgen: --data fashion-mnist|synthetic, got %s\n", data.c_str());
+    return 2;
+  }
+  ImageShape shape;
+  if (data == "synthetic" && (workload == "classify" || workload == "mix" || workload == "score")) {
+    // Classify's model (Score's: the generator's) decides the images' shape.
+    const std::string model = workload == "score" ? absl::GetFlag(FLAGS_generate_model)
+                                                  : absl::GetFlag(FLAGS_classify_model);
+    auto s = ModelShape(stubs[0].get(), conn, model,
+                        workload == "score" ? v1::ModelInfo::GENERATOR : v1::ModelInfo::CLASSIFIER);
+    if (!s.ok()) {
+      std::fprintf(stderr, "krause-loadgen: --data synthetic: %s\n", s.status().ToString().c_str());
+      return 1;
+    }
+    shape = *s;
+  }
+  LoadGen gen(std::move(stubs), std::move(oip_stubs), std::move(http), conn, LoadImages(shape));
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   const double warmup = absl::GetFlag(FLAGS_warmup), duration = absl::GetFlag(FLAGS_duration);

@@ -5,6 +5,7 @@ eager, the way a user would write them in a short script.
   torch_peer.py sample   --checkpoint models/karm_fmnist.safetensors --batch 64 --images 64
   torch_peer.py classify --checkpoint models/krause_vit_fmnist.safetensors --batch 32 --seconds 5
   torch_peer.py sample   --random paper-mnist --batch 64      (the paper's MNIST KARM, random weights)
+  torch_peer.py classify --checkpoint vit_s16.safetensors --batch 8 --dtype bfloat16
 
 sample:   a KV-cache sampler with a static batch: every sequence of the batch at the same
           position; KARM keeps a ring of the last W keys/values per layer and computes the
@@ -13,7 +14,11 @@ classify: one forward over a batch of Fashion-MNIST test images. The Krause ViT 
           compute it: dense N x N RBF scores, the grid neighbourhood as a mask, torch.topk over
           the masked rows, softmax over the kept; the softmax ViT with plain dense attention.
           --accuracy N also reports the top-1 accuracy on the first N test images, so the
-          benchmark can check that the peer computes the model the server serves.
+          benchmark can check that the peer computes the model the server serves. A model whose
+          input is not 28x28x1 (a paper-size ViT-S/16 from krause-model-bench init) classifies
+          random pixels of its shape. --dtype bfloat16 runs the forward as a PyTorch user does for
+          speed: weights and inputs converted to bfloat16 (oneDNN's bf16 kernels: AMX or
+          AVX512-BF16 where the CPU has them).
 
 Threads: torch.set_num_threads(--threads) and, unless the caller set it, OPENBLAS_NUM_THREADS=1
 (the server's own setting). Output: one JSON object on stdout (--json FILE writes it there too).
@@ -271,6 +276,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=3.0, help="classify: time to measure")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="classify: the forward's dtype (weights and inputs)")
     ap.add_argument("--accuracy", type=int, default=0,
                     help="classify: also the top-1 accuracy on the first N test images (a check "
                          "that the peer computes the model the checkpoint's card describes)")
@@ -310,8 +317,18 @@ def main():
         else:
             mask = grid_mask(cfg["image_size"] // cfg["patch"], cfg.get("radius", 1),
                              cfg.get("metric", "manhattan"), cfg.get("cls", True))
-            pool = fashion_mnist_test(max(args.batch, 64)).float() / 255.0
+            shape = (cfg.get("channels", 1), cfg["image_size"], cfg["image_size"])
+            if shape == (1, 28, 28):
+                pool = fashion_mnist_test(max(args.batch, 64)).float() / 255.0
+            else:
+                g = torch.Generator().manual_seed(args.seed)
+                pool = torch.randint(0, 256, (args.batch, *shape), generator=g).float() / 255.0
             batch = pool[:args.batch]
+            dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+            if dtype != torch.float32:
+                p = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in p.items()}
+                batch = batch.to(dtype)
+            result.update(dtype=args.dtype, image_shape=list(shape))
             classify(p, cfg, batch, mask)  # warm-up
             times = timed(lambda: classify(p, cfg, batch, mask), args.seconds, 5)
             result.update(runs=len(times), median_seconds=median(times),
