@@ -40,6 +40,7 @@ FILES = {
     "model/pixel_model": "models",
     "model/kv_cache": "models",
     "model/loader": "models",
+    "model/precision": "models",
     "model/data/": "data",
     "model/engine/": "engine",
     "model/train/": "train",
