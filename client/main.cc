@@ -279,9 +279,12 @@ int List(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_json
                 {"device", m.device()},
                 {"implementation", m.implementation()},
                 {"weights_dtype", m.weights_dtype()},
+                {"precision", m.precision()},
                 {"max_batch_size", m.max_batch_size()},
                 {"max_images_per_request", m.max_images_per_request()}};
       if (!m.cpu_kernels().empty()) t["cpu_kernels"] = m.cpu_kernels();
+      if (!m.linear_kernels().empty()) t["linear_kernels"] = m.linear_kernels();
+      if (!m.precision_fallback().empty()) t["precision_fallback"] = m.precision_fallback();
       if (!m.kv_cache_dtype().empty()) {
         t["kv_cache_dtype"] = m.kv_cache_dtype();
         t["kv_cache_bytes_per_sequence"] = m.kv_cache_bytes_per_sequence();

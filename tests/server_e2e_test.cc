@@ -1476,6 +1476,81 @@ TEST(ServerStart, Bf16WeightsServeTheRoundedModelAndSaySo) {
   std::filesystem::remove_all(models.dir);
 }
 
+// "precision": "bf16" serves a classifier's linear layers as oneDNN bf16 GEMMs on the rounded
+// weights (or, without bf16 instructions, the fp32 forward of those weights, saying why):
+// ModelInfo, the kernel check, /metrics and the bits of a Classify say which. Bad names, a
+// contradicting weights_dtype and a generator asked for bf16 are refused naming the model.
+TEST(ServerStart, Bf16PrecisionServesAClassifierAndSaysHow) {
+  const TinyModels models = WriteTinyModels("bf16p");
+  auto parse = [&](const std::string& entry) {
+    return server::ParseManifest(R"({"models": [{"name": "c", "checkpoint": "vit.safetensors", )" +
+                                     entry + "}]}",
+                                 models.dir)
+        .status();
+  };
+  EXPECT_THAT(std::string(parse(R"("precision": "fp16")").message()),
+              ::testing::HasSubstr("models[0].precision must be fp32 or bf16, got \"fp16\""));
+  EXPECT_THAT(std::string(parse(R"("precision": "bf16", "weights_dtype": "float32")").message()),
+              ::testing::HasSubstr("models[0].precision bf16 rounds the weights to bfloat16"));
+  const std::string generator = models.dir + "/bf16g.json";
+  WriteText(generator,
+            R"({"models": [{"name": "g", "checkpoint": "karm.safetensors", "precision": "bf16"}]})");
+  const absl::Status refused = server::KrauseServer::Start(LoopbackOptions(generator)).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(std::string(refused.message()),
+              ::testing::HasSubstr("model g: precision bf16 is served for classifiers only"));
+
+  const std::string manifest = models.dir + "/bf16p.json";
+  WriteText(manifest, R"({"models": [
+      {"name": "c", "checkpoint": "vit.safetensors", "precision": "bf16"},
+      {"name": "f", "checkpoint": "vit.safetensors", "default": false}]})");
+  auto server = server::KrauseServer::Start(LoopbackOptions(manifest));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = Stub(ClientFor((*server)->port()));
+  const bool bf16 = nn::Bf16MatmulSupport().available;
+  for (const std::string name : {"c", "f"}) {
+    grpc::ClientContext ctx;
+    v1::GetModelRequest req;
+    req.set_name(name);
+    v1::ModelInfo info;
+    ASSERT_TRUE(stub->GetModel(&ctx, req, &info).ok()) << name;
+    const bool asked = name == "c";
+    EXPECT_EQ(info.precision(), asked && bf16 ? "bf16" : "fp32") << name;
+    EXPECT_EQ(info.precision_fallback(), asked && !bf16 ? nn::Bf16MatmulSupport().why : "");
+    EXPECT_EQ(info.linear_kernels(), asked && bf16
+                                         ? "onednn " + nn::Bf16MatmulSupport().impl
+                                         : std::string(cpu::CpuKernels().name));
+    EXPECT_EQ(info.weights_dtype(), asked ? "bfloat16" : "float32") << name;
+    ASSERT_EQ(info.kernel_checks_size(), 1);
+    EXPECT_EQ(info.kernel_checks(0).result(), "passed") << name;
+    EXPECT_EQ(info.kernel_checks(0).tolerance(), asked && bf16 ? 2e-2 : 1e-4) << name;
+  }
+  EXPECT_THAT((*server)->metrics().Scrape(),
+              ::testing::HasSubstr(absl::StrCat(
+                  "krause_model_precision{model=\"c\",version=\"1\",precision=\"",
+                  bf16 ? "bf16" : "fp32", "\"")));
+  const at::Tensor images = RandomImages(4, 8, 8, 1, 12);
+  v1::ClassifyRequest req;
+  req.set_model("c");
+  req.set_return_probabilities(true);
+  for (int i = 0; i < 4; ++i) *req.add_images() = RawImage(images[i]);
+  grpc::ClientContext ctx;
+  v1::ClassifyResponse r;
+  ASSERT_TRUE(stub->Classify(&ctx, req, &r).ok());
+  std::vector<float> got;
+  for (const auto& c : r.results())
+    got.insert(got.end(), c.probabilities().begin(), c.probabilities().end());
+  KRAUSE_ASSERT_OK_AND_ASSIGN(LoadedModel rounded,
+                              LoadModel(models.dir + "/vit.safetensors", "cpu", at::kBFloat16));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(auto packed, CpuViT::Create(*rounded.vit, Precision::kBf16));
+  std::vector<float> want(4 * packed->classes());
+  const at::Tensor chw = images.permute({0, 3, 1, 2}).contiguous();
+  ASSERT_TRUE(packed->Forward(chw.data_ptr<uint8_t>(), 4, want.data()).ok());
+  EXPECT_EQ(got, want);
+  (*server)->Shutdown();
+  std::filesystem::remove_all(models.dir);
+}
+
 // A model on a device that is not there, or a device that does not exist, stops the start with
 // an error naming the model and the device; nothing listens.
 TEST(ServerStart, ModelDevicesAreCheckedAtLoad) {

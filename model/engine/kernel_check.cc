@@ -21,6 +21,9 @@ namespace krause {
 namespace {
 
 constexpr double kProbabilityTolerance = 1e-4;
+// The bf16 precision's classifiers: activations rounded to bfloat16 before every linear layer
+// (about 3 significant digits), so probabilities move by up to a few thousandths.
+constexpr double kBf16ProbabilityTolerance = 2e-2;
 constexpr double kLogitTolerance = 2e-3;
 constexpr double kHalfCacheLogitTolerance = 0.25;
 
@@ -157,8 +160,9 @@ const char* CheckOutcomeName(CheckOutcome outcome) {
 }
 
 std::string KernelCheck::Summary() const {
-  std::string s = absl::StrCat(KrauseImplName(choice.impl), " on ", choice.device, " ",
-                               CheckOutcomeName(outcome));
+  std::string s = absl::StrCat(KrauseImplName(choice.impl),
+                               precision == Precision::kBf16 ? " bf16" : "", " on ", choice.device,
+                               " ", CheckOutcomeName(outcome));
   switch (outcome) {
     case CheckOutcome::kPassed:
       absl::StrAppendFormat(&s, ": max |diff| %.1e <= %.0e over %d values", max_abs_diff, tolerance,
@@ -178,15 +182,19 @@ std::string KernelCheck::Summary() const {
   return s;
 }
 
-KernelCheck CheckClassifier(const ViT& model, const ViT& reference, const ServingChoice& choice) {
+KernelCheck CheckClassifier(const ViT& model, const ViT& reference, const ServingChoice& choice,
+                            Precision precision) {
   return Run(choice, [&](KernelCheck* check) -> absl::Status {
     const ViTConfig& c = reference.config();
     const at::Tensor images = CheckImages(c);
     const int64_t b = images.size(0);
     at::Tensor probs;
+    double tolerance = kProbabilityTolerance;
     if (choice.impl == KrauseImpl::kFusedCpu) {
-      auto packed = CpuViT::Create(model);
+      auto packed = CpuViT::Create(model, precision);
       if (!packed.ok()) return packed.status();
+      check->precision = (*packed)->precision();
+      if (check->precision == Precision::kBf16) tolerance = kBf16ProbabilityTolerance;
       probs = at::empty({b, (*packed)->classes()}, at::kFloat);
       if (absl::Status st =
               (*packed)->Forward(images.data_ptr<uint8_t>(), b, probs.data_ptr<float>());
@@ -200,7 +208,7 @@ KernelCheck CheckClassifier(const ViT& model, const ViT& reference, const Servin
         at::softmax(reference.Forward(NormalizePixels(c, images), KrauseImpl::kReference), -1);
     const int64_t classes = want.size(-1);
     Compare(
-        probs, want, kProbabilityTolerance,
+        probs, want, tolerance,
         [&](int64_t i) { return absl::StrCat("image ", i / classes, ", class ", i % classes); },
         check);
     return absl::OkStatus();
@@ -274,8 +282,9 @@ KernelCheck CheckGenerator(const PixelModel& model, const PixelModel& reference,
 }
 
 KernelCheck CheckLoadedModel(const LoadedModel& model, const LoadedModel& reference,
-                             const ServingChoice& choice, at::ScalarType gpu_cache_dtype) {
-  if (model.classifier()) return CheckClassifier(*model.vit, *reference.vit, choice);
+                             const ServingChoice& choice, at::ScalarType gpu_cache_dtype,
+                             Precision precision) {
+  if (model.classifier()) return CheckClassifier(*model.vit, *reference.vit, choice, precision);
   // An ARM's cache is fp32 (a reduced one is refused when its engine is made, naming the model).
   const bool rings = model.pixel->config().attention == AttentionKind::kKrause;
   const at::ScalarType cache = !rings                 ? at::kFloat

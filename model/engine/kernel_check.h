@@ -13,7 +13,8 @@
 //               (W + 24 positions in all, at most the image), then the longer one alone; every
 //               position's logits against the teacher-forced ForwardTokens(kReference).
 //
-// Tolerances (absolute): probabilities 1e-4; logits 2e-3 with fp32 caches and 0.25 with bf16 /
+// Tolerances (absolute): probabilities 1e-4 (2e-2 in the bf16 precision, whose activations are
+// rounded to bfloat16 before every linear layer: model/precision.h); logits 2e-3 with fp32 caches and 0.25 with bf16 /
 // fp16 caches (their keys and values are rounded; the reference's are not). A model served with
 // bfloat16 linear weights (ParameterStore::RoundLinear) is checked at the same tolerances: its
 // reference computes with the same rounded weights. A non-finite value,
@@ -35,6 +36,7 @@
 #include "model/attention/krause_attention.h"
 #include "model/loader.h"
 #include "model/pixel_model.h"
+#include "model/precision.h"
 #include "model/vit.h"
 
 namespace krause {
@@ -79,15 +81,21 @@ struct KernelCheck {
   std::string where;
   int64_t compared = 0;  // values compared
   double seconds = 0;    // the check's wall time, reference included
+  // The precision the serving path ran (a classifier's packed forward asked for bf16 runs fp32
+  // where the CPU has no bf16 instructions).
+  Precision precision = Precision::kFp32;
 
   bool passed() const { return outcome == CheckOutcome::kPassed; }
-  // One line: "fused_cpu on cpu passed: max |diff| 3.0e-08 <= 1e-04 over 40 values in 2.1 ms".
+  // One line: "fused_cpu on cpu passed: max |diff| 3.0e-08 <= 1e-04 over 40 values in 2.1 ms"
+  // ("fused_cpu bf16 on cpu ..." for the bf16 precision).
   std::string Summary() const;
 };
 
 // `model`: on choice.device; `reference`: the same weights on the CPU (the same object when the
 // model is on the CPU).
-KernelCheck CheckClassifier(const ViT& model, const ViT& reference, const ServingChoice& choice);
+// `precision`: the packed forward's (fused_cpu; the other implementations compute in fp32).
+KernelCheck CheckClassifier(const ViT& model, const ViT& reference, const ServingChoice& choice,
+                            Precision precision = Precision::kFp32);
 // `cache_dtype`: the KV cache's (EngineOptions::cache_dtype).
 KernelCheck CheckGenerator(const PixelModel& model, const PixelModel& reference,
                            const ServingChoice& choice, at::ScalarType cache_dtype = at::kFloat);
@@ -95,8 +103,10 @@ KernelCheck CheckGenerator(const PixelModel& model, const PixelModel& reference,
 // checkpoint on the CPU. A KARM's rings are `gpu_cache_dtype` on a GPU and
 // CpuCacheDtype(gpu_cache_dtype) on the CPU, as the engine would make them there; an ARM's cache
 // is checked in fp32 (its engine refuses any other).
+// `precision`: a classifier's (generators compute in fp32).
 KernelCheck CheckLoadedModel(const LoadedModel& model, const LoadedModel& reference,
-                             const ServingChoice& choice, at::ScalarType gpu_cache_dtype);
+                             const ServingChoice& choice, at::ScalarType gpu_cache_dtype,
+                             Precision precision = Precision::kFp32);
 // The ring cache dtype a generator configured with `requested` gets on the CPU (its device, or
 // the fallback of a GPU model): CPU rings are fp32 or bf16, so fp16 (GPU only) becomes fp32.
 at::ScalarType CpuCacheDtype(at::ScalarType requested);

@@ -54,6 +54,13 @@ struct ModelInfo {
   // The CPU kernels' variant the process runs ("base", "avx2": cpu::CpuKernels()); empty for a
   // model served on a GPU.
   std::string cpu_kernels;
+  // The arithmetic served (model/precision.h): "fp32" or "bf16"; a model asked for bf16 that
+  // computes in fp32 (no bf16 instructions, or an implementation without bf16) says why in
+  // precision_fallback. linear_kernels: what computes the linear layers ("avx512", or oneDNN's
+  // kernel, "onednn brg:avx512_core_amx_bf16"); empty where LibTorch or CUDA does.
+  std::string precision = "fp32";
+  std::string precision_fallback;
+  std::string linear_kernels;
   std::string checkpoint;  // the file it was loaded from
   // Generators: what a request that leaves a sampling field unset gets (ServedGenerator).
   std::optional<double> default_temperature, default_top_p, default_guidance;

@@ -158,6 +158,7 @@ absl::Status ReadServingOptions(const nlohmann::json& m, const std::string& wher
                                               "max_images_per_request",
                                               "kv_cache_dtype",
                                               "weights_dtype",
+                                              "precision",
                                               "temperature",
                                               "top_p",
                                               "top_k",
@@ -174,6 +175,7 @@ absl::Status ReadServingOptions(const nlohmann::json& m, const std::string& wher
   ModelSpec& s = *spec;
   std::string cache_dtype = KvCacheDtypeName(s.kv_cache_dtype);
   std::string weights_dtype = WeightsDtypeName(s.weights_dtype);
+  std::string precision = PrecisionName(s.precision);
   for (absl::Status st :
        {ReadKey(m, "device", where, &s.device), ReadKey(m, "default", where, &s.is_default),
         ReadKey(m, "max_batch_size", where, &s.max_batch_size),
@@ -184,6 +186,7 @@ absl::Status ReadServingOptions(const nlohmann::json& m, const std::string& wher
         ReadKey(m, "cuda_graphs", where, &s.cuda_graphs),
         ReadKey(m, "kv_cache_dtype", where, &cache_dtype),
         ReadKey(m, "weights_dtype", where, &weights_dtype),
+        ReadKey(m, "precision", where, &precision),
         ReadKey(m, "max_images_per_request", where, &s.max_images_per_request),
         ReadKey(m, "attention_impl", where, &s.attention_impl),
         ReadSamplingDefaults(m, where, &s.sampling)}) {
@@ -209,6 +212,19 @@ absl::Status ReadServingOptions(const nlohmann::json& m, const std::string& wher
         absl::StrCat(w, "weights_dtype must be float32 or bfloat16, got \"", weights_dtype, "\""));
   }
   s.weights_dtype = *weights;
+  const auto parsed_precision = ParsePrecision(precision, w + "precision");
+  if (!parsed_precision.ok()) return parsed_precision.status();
+  s.precision = *parsed_precision;
+  if (s.precision == Precision::kBf16) {
+    // bf16 GEMMs take the weights rounded to bfloat16, as every implementation then sees them
+    // (the kernel check's reference included; an fp32 fallback serves exactly those weights).
+    if (m.contains("weights_dtype") && s.weights_dtype != WeightsDtype::kBFloat16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          w, "precision bf16 rounds the weights to bfloat16: weights_dtype must be bfloat16 or "
+             "absent, got \"", weights_dtype, "\""));
+    }
+    s.weights_dtype = WeightsDtype::kBFloat16;
+  }
   if (std::find(std::begin(kServingImplNames), std::end(kServingImplNames), s.attention_impl) ==
       std::end(kServingImplNames)) {
     return absl::InvalidArgumentError(absl::StrCat(w, "attention_impl must be ",

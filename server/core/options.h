@@ -10,7 +10,7 @@
 //     {"name": "fmnist-karm", "checkpoint": "models/karm_fmnist.safetensors",
 //      "max_sequences": 64, "max_waiting": 256, "max_images_per_request": 16,
 //      "cuda_graphs": false, "kv_cache_dtype": "float32", "attention_impl": "auto",
-//      "weights_dtype": "float32"}]}
+//      "weights_dtype": "float32", "precision": "fp32"}]}
 // Relative checkpoint paths are resolved against the manifest's folder. Unknown keys are an
 // error (a typo must not silently change a limit).
 #pragma once
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/precision.h"
 #include "server/core/defaults.h"
 
 namespace krause::server {
@@ -79,6 +80,11 @@ struct ModelSpec {
   bool cuda_graphs = false;  // a KARM on a GPU: replay its decode step as CUDA graphs
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kFloat32;  // a KARM: bf16 anywhere, fp16 on a GPU
   WeightsDtype weights_dtype = WeightsDtype::kFloat32;   // either kind, any device
+  // The arithmetic of the CPU forward (model/precision.h): fp32 (exact, portable bits) or bf16
+  // (the linear layers' GEMMs in bfloat16 through oneDNN, weights rounded once at load, as
+  // "weights_dtype": "bfloat16" rounds them; CPUs without bf16 instructions fall back to fp32
+  // and the model says so). Classifiers; a generator refuses bf16 for now.
+  Precision precision = Precision::kFp32;
   // Images per Classify / Generate / Score request (0: max_batch_size for classifiers, 16 for
   // generators: defaults::kGeneratorImagesPerRequest; each kind's ImagesPerRequest applies it,
   // served_classifier.h / served_generator.h). A classifier's may not exceed its max_batch_size

@@ -60,11 +60,20 @@ absl::StatusOr<std::unique_ptr<ServedModel>> ServedClassifier::Create(const Mode
   if (at::Device(spec.device).is_cpu() &&
       (*impl == KrauseImpl::kAuto || *impl == KrauseImpl::kFusedCpu)) {
     // the packed forward the CPU batcher runs
-    auto p = CpuViT::Create(*model.vit);
+    auto p = CpuViT::Create(*model.vit, spec.precision);
     if (!p.ok()) return WithContext("model " + spec.name, p.status());
     packed = std::move(*p);
   }
   std::unique_ptr<ServedClassifier> m(new ServedClassifier(spec, model));
+  if (packed) {
+    m->mutable_info().precision = PrecisionName(packed->precision());
+    m->mutable_info().precision_fallback = packed->fallback();
+    m->mutable_info().linear_kernels = packed->linear_kernels();
+  } else if (spec.precision != Precision::kFp32) {
+    m->mutable_info().precision_fallback =
+        absl::StrCat("the ", spec.attention_impl == "auto" ? "chosen" : spec.attention_impl,
+                     " implementation on ", spec.device, " computes in fp32");
+  }
   m->mutable_info().max_images_per_request = *images;
   BatchingOptions b;
   b.max_batch_size = spec.max_batch_size;

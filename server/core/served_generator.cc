@@ -92,6 +92,12 @@ absl::StatusOr<SamplingDefaults> ServedGenerator::Defaults(const ModelSpec& spec
 absl::StatusOr<std::unique_ptr<ServedModel>> ServedGenerator::Create(const ModelSpec& spec,
                                                                      const LoadedModel& model,
                                                                      const WorkerHooks& hooks) {
+  if (spec.precision != Precision::kFp32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", spec.name, ": precision ", PrecisionName(spec.precision),
+                     " is served for classifiers only so far (a generator computes in fp32; its "
+                     "bf16 linear weights: \"weights_dtype\": \"bfloat16\")"));
+  }
   auto sampling = Defaults(spec, model);
   if (!sampling.ok()) return sampling.status();
   GeneratorOptions g;

@@ -97,6 +97,11 @@ class Metrics::Gauges : public prometheus::Collectable {
                          "passed, mismatch, non_finite, error, unchecked); the model serves on "
                          "the one that passed.",
                          MetricType::Gauge);
+    auto precision = Family("krause_model_precision",
+                            "The arithmetic a served model computes in (1 per model, version, "
+                            "precision: fp32 or bf16, and what computes its linear layers: the "
+                            "CPU kernels' variant, oneDNN's kernel, or \"\" for LibTorch/CUDA).",
+                            MetricType::Gauge);
     std::lock_guard<std::mutex> l(mu_);
     if (gate_ != nullptr) {
       prometheus::ClientMetric m;
@@ -122,6 +127,13 @@ class Metrics::Gauges : public prometheus::Collectable {
         for (const auto& m : list)
           if (seen.emplace(m->name(), m->info().version).second) {
             add(m->name(), m->info().version, m->Gauges());
+            prometheus::ClientMetric p;
+            p.label = {{"model", m->name()},
+                       {"version", std::to_string(m->info().version)},
+                       {"precision", m->info().precision},
+                       {"linear_kernels", m->info().linear_kernels}};
+            p.gauge.value = 1;
+            precision.metric.push_back(std::move(p));
             for (const KernelCheckRecord& r : m->info().kernel_checks) {
               prometheus::ClientMetric c;
               c.label = {{"model", m->name()},
@@ -140,7 +152,7 @@ class Metrics::Gauges : public prometheus::Collectable {
         add(f.name, f.version, zero);
       }
     }
-    return {calls, queued, active, slots, used, bytes, bytes_used, checks};
+    return {calls, queued, active, slots, used, bytes, bytes_used, checks, precision};
   }
 
  private:

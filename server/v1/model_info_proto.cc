@@ -39,6 +39,9 @@ v1::ModelInfo ToProto(const ModelInfo& m) {
   info.set_kv_cache_dtype(m.kv_cache_dtype);
   info.set_weights_dtype(m.weights_dtype);
   info.set_cpu_kernels(m.cpu_kernels);
+  info.set_precision(m.precision);
+  info.set_precision_fallback(m.precision_fallback);
+  info.set_linear_kernels(m.linear_kernels);
   info.set_checkpoint(m.checkpoint);
   info.set_summary(m.summary);
   info.set_implementation(m.implementation);
@@ -59,7 +62,11 @@ std::string KernelCheckLine(const ModelInfo& m) {
   std::string line = absl::StrCat("model ", m.name, " version ", m.version, ": serving on ",
                                   m.implementation, " (", m.device);
   if (!m.cpu_kernels.empty()) absl::StrAppend(&line, ", ", m.cpu_kernels, " kernels");
-  absl::StrAppend(&line, ", ", m.weights_dtype, " weights); kernel check: ");
+  absl::StrAppend(&line, ", ", m.weights_dtype, " weights, ", m.precision, " precision");
+  if (!m.linear_kernels.empty()) absl::StrAppend(&line, ", linear layers on ", m.linear_kernels);
+  if (!m.precision_fallback.empty())
+    absl::StrAppend(&line, "; bf16 was asked, fp32 serves: ", m.precision_fallback);
+  absl::StrAppend(&line, "); kernel check: ");
   for (size_t i = 0; i < m.kernel_checks.size(); ++i)
     absl::StrAppend(&line, i > 0 ? "; " : "", m.kernel_checks[i].summary);
   return line;

@@ -52,7 +52,10 @@ class ModelInfo:
     kv_cache_bytes_per_sequence: int
     kv_cache_dtype: str
     weights_dtype: str  # the linear layers' weights as served: "float32" or "bfloat16"
-    cpu_kernels: str    # models on the CPU: the CPU kernels' variant ("avx2", "base"); "" on a GPU
+    cpu_kernels: str    # models on the CPU: the CPU kernels' variant ("avx512", "avx2", "base")
+    precision: str      # the arithmetic served: "fp32" or "bf16" (the linear layers in bfloat16)
+    precision_fallback: str  # why a model asked for bf16 computes in fp32 ("" otherwise)
+    linear_kernels: str  # what computes the linear layers ("avx512", "onednn brg:...")
     checkpoint: str
     default_temperature: Optional[float]
     default_top_p: Optional[float]
@@ -82,7 +85,9 @@ class ModelInfo:
             max_images_per_request=m.max_images_per_request,
             kv_cache_bytes_per_sequence=m.kv_cache_bytes_per_sequence,
             kv_cache_dtype=m.kv_cache_dtype, weights_dtype=m.weights_dtype,
-            cpu_kernels=m.cpu_kernels, checkpoint=m.checkpoint,
+            cpu_kernels=m.cpu_kernels, precision=m.precision,
+            precision_fallback=m.precision_fallback, linear_kernels=m.linear_kernels,
+            checkpoint=m.checkpoint,
             default_temperature=_optional(m, "default_temperature"),
             default_top_p=_optional(m, "default_top_p"),
             default_top_k=_optional(m, "default_top_k"),

@@ -112,7 +112,7 @@ def test_models(client):
     assert (karm.kind, karm.attention, karm.shape, karm.classes) == ("generator", "krause", (28, 28, 1), 10)
     assert karm.labels[7] == "Sneaker" and 0 < karm.flop_saving < 1
     assert models["krause-vit-fmnist"].kernel_checks[0].result == "passed"
-    assert karm.weights_dtype == "float32" and karm.cpu_kernels in ("base", "avx2")
+    assert karm.weights_dtype == "float32" and karm.cpu_kernels in ("base", "avx2", "avx512")
 
 
 def test_classify_equals_the_cpp_client(server, client, tmp_path):

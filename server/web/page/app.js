@@ -372,8 +372,10 @@ function implementationText(m) {
   const check = (m.kernelChecks || []).find((c) => c.implementation === m.implementation);
   if (!check) return m.implementation || '';
   const diff = check.maxAbsDiff ? ` (${Number(check.maxAbsDiff).toExponential(1)})` : '';
-  const weights = m.weightsDtype === 'bfloat16' ? ', bf16 weights' : '';
-  return `${m.implementation}, ${m.device || 'cpu'}${weights}; check ${check.result}${diff}`;
+  const weights = m.precision === 'bf16' ? ', bf16 (' + (m.linearKernels || 'oneDNN') + ')'
+    : m.weightsDtype === 'bfloat16' ? ', bf16 weights' : '';
+  const fallback = m.precisionFallback ? ' [bf16 asked; fp32: ' + m.precisionFallback + ']' : '';
+  return `${m.implementation}, ${m.device || 'cpu'}${weights}${fallback}; check ${check.result}${diff}`;
 }
 
 function renderModels() {
