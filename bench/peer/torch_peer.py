@@ -193,6 +193,7 @@ def classify(p, cfg, images, mask):
         mean = torch.tensor(cfg["mean"]).view(1, -1, 1, 1)
         std = torch.tensor(cfg["std"]).view(1, -1, 1, 1)
         images = (images - mean) / std
+    images = images.to(p["patch_embed.proj.weight"].dtype)  # --dtype bfloat16: the model's
     b, d, heads = images.shape[0], cfg["width"], cfg["heads"]
     dh = d // heads
     x = F.conv2d(images, p["patch_embed.proj.weight"], p["patch_embed.proj.bias"],

@@ -124,7 +124,7 @@ struct SoftmaxSlice {
   const float* kt;  // [d, stride]
   const float* v;   // [n, d]
   const float* vt;  // [d, stride] (backward)
-  float scale;
+  float scale;      // > 0 (1 / sqrt(d))
   int64_t n, d, stride;
   float* out;      // [n, d] forward: written; backward: read
   float* lse;      // [n]    forward: written; backward: read
