@@ -4,8 +4,8 @@
 //   bf16  the linear layers' GEMMs take bfloat16 weights (rounded once at load) and bfloat16
 //         activations (rounded per call) and accumulate in fp32, through oneDNN (nn/dnnl_linear.h:
 //         AMX or AVX512-BF16); attention, its Krause selection, norms and GELU stay fp32 and
-//         exact. Batch-invariant on a given CPU; CPUs without bf16 instructions fall back to fp32
-//         (the model says so).
+//         exact. Batch-invariant on a given CPU; CPUs without AMX fall back to fp32 (the model says
+//         so: oneDNN's AVX512-BF16 kernels measured slower than the fp32 kernels).
 // Thread-safety: constants and pure functions.
 #pragma once
 

@@ -157,17 +157,6 @@ void PackedApply(const nn::PackedLinear& l, const float* x, int64_t rows, float*
 
 }  // namespace
 
-void CpuViT::Linear(const nn::PackedLinear& fp32, const nn::Bf16Linear& bf16, const float* x,
-                    float* out, bool parallel, uint16_t* halves) const {
-  if (precision_ != Precision::kBf16) {
-    PackedApply(fp32, x, tokens_, out, parallel);
-    return;
-  }
-  nn::ToBf16(x, tokens_ * bf16.in(), halves);
-  Over(parallel, bf16.blocks(), 1,
-       [&](int64_t b0, int64_t b1) { bf16.Apply(halves, out, b0, b1); });
-}
-
 void CpuViT::Image(const uint8_t* pixels, float* probs, bool parallel) const {
   const int64_t n = tokens_, d = d_, dh = head_dim_, g2 = grid_ * grid_;
   const int64_t cpp = channels_ * patch_ * patch_;
@@ -221,10 +210,52 @@ void CpuViT::Image(const uint8_t* pixels, float* probs, bool parallel) const {
   }
 
   const cpu::CpuKernelTable& kernels = cpu::CpuKernels();
-  // Rows of the element-wise steps per task: enough work to be worth a thread.
-  const int64_t row_grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(d, 1));
-  for (const Layer& L : layers_) {
-    Linear(L.qkv, L.qkv16, x, qkv, parallel, halves);
+  // The row-wise steps (linear layers, residuals, norms, GELU) run in blocks of rows: with bf16
+  // the GEMMs' own fixed blocks (nn::Bf16Linear: what keeps a row's bits independent of the
+  // split), with fp32 one block per thread (any split gives the packed kernel's bits). Each
+  // parallel region does as much as its rows allow before the next needs other rows: a layer is
+  // one region over its heads and one over its rows (out projection to the next layer's q/k/v),
+  // since every region wakes the other threads (OpenMP's, which sleep at once when the process
+  // has more OpenMP threads than cores, as a server does).
+  const bool bf16 = precision_ == Precision::kBf16;
+  const int64_t threads = parallel ? std::max<int64_t>(1, at::get_num_threads()) : 1;
+  const int64_t block_rows = bf16 ? layers_[0].qkv16.block_rows() : (n + threads - 1) / threads;
+  const int64_t blocks = (n + block_rows - 1) / block_rows;
+  // out rows [r0, r1) = x rows W^T + b for the rows of blocks [b0, b1).
+  auto linear = [&](const nn::PackedLinear& f32, const nn::Bf16Linear& b16, const float* in,
+                    int64_t in_width, float* out, int64_t out_stride, int64_t b0, int64_t b1) {
+    const int64_t r0 = b0 * block_rows, r1 = std::min(n, b1 * block_rows);
+    if (bf16) {
+      nn::ToBf16(in + r0 * in_width, (r1 - r0) * in_width, halves + r0 * in_width);
+      b16.Apply(halves, out, b0, b1);
+    } else {
+      f32.Apply(in + r0 * in_width, r1 - r0, out + r0 * out_stride);
+    }
+  };
+  auto qkv_rows = [&](const Layer& L, int64_t b0, int64_t b1) {
+    linear(L.qkv, L.qkv16, x, d, qkv, qkv_pad, b0, b1);
+  };
+  // Post-LN blocks: x = norm1(x + attn(x)); x = norm2(x + ffn(x)), rows of blocks [b0, b1).
+  auto rows_after_attention = [&](const Layer& L, int64_t b0, int64_t b1) {
+    const int64_t r0 = b0 * block_rows, r1 = std::min(n, b1 * block_rows);
+    linear(L.out, L.out16, att, d, tmp, d_pad, b0, b1);
+    for (int64_t t = r0; t < r1; ++t) {
+      float* xr = x + t * d;
+      for (int64_t i = 0; i < d; ++i) xr[i] += tmp[t * d_pad + i];
+      LayerNormRow(xr, d, L.norm1_w.data(), L.norm1_b.data(), xr);
+    }
+    linear(L.mlp0, L.mlp016, x, d, mid, mlp_pad, b0, b1);
+    for (int64_t t = r0; t < r1; ++t) nn::GeluRow(mid + t * mlp_pad, mlp_, act + t * mlp_);
+    linear(L.mlp2, L.mlp216, act, mlp_, tmp, d_pad, b0, b1);
+    for (int64_t t = r0; t < r1; ++t) {
+      float* xr = x + t * d;
+      for (int64_t i = 0; i < d; ++i) xr[i] += tmp[t * d_pad + i];
+      LayerNormRow(xr, d, L.norm2_w.data(), L.norm2_b.data(), xr);
+    }
+  };
+  Over(parallel, blocks, 1, [&](int64_t b0, int64_t b1) { qkv_rows(layers_[0], b0, b1); });
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
     Over(parallel, heads_, 1, [&](int64_t h0, int64_t h1) {
       nn::ThreadScratch& own = nn::ThreadScratch::Get();
       for (int64_t hh = h0; hh < h1; ++hh) {
@@ -284,26 +315,9 @@ void CpuViT::Image(const uint8_t* pixels, float* probs, bool parallel) const {
           std::copy(o + t * dh, o + (t + 1) * dh, att + t * d + hh * dh);
       }
     });
-    // Post-LN blocks: x = norm1(x + attn(x)); x = norm2(x + ffn(x)).
-    Linear(L.out, L.out16, att, tmp, parallel, halves);
-    Over(parallel, n, row_grain, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        float* xr = x + t * d;
-        for (int64_t i = 0; i < d; ++i) xr[i] += tmp[t * d_pad + i];
-        LayerNormRow(xr, d, L.norm1_w.data(), L.norm1_b.data(), xr);
-      }
-    });
-    Linear(L.mlp0, L.mlp016, x, mid, parallel, halves);
-    Over(parallel, n, row_grain, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) nn::GeluRow(mid + t * mlp_pad, mlp_, act + t * mlp_);
-    });
-    Linear(L.mlp2, L.mlp216, act, tmp, parallel, halves);
-    Over(parallel, n, row_grain, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        float* xr = x + t * d;
-        for (int64_t i = 0; i < d; ++i) xr[i] += tmp[t * d_pad + i];
-        LayerNormRow(xr, d, L.norm2_w.data(), L.norm2_b.data(), xr);
-      }
+    Over(parallel, blocks, 1, [&](int64_t b0, int64_t b1) {
+      rows_after_attention(L, b0, b1);
+      if (l + 1 < layers_.size()) qkv_rows(layers_[l + 1], b0, b1);
     });
   }
   // The final norm and the head on CLS (or on the mean of the normed patch tokens).

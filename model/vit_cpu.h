@@ -42,7 +42,7 @@ class CpuViT {
   // in bfloat16 when the model's were rounded: ParameterStore::RoundLinear). `precision` kBf16
   // runs the blocks' linear layers (q/k/v, out, MLP) as bf16 GEMMs through oneDNN
   // (nn/dnnl_linear.h); the patch embedding, the head, attention, norms and GELU stay fp32. On a
-  // CPU without bf16 instructions the model packs for fp32 instead: precision() then says fp32
+  // CPU without AMX the model packs for fp32 instead: precision() then says fp32
   // and fallback() why.
   static absl::StatusOr<std::unique_ptr<CpuViT>> Create(const ViT& model,
                                                         Precision precision = Precision::kFp32);
@@ -80,11 +80,6 @@ class CpuViT {
     float inv_var = 1;  // Krause: 1 / sigma^2
     int64_t top_k = 1;
   };
-  // out rows (stride RoundUpToChunk(out)) = x rows W^T + b for one layer of an image (rows
-  // tokens_), in the model's precision; `halves` holds the bf16 activations.
-  void Linear(const nn::PackedLinear& fp32, const nn::Bf16Linear& bf16, const float* x,
-              float* out, bool parallel, uint16_t* halves) const;
-
   Precision precision_ = Precision::kFp32;
   std::string fallback_;
   bool krause_ = true, cls_ = true;

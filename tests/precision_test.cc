@@ -5,11 +5,10 @@
 //     row's bits do not depend on the other rows' values, the blocks' split or the call;
 //   - the bf16 ViT forward is within bf16's tolerance of the reference (on the rounded weights),
 //     with the same bits alone, in a batch and split within images;
-//   - where this CPU (or ONEDNN_MAX_CPU_ISA) offers no bf16 instructions, the model falls back to
+//   - where this CPU (or ONEDNN_MAX_CPU_ISA) offers no AMX, the model falls back to
 //     fp32 and says why, and serves the fp32 forward's bits of the rounded weights.
-// ctest runs it three times: as the CPU is, with ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 (oneDNN's
-// AVX512-BF16 kernels instead of AMX, where the CPU has AMX) and with ONEDNN_MAX_CPU_ISA=AVX2 (the
-// fallback).
+// ctest runs it three times: as the CPU is, and with ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 and
+// =AVX2 (bf16 instructions without AMX, and none: both the fp32 fallback).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>

@@ -106,6 +106,11 @@ TEST(RunOnArrival, OnlyAnIdleCpuBatcherWithoutDelayRunsOnTheArrivingThread) {
   EXPECT_TRUE(RunOnArrival(a));
   a.images = 65;
   EXPECT_FALSE(RunOnArrival(a));
+  a = idle;
+  a.flops = kMaxArrivalFlops;  // up to a billion operations: the arriving thread runs it
+  EXPECT_TRUE(RunOnArrival(a));
+  a.flops = 8.6e9;  // a paper-size ViT-S/16 image: the batcher thread's team
+  EXPECT_FALSE(RunOnArrival(a));
 }
 
 TEST(SideWorkCredit, EarnsAShareOfDecodeTimeUpToTheSlice) {

@@ -1477,7 +1477,7 @@ TEST(ServerStart, Bf16WeightsServeTheRoundedModelAndSaySo) {
 }
 
 // "precision": "bf16" serves a classifier's linear layers as oneDNN bf16 GEMMs on the rounded
-// weights (or, without bf16 instructions, the fp32 forward of those weights, saying why):
+// weights (or, without AMX, the fp32 forward of those weights, saying why):
 // ModelInfo, the kernel check, /metrics and the bits of a Classify say which. Bad names, a
 // contradicting weights_dtype and a generator asked for bf16 are refused naming the model.
 TEST(ServerStart, Bf16PrecisionServesAClassifierAndSaysHow) {

@@ -82,7 +82,7 @@ struct KernelCheck {
   int64_t compared = 0;  // values compared
   double seconds = 0;    // the check's wall time, reference included
   // The precision the serving path ran (a classifier's packed forward asked for bf16 runs fp32
-  // where the CPU has no bf16 instructions).
+  // where the CPU has no AMX).
   Precision precision = Precision::kFp32;
 
   bool passed() const { return outcome == CheckOutcome::kPassed; }

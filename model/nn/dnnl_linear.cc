@@ -2,10 +2,6 @@
 
 #include <omp.h>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <cstring>
 #include <exception>
@@ -122,13 +118,15 @@ const Bf16MatmulInfo& Bf16MatmulSupport() {
       const memory::desc dst({16, 64}, Dt::f32, memory::dims{64, 1});
       const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, w, b, dst), Engine());
       i.impl = pd.impl_info_str();
-      // oneDNN runs bf16 on plain AVX-512 by emulation and has no bf16 matmul below it; only the
-      // CPUs with bf16 instructions are worth it.
-      const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
-      i.available = isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+      // Only AMX is worth it: oneDNN runs bf16 on plain AVX-512 by emulation, has no bf16
+      // matmul below it, and its AVX512-BF16 kernels (the same CPU capped with
+      // ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16) served a ViT-S/16 slower than the fp32 kernels
+      // (docs/benchmarks.md): a bf16 model there would lose accuracy and speed both.
+      i.available = dnnl::get_effective_cpu_isa() == dnnl::cpu_isa::avx512_core_amx;
       if (!i.available) {
-        i.why = absl::StrCat("this CPU has no bfloat16 instructions that oneDNN uses (its ISA: ",
-                             i.isa, "; bf16 needs avx512_core_bf16 or avx512_core_amx)");
+        i.why = absl::StrCat("oneDNN's bf16 GEMMs are used with AMX only (this CPU, as oneDNN ",
+                             "sees it: ", i.isa, "; without AMX they ran slower than the fp32 ",
+                             "kernels)");
       }
     } catch (const std::exception& e) {
       i.available = false;
@@ -149,20 +147,17 @@ uint16_t OneToBf16(float x) {
 }
 
 #if defined(__x86_64__)
+typedef uint32_t U32x16 __attribute__((vector_size(64), aligned(4)));
+typedef uint16_t U16x16 __attribute__((vector_size(32), aligned(2)));
 // OneToBf16 sixteen at a time (the bf16 path runs on AVX-512 CPUs only).
 __attribute__((target("avx512f,avx512bw"))) void ToBf16Avx512(const float* x, int64_t n,
                                                                uint16_t* out) {
-  const __m512i round = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
-  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-  const __m512i quiet_nan = _mm512_set1_epi32(0x7fc0);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m512i u = _mm512_loadu_si512(x + i);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, round), odd), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, magnitude), inf);
-    r = _mm512_mask_mov_epi32(r, nan, quiet_nan);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
+    const U32x16 u = *reinterpret_cast<const U32x16*>(x + i);
+    const U32x16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const U32x16 r = (u & 0x7fffffffu) > 0x7f800000u ? U32x16{} + 0x7fc0u : rounded;
+    *reinterpret_cast<U16x16*>(out + i) = __builtin_convertvector(r, U16x16);
   }
   for (; i < n; ++i) out[i] = OneToBf16(x[i]);
 }
@@ -230,6 +225,7 @@ absl::StatusOr<Bf16Linear> Bf16Linear::Create(const float* weight, const float* 
 }
 
 int64_t Bf16Linear::blocks() const { return impl_->blocks; }
+int64_t Bf16Linear::block_rows() const { return impl_->block_rows; }
 int64_t Bf16Linear::in() const { return impl_->in; }
 int64_t Bf16Linear::out() const { return impl_->out; }
 int64_t Bf16Linear::rows() const { return impl_->rows; }

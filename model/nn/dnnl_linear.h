@@ -31,7 +31,8 @@ namespace krause::nn {
 // Rows per block at most: each block is one matmul call and one unit of thread work.
 constexpr int64_t kBf16BlockRows = 128;
 
-// Whether this CPU runs oneDNN's bfloat16 matmul, probed once (a small primitive is made).
+// Whether this CPU runs oneDNN's bfloat16 matmul where it pays: with AMX (oneDNN's effective ISA
+// avx512_core_amx; ONEDNN_MAX_CPU_ISA can cap it), probed once (a small primitive is made).
 struct Bf16MatmulInfo {
   bool available = false;
   std::string isa;   // oneDNN's effective ISA, e.g. "avx512_core_amx"
@@ -56,6 +57,7 @@ class Bf16Linear {
   Bf16Linear& operator=(Bf16Linear&&) noexcept;
 
   int64_t blocks() const;
+  int64_t block_rows() const;  // rows of every block but maybe the last
   int64_t in() const;
   int64_t out() const;
   int64_t rows() const;

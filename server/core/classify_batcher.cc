@@ -61,6 +61,7 @@ absl::Status ClassifyBatcher::Enqueue(ClassifyJob job) {
     arrival.max_queue_delay = options_.max_queue_delay;
     arrival.images = n;
     arrival.max_batch_size = options_.max_batch_size;
+    arrival.flops = packed_ ? static_cast<double>(n) * packed_->flops_per_image() : 0.0;
     here = RunOnArrival(arrival);
     if (here) {
       running_ = on_arrival_ = true;

@@ -51,11 +51,11 @@ struct ModelInfo {
   int64_t kv_cache_bytes_per_sequence = 0;  // generators
   std::string kv_cache_dtype;               // generators: "float32", "bfloat16" or "float16"
   std::string weights_dtype;                // the linear layers' weights: "float32" or "bfloat16"
-  // The CPU kernels' variant the process runs ("base", "avx2": cpu::CpuKernels()); empty for a
-  // model served on a GPU.
+  // The CPU kernels' variant the process runs ("base", "avx2", "avx512": cpu::CpuKernels());
+  // empty for a model served on a GPU.
   std::string cpu_kernels;
   // The arithmetic served (model/precision.h): "fp32" or "bf16"; a model asked for bf16 that
-  // computes in fp32 (no bf16 instructions, or an implementation without bf16) says why in
+  // computes in fp32 (no AMX, or an implementation without bf16) says why in
   // precision_fallback. linear_kernels: what computes the linear layers ("avx512", or oneDNN's
   // kernel, "onednn brg:avx512_core_amx_bf16"); empty where LibTorch or CUDA does.
   std::string precision = "fp32";

@@ -82,7 +82,7 @@ struct ModelSpec {
   WeightsDtype weights_dtype = WeightsDtype::kFloat32;   // either kind, any device
   // The arithmetic of the CPU forward (model/precision.h): fp32 (exact, portable bits) or bf16
   // (the linear layers' GEMMs in bfloat16 through oneDNN, weights rounded once at load, as
-  // "weights_dtype": "bfloat16" rounds them; CPUs without bf16 instructions fall back to fp32
+  // "weights_dtype": "bfloat16" rounds them; CPUs without AMX fall back to fp32
   // and the model says so). Classifiers; a generator refuses bf16 for now.
   Precision precision = Precision::kFp32;
   // Images per Classify / Generate / Score request (0: max_batch_size for classifiers, 16 for

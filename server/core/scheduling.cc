@@ -11,7 +11,7 @@ namespace krause::server {
 bool RunOnArrival(const ClassifyArrival& a) {
   return a.caller_may_run && a.queue_empty && !a.batch_running && !a.stopping &&
          a.max_queue_delay == Clock::duration::zero() && a.images >= 1 &&
-         a.images <= a.max_batch_size;
+         a.images <= a.max_batch_size && a.flops <= kMaxArrivalFlops;
 }
 
 ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::time_point now,

@@ -73,8 +73,13 @@ ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::
 // batcher thread. Running it here skips the batcher thread's wake-up (measured ~0.07 ms of a
 // ~1.2 ms call at concurrency 1) and changes no batch: it is only chosen when nothing is queued,
 // no batch is running, no queue delay asks to wait for company, and the batcher runs the packed
-// CPU forward (a GPU batcher keeps its own stream and thread). While it runs, arrivals queue and
-// form the next batch as usual (the batch counts as running).
+// CPU forward (a GPU batcher keeps its own stream and thread), and only for a forward of at most
+// kMaxArrivalFlops: a larger one (a paper-size ViT-S/16 image is 8.6 GFLOP) spreads over the
+// intra-op threads, and every RPC thread that ran one would keep a team of OpenMP threads of its
+// own that spin against the team computing (measured: a ViT-S/16 served at concurrency 1 at
+// about 0.7 of its forward's speed); one wake-up of the batcher thread is nothing beside it.
+// While it runs, arrivals queue and form the next batch as usual (the batch counts as running).
+inline constexpr double kMaxArrivalFlops = 1e9;
 struct ClassifyArrival {
   bool queue_empty = true;
   bool batch_running = false;
@@ -83,6 +88,7 @@ struct ClassifyArrival {
   Clock::duration max_queue_delay{0};
   int64_t images = 0;  // the arriving request's
   int64_t max_batch_size = defaults::kMaxBatchSize;
+  double flops = 0;  // the arriving request's forward
 };
 bool RunOnArrival(const ClassifyArrival& arrival);
 
