@@ -1,6 +1,7 @@
-"""What the serving benchmarks share (serving_bench.py, http_bench.py): the statistics, a free
-port, the progress line with its ETA, the first test image, and the manifest they serve the bundled models with (the
-Krause ViT and the KARM, with queues deep enough for their loads)."""
+"""What the serving benchmarks share (serving_bench.py, http_bench.py, weights_bench.py,
+paper_vit_bench.py): the statistics, a free port, the progress line with its ETA, the first test
+image, the manifest they serve the bundled models with (the Krause ViT and the KARM, with queues
+deep enough for their loads), a krause-server started on a manifest, and the report's output."""
 import gzip
 import json
 import os
@@ -59,6 +60,33 @@ def write_manifest(folder):
     with open(path, "w") as f:
         json.dump(manifest, f)
     return path
+
+
+def start_server(bin_dir, manifest, servers, timeout=300):
+    """krause-server on `manifest` (loopback, a free port, no HTTP or metrics port), appended to
+    `servers` (for stop); its gRPC address once it listens."""
+    port_file = manifest + ".port"
+    server = subprocess.Popen(
+        [f"{bin_dir}/krause-server", "--manifest", manifest, "--listen", "127.0.0.1:0",
+         "--port_file", port_file, "--http_listen", "", "--metrics_listen", "", "--quiet"])
+    servers.append(server)
+    deadline = time.time() + timeout
+    while not (os.path.exists(port_file) and open(port_file).read().strip()):
+        if server.poll() is not None or time.time() > deadline:
+            sys.exit(f"{bin_dir}/krause-server did not start")
+        time.sleep(0.2)
+    return "127.0.0.1:" + open(port_file).read().strip()
+
+
+def report(text, runs, text_path="", json_path=""):
+    """Prints the report's text; writes it (and the runs as JSON) where asked."""
+    print(text)
+    if text_path:
+        with open(text_path, "w") as f:
+            f.write(text + "\n")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(runs, f, indent=1)
 
 
 def stop(server):

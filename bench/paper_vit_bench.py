@@ -24,30 +24,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, Progress, stop  # noqa: E402
+from common import ROOT, Progress, report, start_server, stop  # noqa: E402
 
 MODELS = {"krause": "vit_s16", "softmax": "vit_s16_softmax"}
 PRECISIONS = ("fp32", "bf16")
 CONCURRENCY = (1, 8)
-
-
-def start_server(bin_dir, tmp, manifest, servers):
-    """krause-server on `manifest` (in tmp), on a free port; returns its address."""
-    port_file = os.path.join(tmp, manifest + ".port")
-    server = subprocess.Popen(
-        [f"{bin_dir}/krause-server", "--manifest", os.path.join(tmp, manifest),
-         "--listen", "127.0.0.1:0", "--port_file", port_file, "--http_listen", "",
-         "--metrics_listen", "", "--quiet"])
-    servers.append(server)
-    deadline = time.time() + 300
-    while not (os.path.exists(port_file) and open(port_file).read().strip()):
-        if server.poll() is not None or time.time() > deadline:
-            sys.exit(f"{bin_dir}/krause-server did not start")
-        time.sleep(0.2)
-    return "127.0.0.1:" + open(port_file).read().strip()
 
 
 def loadgen(a, tmp, address, model, concurrency, tag):
@@ -92,14 +75,14 @@ def main():
         progress("krause-server (four entries, each through the kernel check)", steps)
         servers = []
         try:
-            address = start_server(a.bin, tmp, "manifest.json", servers)
+            address = start_server(a.bin, os.path.join(tmp, "manifest.json"), servers)
             baseline = None
             if a.baseline_bin:  # fp32 only: an earlier build knows no "precision"
                 entries = [{"name": f"{m}-fp32", "checkpoint": os.path.join(tmp, f"{ckpt}.safetensors"),
                             "max_batch_size": 8} for m, ckpt in MODELS.items()]
                 with open(os.path.join(tmp, "baseline.json"), "w") as f:
                     json.dump({"models": entries}, f)
-                baseline = start_server(a.baseline_bin, tmp, "baseline.json", servers)
+                baseline = start_server(a.baseline_bin, os.path.join(tmp, "baseline.json"), servers)
             info = json.loads(subprocess.run([f"{a.bin}/krause-client", "--server", address,
                                               "list", "--json"], check=True,
                                              capture_output=True, text=True).stdout)
@@ -172,14 +155,7 @@ def main():
                               for s in CONCURRENCY]
                     lines.append(f"round {r}: {model}: served {p} / baseline fp32: "
                                  + ", ".join(ratios))
-    text = "\n".join(lines)
-    print(text)
-    if a.text:
-        with open(a.text, "w") as f:
-            f.write(text + "\n")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(runs, f, indent=1)
+    report("\n".join(lines), runs, a.text, a.json)
 
 
 if __name__ == "__main__":

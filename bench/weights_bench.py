@@ -16,10 +16,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, Progress, stop  # noqa: E402
+from common import ROOT, Progress, report, start_server, stop  # noqa: E402
 
 CONFIG = ["--model", "karm", "--width", "256", "--depth", "12", "--heads", "8", "--window", "128",
           "--top_k", "96"]
@@ -46,18 +45,9 @@ def main():
         with open(os.path.join(tmp, "manifest.json"), "w") as f:
             json.dump(manifest, f)
         progress("krause-server (both entries pass the kernel check)", steps)
-        port_file = os.path.join(tmp, "port")
-        server = subprocess.Popen(
-            [f"{a.bin}/krause-server", "--manifest", os.path.join(tmp, "manifest.json"),
-             "--listen", "127.0.0.1:0", "--port_file", port_file, "--http_listen", "",
-             "--metrics_listen", "", "--quiet"])
+        servers = []
         try:
-            deadline = time.time() + 120
-            while not (os.path.exists(port_file) and open(port_file).read().strip()):
-                if server.poll() is not None or time.time() > deadline:
-                    sys.exit("krause-server did not start")
-                time.sleep(0.2)
-            address = "127.0.0.1:" + open(port_file).read().strip()
+            address = start_server(a.bin, os.path.join(tmp, "manifest.json"), servers, 120)
             runs = []
             for r in range(a.rounds):
                 for w, n in names.items():
@@ -77,7 +67,8 @@ def main():
                                  "first_pixel_p50_seconds":
                                      rep["generate_first_pixel_seconds"]["p50"]})
         finally:
-            stop(server)
+            for server in servers:
+                stop(server)
     lines = ["paper MNIST KARM served by krause-server, Generate at one stream (krause-loadgen)",
              f"{'round':>5} {'weights':<9} {'calls':>5} {'images/s':>9} {'image p50 s':>12} "
              f"{'first pixel p50 ms':>19}"]
@@ -90,14 +81,7 @@ def main():
                     for w in ("float32", "bfloat16"))
         lines.append(f"round {r}: bf16 / fp32 weights images/s "
                      f"{b16['images_per_second'] / f32['images_per_second']:.2f}x")
-    text = "\n".join(lines)
-    print(text)
-    if a.text:
-        with open(a.text, "w") as f:
-            f.write(text + "\n")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(runs, f, indent=1)
+    report("\n".join(lines), runs, a.text, a.json)
 
 
 if __name__ == "__main__":
