@@ -122,10 +122,22 @@ std::optional<v1::GenerateResponse> ResumeState::OnMessage(int id, const v1::Gen
   if (it == live_.end() || done_) return std::nullopt;
   Live& live = it->second;
   bool send_start = false;
+  if (m.has_start() && started_ && m.start().numerics() != numerics_) {
+    // A replica that computes otherwise (another precision, implementation, kernel family or
+    // dtype) would continue the images with other bits: the call fails rather than splice them.
+    done_ = true;
+    status_ = grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("not resumed: the resumed attempt's replica computes with \"",
+                     m.start().numerics(), "\", the stream began with \"", numerics_,
+                     "\" (its rows would not continue these images bit for bit)"));
+    return std::nullopt;
+  }
   if (m.has_start() && !started_) {
     const v1::GenerateStart& s = m.start();
     model_ = s.model();
     version_ = s.model_version();
+    numerics_ = s.numerics();
     height_ = s.height();
     width_ = s.width();
     channels_ = s.channels();
@@ -422,6 +434,10 @@ void ResumingGenerate::OnMessage(int id, const v1::GenerateResponse& m) {
   std::lock_guard<std::mutex> lock(mu_);
   if (cancelled_) return;
   auto out = state_.OnMessage(id, m, ResumeState::Clock::now());
+  if (state_.done() && !state_.status().ok()) {
+    for (auto& [other, c] : running_) c->Cancel();
+    cv_.notify_all();
+  }
   if (!out) return;
   out_.push_back(std::move(*out));
   cv_.notify_all();

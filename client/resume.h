@@ -74,7 +74,9 @@ class ResumeState {
   // The first attempt.
   Attempt First();
   // A message of attempt `id`: the message for the caller (rows not delivered before, its
-  // finished images under their own index), or nothing when it brings nothing new.
+  // finished images under their own index), or nothing when it brings nothing new. A resumed
+  // attempt whose GenerateStart.numerics differs from the first's ends the call
+  // (FAILED_PRECONDITION, naming both: done()).
   std::optional<v1::GenerateResponse> OnMessage(int id, const v1::GenerateResponse& m,
                                                 Clock::time_point now);
   // Attempt `id` ended. `timed_out`: it was stopped by its own attempt timeout. Returns the
@@ -122,6 +124,8 @@ class ResumeState {
   int failures_ = 0;  // breaks in a row without progress, for the backoff
   // From the first message (GenerateStart): the version and shape every attempt uses.
   std::string model_, version_;
+  // GenerateStart.numerics of the first attempt: a resumed attempt must say the same.
+  std::string numerics_;
   uint32_t height_ = 0, width_ = 0, channels_ = 0;
   bool started_ = false;
   double first_pixel_seconds_ = -1;

@@ -2,8 +2,9 @@
 // fake clock: what the caller sees (every row once, in order; images under their own index;
 // one summary), what is asked after a break (completions from the rows received, the seed with
 // first_image i, the first attempt's version; untouched images together), when (RetryInfo, else
-// backoff), and when it gives up. The end-to-end proof is chaos_test (real replicas killed
-// mid-stream).
+// backoff), when it gives up, and that a replica computing otherwise is not spliced in. The
+// end-to-end proof is chaos_test (real replicas killed mid-stream).
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -198,6 +199,35 @@ TEST(ResumeState, ABreakResumesEachImageFromItsRowsAndTheUntouchedOnesTogether) 
     EXPECT_EQ(seen.png[i], "png-" + std::to_string(kSeed + i)) << i;
   }
   EXPECT_EQ(s.stats().attempts, 4);
+}
+
+// A resumed attempt on a replica that computes otherwise (GenerateStart.numerics: another
+// precision, implementation, CPU kernel family or dtype) would continue the images with other
+// bits: the call fails, naming both, and nothing of that attempt reaches the caller.
+TEST(ResumeState, AReplicaWithOtherNumericsIsNotSplicedIn) {
+  const Clock::time_point t0{};
+  ResumeState s(Request(1), ResumeOptions{}, 7, t0);
+  const auto a = s.First();
+  v1::GenerateResponse m = Start();
+  m.mutable_start()->set_numerics("fp32 fused_cpu on cpu, avx2 kernel family");
+  AddRows(&m, 0, 0, 0, 2);
+  Seen seen;
+  seen.Take(s.OnMessage(a.id, m, t0));
+  const auto next = s.OnEnd(a.id, kReset, "ipv4:127.0.0.1:1", false, t0);
+  ASSERT_EQ(next.size(), 1u);
+  // The same numerics resume as usual; this one comes from a replica with the base kernels.
+  v1::GenerateResponse r = Start();
+  r.mutable_start()->set_numerics("fp32 fused_cpu on cpu, base kernel family");
+  AddRows(&r, 0, 0, 0, 4);
+  AddImage(&r, 0, kSeed);
+  EXPECT_FALSE(s.OnMessage(next[0].id, r, t0).has_value());
+  ASSERT_TRUE(s.done());
+  EXPECT_EQ(s.status().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.status().error_message(),
+              ::testing::HasSubstr("\"fp32 fused_cpu on cpu, base kernel family\", the stream "
+                                   "began with \"fp32 fused_cpu on cpu, avx2 kernel family\""));
+  EXPECT_EQ(seen.rows[0], Rows(0, 2));  // what came before the break, and nothing after
+  EXPECT_TRUE(seen.png[0].empty());
 }
 
 TEST(ResumeState, RetryInfoSetsTheDelayAndBreaksInARowBackOff) {

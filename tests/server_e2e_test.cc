@@ -1300,6 +1300,10 @@ TEST_F(ServerTest, ShutdownCancelsStreamsAfterTheGrace) {
   EXPECT_EQ(m.start().height(), 16u);
   EXPECT_EQ(m.start().width(), 16u);
   EXPECT_EQ(m.start().channels(), 3u);
+  // ... and what decides the bits (a resumed attempt must come from a replica that says the same).
+  EXPECT_EQ(m.start().numerics(),
+            absl::StrCat("fp32 fused_cpu on cpu, ", cpu::CpuKernelFamily(cpu::CpuKernels().name),
+                         " kernel family, float32 weights, float32 cache"));
   std::thread stopper([&] { server_->Shutdown(); });
   // Draining: health says NOT_SERVING and new calls are refused.
   EXPECT_TRUE(Eventually([&] { return server_->gate().draining(); }));

@@ -117,6 +117,10 @@ const char* CpuKernelVariantName(int i) {
   return i >= 0 && i < 3 ? kNames[i] : "";
 }
 
+const char* CpuKernelFamily(const char* variant) {
+  return std::strcmp(variant, "avx512") == 0 ? "avx2" : variant;
+}
+
 bool SetCpuKernelsForTesting(const char* name) {
   if (name == nullptr) {
     g_forced.store(nullptr, std::memory_order_release);

@@ -167,6 +167,10 @@ const char* CpuKernelsChoiceError();
 bool SetCpuKernelsForTesting(const char* name);
 // Variants this build has and this CPU can run, best last.
 int NumCpuKernelVariants();
+// The variants that give the same bits form a family, named after its first member: "avx2" for
+// avx2 and avx512 (the same multiply-adds in the same order), else the variant's own name. A
+// resumed generation may continue on another machine of the same family only.
+const char* CpuKernelFamily(const char* variant);
 const char* CpuKernelVariantName(int i);
 
 namespace base {

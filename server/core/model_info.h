@@ -59,6 +59,11 @@ struct ModelInfo {
   // precision_fallback. linear_kernels: what computes the linear layers ("avx512", or oneDNN's
   // kernel, "onednn brg:avx512_core_amx_bf16"); empty where LibTorch or CUDA does.
   std::string precision = "fp32";
+  // Generators: what decides an image's bits besides the request, for resuming a stream on
+  // another replica (GenerateStart.numerics): the precision, the implementation and its device
+  // kind, the CPU kernels' bit family (cpu::CpuKernelFamily), the weights' and the cache's
+  // dtypes. Set with the kernel check's outcome (GenerationNumerics).
+  std::string numerics;
   std::string precision_fallback;
   std::string linear_kernels;
   std::string checkpoint;  // the file it was loaded from
@@ -75,5 +80,9 @@ struct ModelInfo {
 // The log line of a model's kernel check: "model NAME version V: serving on IMPL (DEVICE);
 // kernel check: SUMMARY; SUMMARY ...", each implementation tried in order.
 std::string KernelCheckLine(const ModelInfo& info);
+
+// ModelInfo::numerics of a generator, e.g. "fp32 fused_cpu on cpu, avx2 kernel family, float32
+// weights, float32 cache".
+std::string GenerationNumerics(const ModelInfo& info);
 
 }  // namespace krause::server

@@ -61,6 +61,7 @@ class ServedModel {
   void set_kernel_checks(std::string implementation, std::vector<KernelCheckRecord> checks) {
     info_.implementation = std::move(implementation);
     info_.kernel_checks = std::move(checks);
+    if (info_.kind == ModelKind::kGenerator) info_.numerics = GenerationNumerics(info_);
   }
 
   // The operations (operations.h says what they take and give, and on which thread `done` runs).

@@ -50,6 +50,7 @@ void GenerateCall::WriteChunk(GenerateStream::Chunk& c, std::vector<EncodedImage
     s->set_height(static_cast<uint32_t>(info.shape.height));
     s->set_width(static_cast<uint32_t>(info.shape.width));
     s->set_channels(static_cast<uint32_t>(info.shape.channels));
+    s->set_numerics(info.numerics);
   }
   for (EncodedImage& im : images) {
     v1::GeneratedImage* g = message_.add_images();

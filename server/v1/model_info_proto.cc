@@ -42,6 +42,7 @@ v1::ModelInfo ToProto(const ModelInfo& m) {
   info.set_precision(m.precision);
   info.set_precision_fallback(m.precision_fallback);
   info.set_linear_kernels(m.linear_kernels);
+  info.set_numerics(m.numerics);
   info.set_checkpoint(m.checkpoint);
   info.set_summary(m.summary);
   info.set_implementation(m.implementation);

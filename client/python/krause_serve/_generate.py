@@ -158,10 +158,18 @@ class ResumePlan:
     # --- what the caller sees
 
     def on_message(self, m: pb.GenerateResponse, images: Sequence[int]) -> Iterator[Event]:
+        if m.HasField("start") and self.start is not None and \
+                m.start.numerics != self.start.numerics:
+            # A replica that computes otherwise would continue the images with other bits.
+            raise KrauseError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"not resumed: the resumed attempt's replica computes with "
+                f"\"{m.start.numerics}\", the stream began with \"{self.start.numerics}\" "
+                f"(its rows would not continue these images bit for bit)")
         if m.HasField("start") and self.start is None:
             s = m.start
             self.start = Start(s.model, s.model_version, s.seed, s.first_image,
-                               (s.height, s.width, s.channels))
+                               (s.height, s.width, s.channels), s.numerics)
             self.version = s.model_version  # resumes ask this version
             yield self.start
         if m.HasField("progress") and len(self._attempts) == 1 and not self.breaks:

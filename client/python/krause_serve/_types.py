@@ -175,6 +175,9 @@ class Start:
     seed: int
     first_image: int
     shape: Tuple[int, int, int]  # (height, width, channels)
+    # What decides the images' bits besides the request (precision, implementation, CPU kernel
+    # family, dtypes): a resumed attempt must come from a replica that says the same.
+    numerics: str = ""
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,25 @@ def test_a_break_asks_completions_of_the_rows_received_and_runs_of_untouched_ima
     assert (got[0].image, got[0].first_row, got[0].pixels.shape) == (1, 2, (1, W, 1))
 
 
+def test_a_replica_with_other_numerics_is_not_spliced_in():
+    plan = ResumePlan(generate_request(model="karm", n=1, seed=5))
+    first = start_message()
+    first.start.numerics = "fp32 fused_cpu on cpu, avx2 kernel family"
+    assert list(plan.on_message(first, [0]))[0].numerics == first.start.numerics
+    list(plan.on_message(rows_message(0, 0, 2), [0]))
+    plan.on_break(unavailable(0))
+    other = start_message()
+    other.start.numerics = "fp32 fused_cpu on cpu, base kernel family"
+    with pytest.raises(KrauseError) as e:
+        list(plan.on_message(other, [0]))
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert '"fp32 fused_cpu on cpu, base kernel family", the stream began with ' \
+           '"fp32 fused_cpu on cpu, avx2 kernel family"' in e.value.message
+    same = start_message()
+    same.start.numerics = first.start.numerics  # the same numerics resume as usual
+    assert list(plan.on_message(same, [0])) == []
+
+
 def test_breaks_back_off_and_give_up():
     plan = ResumePlan(generate_request(n=1, seed=1), max_resumes=2)
     with pytest.raises(KrauseError):  # no start yet: nothing to resume from
