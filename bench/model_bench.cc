@@ -135,8 +135,10 @@ int Init(const std::string& name, const std::string& out) {
     auto m = krause::PixelModel::Create(c, 1);
     st = m.ok() ? krause::SaveModel(out, *m) : m.status();
   } else {
-    std::fprintf(stderr, "krause-model-bench init: NAME is vit-s16, vit-s16-softmax, karm-mnist "
-                         "or arm-mnist, got %s\n", name.c_str());
+    std::fprintf(stderr,
+                 "krause-model-bench init: NAME is vit-s16, vit-s16-softmax, karm-mnist "
+                 "or arm-mnist, got %s\n",
+                 name.c_str());
     return 2;
   }
   if (!st.ok()) {
@@ -281,12 +283,11 @@ int Bench(const Args& a, const Weights& weights, const krause::CpuThreads& t) {
     std::unique_ptr<krause::CpuViT> packed;
     std::vector<float> probs;
     for (int64_t b : sizes) {
-      auto images =
-          model->classifier()
-              ? Images(b, model->vit->config().channels, model->vit->config().image_size,
-                       model->vit->config().image_size)
-              : Images(b, model->pixel->config().channels, model->pixel->config().height,
-                       model->pixel->config().width_px);
+      auto images = model->classifier()
+                        ? Images(b, model->vit->config().channels, model->vit->config().image_size,
+                                 model->vit->config().image_size)
+                        : Images(b, model->pixel->config().channels, model->pixel->config().height,
+                                 model->pixel->config().width_px);
       if (!images.ok()) {
         std::fprintf(stderr, "krause-model-bench: %s\n", images.status().ToString().c_str());
         return 1;

@@ -126,11 +126,11 @@ std::optional<v1::GenerateResponse> ResumeState::OnMessage(int id, const v1::Gen
     // A replica that computes otherwise (another precision, implementation, kernel family or
     // dtype) would continue the images with other bits: the call fails rather than splice them.
     done_ = true;
-    status_ = grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("not resumed: the resumed attempt's replica computes with \"",
-                     m.start().numerics(), "\", the stream began with \"", numerics_,
-                     "\" (its rows would not continue these images bit for bit)"));
+    status_ =
+        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                     absl::StrCat("not resumed: the resumed attempt's replica computes with \"",
+                                  m.start().numerics(), "\", the stream began with \"", numerics_,
+                                  "\" (its rows would not continue these images bit for bit)"));
     return std::nullopt;
   }
   if (m.has_start() && !started_) {

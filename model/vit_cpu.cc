@@ -151,7 +151,8 @@ void Over(bool parallel, int64_t n, int64_t grain, const F& f) {
 }
 
 // out = x W^T + b, the output chunks split over the threads when `parallel`.
-void PackedApply(const nn::PackedLinear& l, const float* x, int64_t rows, float* out, bool parallel) {
+void PackedApply(const nn::PackedLinear& l, const float* x, int64_t rows, float* out,
+                 bool parallel) {
   Over(parallel, l.chunks(), 1, [&](int64_t c0, int64_t c1) { l.Apply(x, rows, out, c0, c1); });
 }
 
@@ -179,7 +180,8 @@ void CpuViT::Image(const uint8_t* pixels, float* probs, bool parallel) const {
   float* mid = tmp + n * std::max(d_pad, head_.out_pad);  // [N, MLP pad]
   float* act = mid + n * mlp_pad;                         // [N, MLP]
   // bf16: a layer's input rounded (the widest input, the MLP's).
-  uint16_t* halves = precision_ == Precision::kBf16 ? scratch.Halves(n * std::max(d, mlp_)) : nullptr;
+  uint16_t* halves =
+      precision_ == Precision::kBf16 ? scratch.Halves(n * std::max(d, mlp_)) : nullptr;
 
   // Normalised pixels, gathered patch by patch in the convolution weight's order (c, y, x).
   const int64_t hw = size_ * size_;

@@ -16,8 +16,8 @@
 #include "model/data/datasets.h"
 #include "model/loader.h"
 #include "model/nn/dnnl_linear.h"
-#include "model/vit_cpu.h"
 #include "model/util/threads.h"
+#include "model/vit_cpu.h"
 #include "tests/test_util.h"
 
 namespace krause {
@@ -159,7 +159,8 @@ TEST(BundledModels, TheKrauseViTKeepsItsAccuracyInTheBf16Precision) {
   double accuracy[2];
   for (int k : {0, 1}) {
     at::Tensor probs = at::empty({n, a->classes()});
-    ASSERT_TRUE((k == 0 ? *a : *b).Forward(pixels.data_ptr<uint8_t>(), n, probs.data_ptr<float>()).ok());
+    ASSERT_TRUE(
+        (k == 0 ? *a : *b).Forward(pixels.data_ptr<uint8_t>(), n, probs.data_ptr<float>()).ok());
     accuracy[k] = (probs.argmax(1) == test.labels).sum().item<double>() / n;
   }
   std::printf("%s: test accuracy on %lld images: fp32 %.2f%%, bf16 precision (%s) %.2f%%\n",

@@ -441,7 +441,8 @@ TEST(CpuKernels, TheAvx512VariantGivesTheAvx2VariantsBits) {
             // and a chunk range that starts on an odd chunk
             if (l.chunks() > 2) l.Apply(x.data_ptr<float>(), rows, o.data(), 1, l.chunks());
             return o;
-          })) << "in " << in << " out " << out << " rows " << rows << " bf16 "
+          })) << "in "
+              << in << " out " << out << " rows " << rows << " bf16 "
               << (elem == cpu::Elem::kBFloat16);
         }
       }
@@ -453,7 +454,8 @@ TEST(CpuKernels, TheAvx512VariantGivesTheAvx2VariantsBits) {
       std::vector<float> y(n);
       cpu::CpuKernels().gelu(x.data_ptr<float>(), n, y.data());
       return y;
-    })) << "gelu n " << n;
+    })) << "gelu n "
+        << n;
   }
   // Dense (not causal) softmax attention over n keys.
   for (int64_t n : {5, 50, 197}) {
@@ -477,7 +479,8 @@ TEST(CpuKernels, TheAvx512VariantGivesTheAvx2VariantsBits) {
       s.causal = false;
       cpu::CpuKernels().softmax_forward(s, 0, n, scratch.data());
       return out;
-    })) << "softmax n " << n;
+    })) << "softmax n "
+        << n;
   }
 }
 

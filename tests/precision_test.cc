@@ -9,6 +9,8 @@
 //     fp32 and says why, and serves the fp32 forward's bits of the rounded weights.
 // ctest runs it three times: as the CPU is, and with ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 and
 // =AVX2 (bf16 instructions without AMX, and none: both the fp32 fallback).
+#include "model/precision.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
@@ -20,7 +22,6 @@
 #include <vector>
 
 #include "model/nn/dnnl_linear.h"
-#include "model/precision.h"
 #include "model/vit_cpu.h"
 #include "tests/test_util.h"
 
@@ -38,7 +39,14 @@ TEST(Precision, NamesParseBothWays) {
 }
 
 TEST(ToBf16, RoundsAsLibTorchRounds) {
-  std::vector<float> x = {0.0f, -0.0f, 1.0f, -1.5f, 3.14159f, 1e-40f, 65504.0f, 3.4e38f,
+  std::vector<float> x = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -1.5f,
+                          3.14159f,
+                          1e-40f,
+                          65504.0f,
+                          3.4e38f,
                           std::numeric_limits<float>::infinity(),
                           -std::numeric_limits<float>::infinity()};
   // Ties: the 17th bit set, the rest of the low half zero (round to even either way).
@@ -74,7 +82,8 @@ TEST(Bf16Linear, IsTheRoundedProductAndARowsBitsDependOnItsOwnInputsOnly) {
   at::manual_seed(5);
   // Rows: one block, two blocks (the last shorter), three; widths dense and padded.
   for (auto [rows, in, out, stride] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 7, 5, 16},
-                                       {50, 64, 192, 192}, {197, 384, 64, 64},
+                                       {50, 64, 192, 192},
+                                       {197, 384, 64, 64},
                                        {300, 96, 40, 48}}) {
     SCOPED_TRACE(::testing::Message() << "rows " << rows << " in " << in << " out " << out);
     const at::Tensor w = at::randn({out, in}), b = at::randn({out});
@@ -95,7 +104,8 @@ TEST(Bf16Linear, IsTheRoundedProductAndARowsBitsDependOnItsOwnInputsOnly) {
     EXPECT_LE(worst, 1e-4 * std::sqrt(static_cast<double>(in)) * 10);
     // Block by block, in any order: the same bits.
     std::vector<float> blocks(rows * stride, 0.0f);
-    for (int64_t blk = l.blocks() - 1; blk >= 0; --blk) l.Apply(xb.data(), blocks.data(), blk, blk + 1);
+    for (int64_t blk = l.blocks() - 1; blk >= 0; --blk)
+      l.Apply(xb.data(), blocks.data(), blk, blk + 1);
     EXPECT_EQ(std::memcmp(blocks.data(), got.data(), got.size() * sizeof(float)), 0);
     // Other rows' inputs changed: row 0's bits stay.
     if (rows > 1) {

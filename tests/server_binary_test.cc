@@ -358,7 +358,8 @@ TEST_F(LoadGen, HttpProtocolReports) {
   EXPECT_GT(j["images_per_second"].get<double>(), 0.0);
   EXPECT_EQ(j["config"]["protocol"], "http");
   // The 28x28 Fashion-MNIST images do not fit the 8x8 classifier.
-  std::tie(code, j) = Run(base + "--data=fashion-mnist --workload=classify --concurrency=4 --requests=8");
+  std::tie(code, j) =
+      Run(base + "--data=fashion-mnist --workload=classify --concurrency=4 --requests=8");
   EXPECT_EQ(code, 3) << j;
   EXPECT_EQ(j["errors_by_code"]["ModelInfer"]["INVALID_ARGUMENT"], 8);
   ASSERT_FALSE(j["error_samples"].empty());

@@ -1487,9 +1487,9 @@ TEST(ServerStart, Bf16WeightsServeTheRoundedModelAndSaySo) {
 TEST(ServerStart, Bf16PrecisionServesAClassifierAndSaysHow) {
   const TinyModels models = WriteTinyModels("bf16p");
   auto parse = [&](const std::string& entry) {
-    return server::ParseManifest(R"({"models": [{"name": "c", "checkpoint": "vit.safetensors", )" +
-                                     entry + "}]}",
-                                 models.dir)
+    return server::ParseManifest(
+               R"({"models": [{"name": "c", "checkpoint": "vit.safetensors", )" + entry + "}]}",
+               models.dir)
         .status();
   };
   EXPECT_THAT(std::string(parse(R"("precision": "fp16")").message()),
@@ -1497,8 +1497,9 @@ TEST(ServerStart, Bf16PrecisionServesAClassifierAndSaysHow) {
   EXPECT_THAT(std::string(parse(R"("precision": "bf16", "weights_dtype": "float32")").message()),
               ::testing::HasSubstr("models[0].precision bf16 rounds the weights to bfloat16"));
   const std::string generator = models.dir + "/bf16g.json";
-  WriteText(generator,
-            R"({"models": [{"name": "g", "checkpoint": "karm.safetensors", "precision": "bf16"}]})");
+  WriteText(
+      generator,
+      R"({"models": [{"name": "g", "checkpoint": "karm.safetensors", "precision": "bf16"}]})");
   const absl::Status refused = server::KrauseServer::Start(LoopbackOptions(generator)).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   EXPECT_THAT(std::string(refused.message()),
@@ -1521,18 +1522,17 @@ TEST(ServerStart, Bf16PrecisionServesAClassifierAndSaysHow) {
     const bool asked = name == "c";
     EXPECT_EQ(info.precision(), asked && bf16 ? "bf16" : "fp32") << name;
     EXPECT_EQ(info.precision_fallback(), asked && !bf16 ? nn::Bf16MatmulSupport().why : "");
-    EXPECT_EQ(info.linear_kernels(), asked && bf16
-                                         ? "onednn " + nn::Bf16MatmulSupport().impl
-                                         : std::string(cpu::CpuKernels().name));
+    EXPECT_EQ(info.linear_kernels(), asked && bf16 ? "onednn " + nn::Bf16MatmulSupport().impl
+                                                   : std::string(cpu::CpuKernels().name));
     EXPECT_EQ(info.weights_dtype(), asked ? "bfloat16" : "float32") << name;
     ASSERT_EQ(info.kernel_checks_size(), 1);
     EXPECT_EQ(info.kernel_checks(0).result(), "passed") << name;
     EXPECT_EQ(info.kernel_checks(0).tolerance(), asked && bf16 ? 2e-2 : 1e-4) << name;
   }
   EXPECT_THAT((*server)->metrics().Scrape(),
-              ::testing::HasSubstr(absl::StrCat(
-                  "krause_model_precision{model=\"c\",version=\"1\",precision=\"",
-                  bf16 ? "bf16" : "fp32", "\"")));
+              ::testing::HasSubstr(
+                  absl::StrCat("krause_model_precision{model=\"c\",version=\"1\",precision=\"",
+                               bf16 ? "bf16" : "fp32", "\"")));
   const at::Tensor images = RandomImages(4, 8, 8, 1, 12);
   v1::ClassifyRequest req;
   req.set_model("c");

@@ -5,8 +5,9 @@
 // Variants: cpu_kernels.inc is compiled up to three times, as `base` (the compiler's default ISA)
 // and, on x86-64, as `avx2` (-mavx2 -mfma) and `avx512` (AVX-512 F/VL/BW/DQ besides; its linear
 // kernel uses 512-bit registers and gives the avx2 variant's bits); CpuKernels() picks the best the
-// running CPU supports, and tests can force any (SetCpuKernelsForTesting). The .inc files use no LibTorch and no inline library
-// code that could be shared between the two variants (ODR): only raw pointers and POD structs.
+// running CPU supports, and tests can force any (SetCpuKernelsForTesting). The .inc files use no
+// LibTorch and no inline library code that could be shared between the two variants (ODR): only raw
+// pointers and POD structs.
 //
 // Layout: keys are stored TRANSPOSED, kt[t * kt_stride + j] = k_j[t], so that the scores of one
 // query against a run of keys vectorise over j; rows of kt are readable kScoreChunk - 1 floats

@@ -160,9 +160,9 @@ const char* CheckOutcomeName(CheckOutcome outcome) {
 }
 
 std::string KernelCheck::Summary() const {
-  std::string s = absl::StrCat(KrauseImplName(choice.impl),
-                               precision == Precision::kBf16 ? " bf16" : "", " on ", choice.device,
-                               " ", CheckOutcomeName(outcome));
+  std::string s =
+      absl::StrCat(KrauseImplName(choice.impl), precision == Precision::kBf16 ? " bf16" : "",
+                   " on ", choice.device, " ", CheckOutcomeName(outcome));
   switch (outcome) {
     case CheckOutcome::kPassed:
       absl::StrAppendFormat(&s, ": max |diff| %.1e <= %.0e over %d values", max_abs_diff, tolerance,

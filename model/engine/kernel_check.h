@@ -14,11 +14,11 @@
 //               position's logits against the teacher-forced ForwardTokens(kReference).
 //
 // Tolerances (absolute): probabilities 1e-4 (2e-2 in the bf16 precision, whose activations are
-// rounded to bfloat16 before every linear layer: model/precision.h); logits 2e-3 with fp32 caches and 0.25 with bf16 /
-// fp16 caches (their keys and values are rounded; the reference's are not). A model served with
-// bfloat16 linear weights (ParameterStore::RoundLinear) is checked at the same tolerances: its
-// reference computes with the same rounded weights. A non-finite value,
-// a difference over the tolerance or an error (a Status, an exception) fails the check; its
+// rounded to bfloat16 before every linear layer: model/precision.h); logits 2e-3 with fp32 caches
+// and 0.25 with bf16 / fp16 caches (their keys and values are rounded; the reference's are not). A
+// model served with bfloat16 linear weights (ParameterStore::RoundLinear) is checked at the same
+// tolerances: its reference computes with the same rounded weights. A non-finite value, a
+// difference over the tolerance or an error (a Status, an exception) fails the check; its
 // KernelCheck says which, how much and where.
 //
 // The check doubles as warm-up: it packs the weights, runs every kernel of the serving path and

@@ -87,9 +87,7 @@ struct Bf16Linear::Impl {
   memory weights, bias;
   int64_t bytes = 0;
 
-  int64_t RowsOf(int64_t block) const {
-    return std::min(block_rows, rows - block * block_rows);
-  }
+  int64_t RowsOf(int64_t block) const { return std::min(block_rows, rows - block * block_rows); }
   const Kind& KindOf(int64_t block) const { return RowsOf(block) == block_rows ? full : last; }
   Kind MakeKind(int64_t m) const {
     Kind k;
@@ -151,7 +149,7 @@ typedef uint32_t U32x16 __attribute__((vector_size(64), aligned(4)));
 typedef uint16_t U16x16 __attribute__((vector_size(32), aligned(2)));
 // OneToBf16 sixteen at a time (the bf16 path runs on AVX-512 CPUs only).
 __attribute__((target("avx512f,avx512bw"))) void ToBf16Avx512(const float* x, int64_t n,
-                                                               uint16_t* out) {
+                                                              uint16_t* out) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const U32x16 u = *reinterpret_cast<const U32x16*>(x + i);

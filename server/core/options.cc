@@ -220,8 +220,10 @@ absl::Status ReadServingOptions(const nlohmann::json& m, const std::string& wher
     // (the kernel check's reference included; an fp32 fallback serves exactly those weights).
     if (m.contains("weights_dtype") && s.weights_dtype != WeightsDtype::kBFloat16) {
       return absl::InvalidArgumentError(absl::StrCat(
-          w, "precision bf16 rounds the weights to bfloat16: weights_dtype must be bfloat16 or "
-             "absent, got \"", weights_dtype, "\""));
+          w,
+          "precision bf16 rounds the weights to bfloat16: weights_dtype must be bfloat16 or "
+          "absent, got \"",
+          weights_dtype, "\""));
     }
     s.weights_dtype = WeightsDtype::kBFloat16;
   }

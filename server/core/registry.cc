@@ -82,9 +82,8 @@ absl::StatusOr<Registry::Checked> Registry::Check(const ModelSpec& spec,
   for (const ServingChoice& choice : *chain) {
     auto model = on(choice.device);
     if (!model.ok()) return WithContext("model " + spec.name, model.status());
-    const KernelCheck c =
-        CheckLoadedModel(**model, **reference, choice, CacheScalarType(spec.kv_cache_dtype),
-                         spec.precision);
+    const KernelCheck c = CheckLoadedModel(**model, **reference, choice,
+                                           CacheScalarType(spec.kv_cache_dtype), spec.precision);
     out.checks.push_back(Record(c));
     if (c.passed()) {
       out.choice = choice;

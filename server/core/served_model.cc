@@ -31,11 +31,11 @@ ServedModel::ServedModel(ModelSpec spec, const LoadedModel& model, ModelKind kin
 
 std::string GenerationNumerics(const ModelInfo& info) {
   const bool cpu = at::Device(info.device).is_cpu();
-  return absl::StrCat(info.precision, " ", info.implementation, " on ", cpu ? "cpu" : "cuda",
-                      cpu ? absl::StrCat(", ", cpu::CpuKernelFamily(info.cpu_kernels.c_str()),
-                                         " kernel family")
-                          : std::string(),
-                      ", ", info.weights_dtype, " weights, ", info.kv_cache_dtype, " cache");
+  return absl::StrCat(
+      info.precision, " ", info.implementation, " on ", cpu ? "cpu" : "cuda",
+      cpu ? absl::StrCat(", ", cpu::CpuKernelFamily(info.cpu_kernels.c_str()), " kernel family")
+          : std::string(),
+      ", ", info.weights_dtype, " weights, ", info.kv_cache_dtype, " cache");
 }
 
 namespace {
