@@ -1422,6 +1422,23 @@ TEST_F(ServerTest, ShutdownLetsInFlightStreamsFinishWithinTheGrace) {
   stopper.join();
 }
 
+// Classify of `images` [n, H, W, C] uint8 by `model`: every image's probabilities, in order.
+std::vector<float> ClassifyProbabilities(v1::KrauseService::Stub& stub, const std::string& model,
+                                         const at::Tensor& images) {
+  v1::ClassifyRequest req;
+  req.set_model(model);
+  req.set_return_probabilities(true);
+  for (int64_t i = 0; i < images.size(0); ++i) *req.add_images() = RawImage(images[i]);
+  grpc::ClientContext ctx;
+  v1::ClassifyResponse r;
+  const grpc::Status st = stub.Classify(&ctx, req, &r);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  std::vector<float> p;
+  for (const auto& c : r.results())
+    p.insert(p.end(), c.probabilities().begin(), c.probabilities().end());
+  return p;
+}
+
 // "weights_dtype": "bfloat16" serves both kinds with their linear weights rounded to bfloat16:
 // ModelInfo and the kernel check say so, a Classify answer has the bits of the packed forward of
 // the rounded model, and a bad name is refused naming the entry and the key.
@@ -1456,17 +1473,7 @@ TEST(ServerStart, Bf16WeightsServeTheRoundedModelAndSaySo) {
   }
   const at::Tensor images = RandomImages(4, 8, 8, 1, 11);
   auto classify = [&](const std::string& model) {
-    v1::ClassifyRequest req;
-    req.set_model(model);
-    req.set_return_probabilities(true);
-    for (int i = 0; i < 4; ++i) *req.add_images() = RawImage(images[i]);
-    grpc::ClientContext ctx;
-    v1::ClassifyResponse r;
-    EXPECT_TRUE(stub->Classify(&ctx, req, &r).ok());
-    std::vector<float> p;
-    for (const auto& c : r.results())
-      p.insert(p.end(), c.probabilities().begin(), c.probabilities().end());
-    return p;
+    return ClassifyProbabilities(*stub, model, images);
   };
   KRAUSE_ASSERT_OK_AND_ASSIGN(LoadedModel rounded,
                               LoadModel(models.dir + "/vit.safetensors", "cpu", at::kBFloat16));
@@ -1534,16 +1541,7 @@ TEST(ServerStart, Bf16PrecisionServesAClassifierAndSaysHow) {
                   absl::StrCat("krause_model_precision{model=\"c\",version=\"1\",precision=\"",
                                bf16 ? "bf16" : "fp32", "\"")));
   const at::Tensor images = RandomImages(4, 8, 8, 1, 12);
-  v1::ClassifyRequest req;
-  req.set_model("c");
-  req.set_return_probabilities(true);
-  for (int i = 0; i < 4; ++i) *req.add_images() = RawImage(images[i]);
-  grpc::ClientContext ctx;
-  v1::ClassifyResponse r;
-  ASSERT_TRUE(stub->Classify(&ctx, req, &r).ok());
-  std::vector<float> got;
-  for (const auto& c : r.results())
-    got.insert(got.end(), c.probabilities().begin(), c.probabilities().end());
+  const std::vector<float> got = ClassifyProbabilities(*stub, "c", images);
   KRAUSE_ASSERT_OK_AND_ASSIGN(LoadedModel rounded,
                               LoadModel(models.dir + "/vit.safetensors", "cpu", at::kBFloat16));
   KRAUSE_ASSERT_OK_AND_ASSIGN(auto packed, CpuViT::Create(*rounded.vit, Precision::kBf16));
