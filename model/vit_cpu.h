@@ -13,9 +13,10 @@
 // probabilities have the same bits alone or in any batch and on any thread split. A batch is split
 // over the threads by images, in tasks of at least kMinParallelForwardFlops / 2 (util/threads.h):
 // small batches run on the calling thread. A batch of fewer images than threads whose images
-// each cost at least kMinParallelForwardFlops (a paper-size ViT: 8.6 GFLOP) runs one image at a
-// time on all threads instead: each linear layer's output columns, the heads and the rows of the
-// element-wise steps split between them (no sum is split, so the bits stay the same).
+// each cost at least 2 x kMinParallelForwardFlops (a paper-size ViT: 8.6 GFLOP) runs one image at
+// a time on all threads instead, two parallel regions a layer: one over the heads, one over
+// blocks of rows (the out projection, norms, MLP and the next layer's q/k/v); no sum is split, so
+// the bits stay the same (bf16: the GEMMs' own fixed row blocks, nn/dnnl_linear.h).
 // Softmax attention runs through the softmax kernel (cpu_kernels.h, not causal).
 //
 // Reference: ViT::Forward (LibTorch ops); tests compare the probabilities within 1e-5.
