@@ -134,6 +134,7 @@ fi
 phase 120 configure configure.log cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$TORCH_PREFIX${DEPS_PREFIX:+;$DEPS_PREFIX}" \
   -DCMAKE_CXX_FLAGS="$extra_flags" -DKRAUSE_WITH_CUDA=$WITH_CUDA -DKRAUSE_BUILD_SERVER=OFF \
+  -DKRAUSE_WITH_DNNL=OFF \
   -DCMAKE_CUDA_ARCHITECTURES=90 || { tail -40 "$LOGS/configure.log"; report "configure failed"; exit 1; }
 grep -o -E -- '-gencode[ ;=][^ ;]*' "$LOGS/configure.log" "$BUILD/CMakeCache.txt" 2>/dev/null | sort -u | head -5 |
   sed 's/^/device-check:   gencode flag from PyTorch: /'

@@ -5,12 +5,54 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#if defined(KRAUSE_HAVE_DNNL)
 #include <oneapi/dnnl/dnnl.hpp>
+#endif
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace krause::nn {
+namespace {
+
+uint16_t OneToBf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return nan ? uint16_t{0x7fc0} : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+#if defined(__x86_64__)
+typedef uint32_t U32x16 __attribute__((vector_size(64), aligned(4)));
+typedef uint16_t U16x16 __attribute__((vector_size(32), aligned(2)));
+// OneToBf16 sixteen at a time (the bf16 path runs on AVX-512 CPUs only).
+__attribute__((target("avx512f,avx512bw"))) void ToBf16Avx512(const float* x, int64_t n,
+                                                              uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const U32x16 u = *reinterpret_cast<const U32x16*>(x + i);
+    const U32x16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const U32x16 r = (u & 0x7fffffffu) > 0x7f800000u ? U32x16{} + 0x7fc0u : rounded;
+    *reinterpret_cast<U16x16*>(out + i) = __builtin_convertvector(r, U16x16);
+  }
+  for (; i < n; ++i) out[i] = OneToBf16(x[i]);
+}
+#endif
+
+}  // namespace
+
+void ToBf16(const float* x, int64_t n, uint16_t* out) {
+#if defined(__x86_64__)
+  static const bool avx512 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  }();
+  if (avx512) return ToBf16Avx512(x, n, out);
+#endif
+  for (int64_t i = 0; i < n; ++i) out[i] = OneToBf16(x[i]);
+}
+
+#if defined(KRAUSE_HAVE_DNNL)
 namespace {
 
 using dnnl::memory;
@@ -135,45 +177,6 @@ const Bf16MatmulInfo& Bf16MatmulSupport() {
   return info;
 }
 
-namespace {
-
-uint16_t OneToBf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  return nan ? uint16_t{0x7fc0} : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-#if defined(__x86_64__)
-typedef uint32_t U32x16 __attribute__((vector_size(64), aligned(4)));
-typedef uint16_t U16x16 __attribute__((vector_size(32), aligned(2)));
-// OneToBf16 sixteen at a time (the bf16 path runs on AVX-512 CPUs only).
-__attribute__((target("avx512f,avx512bw"))) void ToBf16Avx512(const float* x, int64_t n,
-                                                              uint16_t* out) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const U32x16 u = *reinterpret_cast<const U32x16*>(x + i);
-    const U32x16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const U32x16 r = (u & 0x7fffffffu) > 0x7f800000u ? U32x16{} + 0x7fc0u : rounded;
-    *reinterpret_cast<U16x16*>(out + i) = __builtin_convertvector(r, U16x16);
-  }
-  for (; i < n; ++i) out[i] = OneToBf16(x[i]);
-}
-#endif
-
-}  // namespace
-
-void ToBf16(const float* x, int64_t n, uint16_t* out) {
-#if defined(__x86_64__)
-  static const bool avx512 = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-  }();
-  if (avx512) return ToBf16Avx512(x, n, out);
-#endif
-  for (int64_t i = 0; i < n; ++i) out[i] = OneToBf16(x[i]);
-}
-
 Bf16Linear::Bf16Linear() = default;
 Bf16Linear::~Bf16Linear() = default;
 Bf16Linear::Bf16Linear(Bf16Linear&&) noexcept = default;
@@ -246,5 +249,32 @@ void Bf16Linear::Apply(const uint16_t* x, float* out, int64_t b0, int64_t b1) co
   }
   state.stream.wait();
 }
+
+#else  // !KRAUSE_HAVE_DNNL: built without oneDNN; bf16 falls back to fp32.
+
+const Bf16MatmulInfo& Bf16MatmulSupport() {
+  static const Bf16MatmulInfo info{false, "", "",
+                                   "this build has no oneDNN (KRAUSE_WITH_DNNL=OFF)"};
+  return info;
+}
+
+struct Bf16Linear::Impl {};
+Bf16Linear::Bf16Linear() = default;
+Bf16Linear::~Bf16Linear() = default;
+Bf16Linear::Bf16Linear(Bf16Linear&&) noexcept = default;
+Bf16Linear& Bf16Linear::operator=(Bf16Linear&&) noexcept = default;
+absl::StatusOr<Bf16Linear> Bf16Linear::Create(const float*, const float*, int64_t, int64_t,
+                                              int64_t, int64_t) {
+  return absl::FailedPreconditionError(Bf16MatmulSupport().why);
+}
+int64_t Bf16Linear::blocks() const { return 0; }
+int64_t Bf16Linear::block_rows() const { return 0; }
+int64_t Bf16Linear::in() const { return 0; }
+int64_t Bf16Linear::out() const { return 0; }
+int64_t Bf16Linear::rows() const { return 0; }
+int64_t Bf16Linear::bytes() const { return 0; }
+void Bf16Linear::Apply(const uint16_t*, float*, int64_t, int64_t) const {}
+
+#endif  // KRAUSE_HAVE_DNNL
 
 }  // namespace krause::nn
