@@ -177,11 +177,6 @@ const Bf16MatmulInfo& Bf16MatmulSupport() {
   return info;
 }
 
-Bf16Linear::Bf16Linear() = default;
-Bf16Linear::~Bf16Linear() = default;
-Bf16Linear::Bf16Linear(Bf16Linear&&) noexcept = default;
-Bf16Linear& Bf16Linear::operator=(Bf16Linear&&) noexcept = default;
-
 absl::StatusOr<Bf16Linear> Bf16Linear::Create(const float* weight, const float* bias, int64_t out,
                                               int64_t in, int64_t rows, int64_t out_stride) {
   if (out < 1 || in < 1 || rows < 1 || out_stride < out) {
@@ -259,12 +254,8 @@ const Bf16MatmulInfo& Bf16MatmulSupport() {
 }
 
 struct Bf16Linear::Impl {};
-Bf16Linear::Bf16Linear() = default;
-Bf16Linear::~Bf16Linear() = default;
-Bf16Linear::Bf16Linear(Bf16Linear&&) noexcept = default;
-Bf16Linear& Bf16Linear::operator=(Bf16Linear&&) noexcept = default;
-absl::StatusOr<Bf16Linear> Bf16Linear::Create(const float*, const float*, int64_t, int64_t,
-                                              int64_t, int64_t) {
+absl::StatusOr<Bf16Linear> Bf16Linear::Create(const float*, const float*, int64_t, int64_t, int64_t,
+                                              int64_t) {
   return absl::FailedPreconditionError(Bf16MatmulSupport().why);
 }
 int64_t Bf16Linear::blocks() const { return 0; }
@@ -276,5 +267,11 @@ int64_t Bf16Linear::bytes() const { return 0; }
 void Bf16Linear::Apply(const uint16_t*, float*, int64_t, int64_t) const {}
 
 #endif  // KRAUSE_HAVE_DNNL
+
+// Defined once Impl is complete (either kind).
+Bf16Linear::Bf16Linear() = default;
+Bf16Linear::~Bf16Linear() = default;
+Bf16Linear::Bf16Linear(Bf16Linear&&) noexcept = default;
+Bf16Linear& Bf16Linear::operator=(Bf16Linear&&) noexcept = default;
 
 }  // namespace krause::nn
