@@ -17,8 +17,9 @@
 //   runs alternating: the packed prefill the engine runs on the CPU (CpuDecoder::Prefill, bit
 //   for bit the decode steps) and the LibTorch forward it replaced; reports each median and
 //   packed / libtorch.
-// --precision fp32,bf16 (classify): each measurement once per precision (precision.h); records
-//   name the precision the forward ran (fp32 after a fallback) and its linear kernels.
+// --precision fp32,bf16 (classify, score, generate): each measurement once per precision
+//   (precision.h); records name the precision that ran (fp32 after a fallback) and its linear
+//   kernels. score in fp32 is the LibTorch forward, in bf16 the packed step (CpuDecoder).
 // --weights float32,bfloat16: each measurement once per dtype of the linear layers' weights
 //   (LoadModel's linear_dtype, the manifest's "weights_dtype"), side by side in one run; every
 //   record names its "weights" and the "cpu_kernels" variant (KRAUSE_CPU_KERNELS forces one).
@@ -71,7 +72,7 @@ int Usage() {
                "       krause-model-bench prefill CHECKPOINT [--lengths 28,392,783] [--seconds 3]\n"
                "       krause-model-bench init vit-s16|vit-s16-softmax|karm-mnist|arm-mnist OUT\n"
                "       [--threads T (0: one per core)] [--weights float32,bfloat16]\n"
-               "       [--precision fp32,bf16 (classify)]\n");
+               "       [--precision fp32,bf16 (classify, score, generate)]\n");
   return 2;
 }
 
@@ -281,6 +282,7 @@ int Bench(const Args& a, const Weights& weights, const krause::CpuThreads& t) {
   if (what == "classify" || what == "score") {
     if (model->classifier() != (what == "classify")) return Usage();
     std::unique_ptr<krause::CpuViT> packed;
+    std::unique_ptr<krause::CpuDecoder> decoder;
     std::vector<float> probs;
     for (int64_t b : sizes) {
       auto images = model->classifier()
@@ -311,9 +313,21 @@ int Bench(const Args& a, const Weights& weights, const krause::CpuThreads& t) {
           if (!packed->Forward(pixels.data_ptr<uint8_t>(), b, probs.data()).ok()) std::abort();
         };
       } else {
+        // fp32: the LibTorch forward; bf16: the packed step's GEMMs (what a generator worker
+        // runs for a Score chunk in each precision).
+        if (a.precision == krause::Precision::kBf16 && !decoder) {
+          auto d = krause::CpuDecoder::Create(*model->pixel, {}, a.precision);
+          if (!d.ok()) {
+            std::fprintf(stderr, "krause-model-bench: %s\n", d.status().ToString().c_str());
+            return 1;
+          }
+          decoder = std::move(*d);
+        }
         const at::Tensor raster = pixels.permute({0, 2, 3, 1}).reshape({b, -1}).contiguous();
-        run = [&model, raster] {
-          if (!krause::ScoreBitsPerDim(*model->pixel, raster).ok()) std::abort();
+        run = [&model, raster, d = decoder.get()] {
+          if (!krause::ScoreBitsPerDim(*model->pixel, raster, {}, krause::KrauseImpl::kAuto, d)
+                   .ok())
+            std::abort();
         };
       }
       run();  // warm-up
@@ -327,15 +341,18 @@ int Bench(const Args& a, const Weights& weights, const krause::CpuThreads& t) {
       std::sort(times.begin(), times.end());
       const double median = times[times.size() / 2];
       const std::string precision =
-          packed ? absl::StrFormat(",\"precision\":\"%s\",\"linear_kernels\":\"%s\"",
-                                   krause::PrecisionName(packed->precision()),
-                                   packed->linear_kernels())
-                 : std::string();
+          packed    ? absl::StrFormat(",\"precision\":\"%s\",\"linear_kernels\":\"%s\"",
+                                      krause::PrecisionName(packed->precision()),
+                                      packed->linear_kernels())
+          : decoder ? absl::StrFormat(",\"precision\":\"%s\",\"linear_kernels\":\"%s\"",
+                                      krause::PrecisionName(decoder->precision()),
+                                      decoder->linear_kernels())
+                    : std::string();
       std::printf(
           "{\"what\":\"%s\",\"impl\":\"%s\",\"batch\":%lld,\"runs\":%zu,"
           "\"median_seconds\":%.6g,\"images_per_second\":%.6g%s%s\n",
           what.c_str(),
-          what == "score" ? "libtorch"
+          what == "score" ? (decoder ? "packed" : "libtorch")
           : reference     ? "libtorch"
                           : "packed",
           static_cast<long long>(b), times.size(), median, b / median, precision.c_str(),
@@ -350,6 +367,7 @@ int Bench(const Args& a, const Weights& weights, const krause::CpuThreads& t) {
     const int64_t n = std::max(images, s);
     krause::EngineOptions eo;
     eo.max_sequences = s;
+    eo.precision = a.precision;
     auto engine = krause::DecodeEngine::Create(&arm, eo);
     if (!engine.ok()) {
       std::fprintf(stderr, "krause-model-bench: %s\n", engine.status().ToString().c_str());
@@ -365,8 +383,10 @@ int Bench(const Args& a, const Weights& weights, const krause::CpuThreads& t) {
     const double sec = Since(t0);
     std::printf(
         "{\"what\":\"generate\",\"streams\":%lld,\"images\":%lld,\"seconds\":%.6g,"
-        "\"images_per_second\":%.6g%s\n",
+        "\"images_per_second\":%.6g,\"precision\":\"%s\",\"linear_kernels\":\"%s\"%s\n",
         static_cast<long long>(s), static_cast<long long>(finished), sec, finished / sec,
+        krause::PrecisionName((*engine)->precision()),
+        (*engine)->cpu_decoder() ? (*engine)->cpu_decoder()->linear_kernels().c_str() : "",
         Tail(weights, t).c_str());
     std::fflush(stdout);
   }

@@ -20,23 +20,6 @@ using nn::Floats;
 using nn::LayerNormRow;
 using nn::PackLinear;
 
-namespace {
-
-// The stacked layers `prefixes` of a store as a bf16 linear layer over `rows` rows whose output
-// rows are RoundUpToChunk(out) apart (the packed layers' layout).
-absl::StatusOr<nn::Bf16Linear> Bf16Of(const ParameterStore& p,
-                                      const std::vector<std::string>& prefixes, int64_t rows) {
-  std::vector<at::Tensor> w, b;
-  for (const std::string& name : prefixes) {
-    w.push_back(p.Get(name + ".weight").detach().to(at::kCPU, at::kFloat));
-    b.push_back(p.Get(name + ".bias").detach().to(at::kCPU, at::kFloat));
-  }
-  const at::Tensor weight = at::cat(w, 0).contiguous(), bias = at::cat(b, 0).contiguous();
-  return nn::Bf16Linear::Create(weight.data_ptr<float>(), bias.data_ptr<float>(), weight.size(0),
-                                weight.size(1), rows, cpu::RoundUpToChunk(weight.size(0)));
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<CpuViT>> CpuViT::Create(const ViT& model, Precision precision) {
   const ViTConfig& c = model.config();
@@ -80,7 +63,7 @@ absl::StatusOr<std::unique_ptr<CpuViT>> CpuViT::Create(const ViT& model, Precisi
               std::pair{&layer.out16, std::vector<std::string>{a + "out_proj"}},
               std::pair{&layer.mlp016, std::vector<std::string>{b + "ffn.0"}},
               std::pair{&layer.mlp216, std::vector<std::string>{b + "ffn.3"}}}) {
-          auto l16 = Bf16Of(p, names, n);
+          auto l16 = nn::Bf16LinearOf(p, names, n);
           if (!l16.ok()) return l16.status();
           *dst = std::move(*l16);
         }

@@ -24,8 +24,10 @@
 #include "model/attention/cpu_kernels.h"
 #include "model/engine/sampling.h"
 #include "model/kv_cache.h"
+#include "model/nn/dnnl_linear.h"
 #include "model/nn/packed.h"
 #include "model/pixel_model.h"
+#include "model/precision.h"
 #include "tests/test_util.h"
 
 namespace krause {
@@ -343,6 +345,100 @@ TEST_P(CpuDecoderTest, PrefillIsBitForBitTheStepsOverTheSamePositions) {
   std::vector<int64_t> bad = {u[0], 300};
   EXPECT_THAT(decoder_->Prefill(bad.data(), 2, 0, &cache, logits.data()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("u[1] = 300")));
+}
+
+// The bf16 precision (oneDNN's GEMMs in fixed 16-row blocks): every plan mode, batch
+// composition and thread split gives a sequence the same bits (batches of 20 cross a block's
+// edge), a prefill is the steps' bits, and the logits stay near fp32's. Without AMX the
+// decoder falls back to fp32 and says why.
+TEST_P(CpuDecoderTest, Bf16PrecisionKeepsTheBatchInvarianceAndStaysNearFp32) {
+  const at::Tensor fp32 = Run(20, 20, std::nullopt);
+  auto dec = CpuDecoder::Create(*model_, {}, Precision::kBf16);
+  ASSERT_TRUE(dec.ok()) << dec.status();
+  if (!nn::Bf16MatmulSupport().available) {
+    EXPECT_EQ((*dec)->precision(), Precision::kFp32);
+    EXPECT_EQ((*dec)->fallback(), nn::Bf16MatmulSupport().why);
+    GTEST_SKIP() << "no bf16 GEMMs here: " << nn::Bf16MatmulSupport().why;
+  }
+  EXPECT_EQ((*dec)->precision(), Precision::kBf16);
+  decoder_ = std::move(*dec);
+  const at::Tensor alone = Run(20, 1, Mode::kInline);
+  const double diff = (alone - fp32).abs().max().item<double>();
+  EXPECT_GT(diff, 1e-6) << "bf16 GEMMs changed nothing";
+  EXPECT_LE(diff, 0.1) << "bf16 far from fp32";
+  for (Mode mode : {Mode::kInline, Mode::kSequenceBlocks, Mode::kLayerOps}) {
+    for (int64_t group : {int64_t{20}, int64_t{7}}) {
+      SCOPED_TRACE(::testing::Message() << "mode " << static_cast<int>(mode) << " group " << group);
+      EXPECT_TRUE(at::equal(Run(20, group, mode), alone));
+    }
+  }
+  // Every op split over two threads in pieces of one block.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  CpuStepTuning tiny;
+  tiny.min_task_flops = 1;
+  decoder_ = CpuDecoder::Create(*model_, tiny, Precision::kBf16).value();
+  EXPECT_TRUE(at::equal(Run(20, 20, Mode::kLayerOps), alone));
+  at::set_num_threads(threads);
+  // A prefill of the whole image: the single steps' bits.
+  const PixelModelConfig& c = model_->config();
+  const int64_t n = c.seq_len();
+  std::vector<int64_t> u = {c.start_token ? PixelModel::kStartToken : 9};
+  for (int64_t p = 1; p < n; ++p) u.push_back((p * 37) % 256);
+  auto stepped = PixelKvCache::Create(c, 2).value();
+  auto prefilled = PixelKvCache::Create(c, 2).value();
+  std::vector<float> want(n * 256), got(n * 256);
+  const int64_t slot = 1;
+  for (int64_t p = 0; p < n; ++p)
+    ASSERT_TRUE(decoder_->Step(&u[p], &p, &slot, 1, &stepped, &want[p * 256]).ok());
+  ASSERT_TRUE(decoder_->Prefill(u.data(), n, slot, &prefilled, got.data()).ok());
+  EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+}
+
+// Score's packed path: fp32 agrees with the LibTorch forward's bits per dimension; an image's
+// value does not depend on the images beside it (bits, both precisions); bf16 stays within 0.01
+// bits/dim; bad subpixels and classes are refused by name.
+TEST_P(CpuDecoderTest, BitsPerDimMatchTheForwardAndDoNotDependOnTheBatch) {
+  const PixelModelConfig& c = model_->config();
+  const int64_t n = c.seq_len(), b = 5;
+  at::Tensor images = at::randint(0, 256, {b, n}, at::kLong);
+  std::vector<int64_t> rows;
+  at::Tensor classes;
+  if (c.conditional()) {
+    for (int64_t i = 0; i < b; ++i) rows.push_back(i % (c.classes + 1));
+    classes = at::tensor(rows, at::kLong);
+  }
+  const int64_t* rows_ptr = rows.empty() ? nullptr : rows.data();
+  at::NoGradGuard no_grad;
+  const at::Tensor want =
+      model_->NllPerImage(images, KrauseImpl::kReference, classes) / std::log(2.0);
+  std::vector<Precision> precisions = {Precision::kFp32};
+  if (nn::Bf16MatmulSupport().available) precisions.push_back(Precision::kBf16);
+  for (Precision precision : precisions) {
+    SCOPED_TRACE(PrecisionName(precision));
+    decoder_ = CpuDecoder::Create(*model_, {}, precision).value();
+    auto all = decoder_->BitsPerDim(images.data_ptr<int64_t>(), b, rows_ptr);
+    ASSERT_TRUE(all.ok()) << all.status();
+    ASSERT_EQ(all->size(), static_cast<size_t>(b));
+    const double tolerance = precision == Precision::kFp32 ? 1e-4 : 1e-2;
+    for (int64_t i = 0; i < b; ++i) {
+      EXPECT_NEAR((*all)[i], want[i].item<double>(), tolerance) << "image " << i;
+      auto one = decoder_->BitsPerDim(images[i].data_ptr<int64_t>(), 1,
+                                      rows_ptr == nullptr ? nullptr : rows_ptr + i);
+      ASSERT_TRUE(one.ok()) << one.status();
+      EXPECT_EQ((*one)[0], (*all)[i]) << "image " << i << " alone";
+    }
+  }
+  images[1][3] = 256;
+  EXPECT_THAT(decoder_->BitsPerDim(images.data_ptr<int64_t>(), b, rows_ptr).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("image 1, subpixel 3: 256 is not in [0, 255]")));
+  if (c.conditional()) {
+    images[1][3] = 0;
+    rows[2] = c.classes + 1;
+    EXPECT_THAT(decoder_->BitsPerDim(images.data_ptr<int64_t>(), b, rows.data()).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("image 2: class row")));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -1489,8 +1489,8 @@ TEST(ServerStart, Bf16WeightsServeTheRoundedModelAndSaySo) {
 
 // "precision": "bf16" serves a classifier's linear layers as oneDNN bf16 GEMMs on the rounded
 // weights (or, without AMX, the fp32 forward of those weights, saying why):
-// ModelInfo, the kernel check, /metrics and the bits of a Classify say which. Bad names, a
-// contradicting weights_dtype and a generator asked for bf16 are refused naming the model.
+// ModelInfo, the kernel check, /metrics and the bits of a Classify say which. Bad names and a
+// contradicting weights_dtype are refused naming the model.
 TEST(ServerStart, Bf16PrecisionServesAClassifierAndSaysHow) {
   const TinyModels models = WriteTinyModels("bf16p");
   auto parse = [&](const std::string& entry) {
@@ -1503,15 +1503,6 @@ TEST(ServerStart, Bf16PrecisionServesAClassifierAndSaysHow) {
               ::testing::HasSubstr("models[0].precision must be fp32 or bf16, got \"fp16\""));
   EXPECT_THAT(std::string(parse(R"("precision": "bf16", "weights_dtype": "float32")").message()),
               ::testing::HasSubstr("models[0].precision bf16 rounds the weights to bfloat16"));
-  const std::string generator = models.dir + "/bf16g.json";
-  WriteText(
-      generator,
-      R"({"models": [{"name": "g", "checkpoint": "karm.safetensors", "precision": "bf16"}]})");
-  const absl::Status refused = server::KrauseServer::Start(LoopbackOptions(generator)).status();
-  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
-  EXPECT_THAT(std::string(refused.message()),
-              ::testing::HasSubstr("model g: precision bf16 is served for classifiers only"));
-
   const std::string manifest = models.dir + "/bf16p.json";
   WriteText(manifest, R"({"models": [
       {"name": "c", "checkpoint": "vit.safetensors", "precision": "bf16"},
@@ -1549,6 +1540,69 @@ TEST(ServerStart, Bf16PrecisionServesAClassifierAndSaysHow) {
   const at::Tensor chw = images.permute({0, 3, 1, 2}).contiguous();
   ASSERT_TRUE(packed->Forward(chw.data_ptr<uint8_t>(), 4, want.data()).ok());
   EXPECT_EQ(got, want);
+  (*server)->Shutdown();
+  std::filesystem::remove_all(models.dir);
+}
+
+// A generator in "precision": "bf16": its decode steps, prefills and Score run the packed step's
+// bf16 GEMMs (CpuDecoder) on the rounded weights, or without AMX fp32, saying why. ModelInfo and
+// the kernel check say which; a Score has the bits of CpuDecoder::BitsPerDim in that precision;
+// a generation's start names the numerics a resume must match.
+TEST(ServerStart, Bf16PrecisionServesAGeneratorAndSaysHow) {
+  const TinyModels models = WriteTinyModels("bf16g");
+  const std::string manifest = models.dir + "/bf16g.json";
+  WriteText(
+      manifest,
+      R"({"models": [{"name": "g", "checkpoint": "karm.safetensors", "precision": "bf16"}]})");
+  auto server = server::KrauseServer::Start(LoopbackOptions(manifest));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = Stub(ClientFor((*server)->port()));
+  const bool bf16 = nn::Bf16MatmulSupport().available;
+  {
+    grpc::ClientContext ctx;
+    v1::GetModelRequest req;
+    req.set_name("g");
+    v1::ModelInfo info;
+    ASSERT_TRUE(stub->GetModel(&ctx, req, &info).ok());
+    EXPECT_EQ(info.precision(), bf16 ? "bf16" : "fp32");
+    EXPECT_EQ(info.precision_fallback(), bf16 ? "" : nn::Bf16MatmulSupport().why);
+    EXPECT_EQ(info.linear_kernels(), bf16 ? "onednn " + nn::Bf16MatmulSupport().impl
+                                          : std::string(cpu::CpuKernels().name));
+    EXPECT_EQ(info.weights_dtype(), "bfloat16");
+    ASSERT_EQ(info.kernel_checks_size(), 1);
+    EXPECT_EQ(info.kernel_checks(0).result(), "passed");
+    EXPECT_EQ(info.kernel_checks(0).tolerance(), bf16 ? 0.25 : 2e-3);
+  }
+  const at::Tensor images = RandomImages(3, 6, 6, 1, 4);
+  v1::ScoreRequest req;
+  req.set_model("g");
+  for (int i = 0; i < 3; ++i) *req.add_images() = RawImage(images[i]);
+  grpc::ClientContext ctx;
+  v1::ScoreResponse r;
+  ASSERT_TRUE(stub->Score(&ctx, req, &r).ok());
+  KRAUSE_ASSERT_OK_AND_ASSIGN(LoadedModel rounded,
+                              LoadModel(models.dir + "/karm.safetensors", "cpu", at::kBFloat16));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(auto packed,
+                              CpuDecoder::Create(*rounded.pixel, {}, Precision::kBf16));
+  at::NoGradGuard no_grad;
+  const auto want = ScoreBitsPerDim(*rounded.pixel, images.reshape({3, -1}), {},
+                                    KrauseImpl::kAuto, packed.get());
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(r.bits_per_dim_size(), 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(r.bits_per_dim(i), (*want)[i]) << i;
+  // A generation runs and its start names the precision.
+  grpc::ClientContext gctx;
+  v1::GenerateRequest g;
+  g.set_model("g");
+  g.set_seed(3);
+  auto reader = stub->Generate(&gctx, g);
+  v1::GenerateResponse m;
+  ASSERT_TRUE(reader->Read(&m));
+  ASSERT_TRUE(m.has_start());
+  EXPECT_THAT(m.start().numerics(), ::testing::StartsWith(bf16 ? "bf16 " : "fp32 "));
+  while (reader->Read(&m)) {
+  }
+  EXPECT_TRUE(reader->Finish().ok());
   (*server)->Shutdown();
   std::filesystem::remove_all(models.dir);
 }

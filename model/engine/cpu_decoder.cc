@@ -31,10 +31,7 @@ ThreadScratch& Scratch() { return ThreadScratch::Get(); }
 
 int64_t Chunks(const Linear& l) { return l.chunks(); }
 
-void ApplyLinear(const Linear& l, const float* x, int64_t rows, float* out, int64_t c0,
-                 int64_t c1) {
-  l.Apply(x, rows, out, c0, c1);
-}
+int64_t Bf16Blocks(int64_t rows) { return (rows + kBf16DecodeRows - 1) / kBf16DecodeRows; }
 
 }  // namespace
 
@@ -60,10 +57,26 @@ CpuStepPlan PlanCpuStep(const CpuStepShape& shape, const CpuStepTuning& tuning) 
 }
 
 absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const PixelModel& model,
-                                                               const CpuStepTuning& tuning) {
+                                                               const CpuStepTuning& tuning,
+                                                               Precision precision) {
   const PixelModelConfig& c = model.config();
   std::unique_ptr<CpuDecoder> dec(new CpuDecoder());
   dec->tuning_ = tuning;
+  dec->config_ = c;
+  if (precision == Precision::kBf16 && !nn::Bf16MatmulSupport().available) {
+    dec->fallback_ = nn::Bf16MatmulSupport().why;
+    precision = Precision::kFp32;
+  }
+  dec->precision_ = precision;
+  const bool bf16 = precision == Precision::kBf16;
+  auto bf16_of = [&](const std::vector<std::string>& names,
+                     nn::Bf16Linear* out) -> absl::Status {
+    if (!bf16) return absl::OkStatus();
+    auto l = nn::Bf16LinearOf(model.parameters(), names, kBf16DecodeRows);
+    if (!l.ok()) return l.status();
+    *out = std::move(*l);
+    return absl::OkStatus();
+  };
   try {
     at::NoGradGuard no_grad;
     const ParameterStore& p = model.parameters();
@@ -111,15 +124,18 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const PixelModel&
       Layer layer;
       norm(b + "ln1", &layer.ln1_w, &layer.ln1_b);
       norm(b + "ln2", &layer.ln2_w, &layer.ln2_b);
-      if (krause) {
-        layer.qkv = PackLinear(p, {a + "W_q", a + "W_k", a + "W_v"});
-        layer.inv_var = Floats(scales[l].inv_var());
-      } else {
-        layer.qkv = PackLinear(p, {a + "q_proj", a + "k_proj", a + "v_proj"});
-      }
+      const std::vector<std::string> qkv =
+          krause ? std::vector<std::string>{a + "W_q", a + "W_k", a + "W_v"}
+                 : std::vector<std::string>{a + "q_proj", a + "k_proj", a + "v_proj"};
+      layer.qkv = PackLinear(p, qkv);
+      if (krause) layer.inv_var = Floats(scales[l].inv_var());
       layer.out = PackLinear(p, {a + "out_proj"});
       layer.mlp0 = PackLinear(p, {b + "mlp.0"});
       layer.mlp2 = PackLinear(p, {b + "mlp.2"});
+      RETURN_IF_ERROR(bf16_of(qkv, &layer.qkv16));
+      RETURN_IF_ERROR(bf16_of({a + "out_proj"}, &layer.out16));
+      RETURN_IF_ERROR(bf16_of({b + "mlp.0"}, &layer.mlp016));
+      RETURN_IF_ERROR(bf16_of({b + "mlp.2"}, &layer.mlp216));
       for (const Linear* lin : {&layer.qkv, &layer.out, &layer.mlp0, &layer.mlp2}) {
         linear_macs += static_cast<double>(lin->in * lin->out);
         dec->weight_bytes_ += lin->bytes();
@@ -128,6 +144,7 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const PixelModel&
     }
     norm("ln_f", &dec->lnf_w_, &dec->lnf_b_);
     dec->head_ = PackLinear(p, {"head"});
+    RETURN_IF_ERROR(bf16_of({"head"}, &dec->head16_));
     if (dec->head_.out != 256 || dec->head_.out_pad != 256) {
       return absl::InvalidArgumentError("head must have 256 outputs");
     }
@@ -143,6 +160,11 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const PixelModel&
         absl::StrCat("cannot pack the decode weights: ", ExceptionMessage(e)));
   }
   return dec;
+}
+
+std::string CpuDecoder::linear_kernels() const {
+  if (precision_ == Precision::kBf16) return "onednn " + nn::Bf16MatmulSupport().impl;
+  return cpu::CpuKernels().name;
 }
 
 CpuStepPlan CpuDecoder::Plan(int64_t s) const {
@@ -200,6 +222,37 @@ void CpuDecoder::Attention(int64_t layer, const float* qkv, int64_t qkv_stride,
   cache->layer(layer).AttendRows(items.data(), static_cast<int64_t>(items.size()), Scratch());
 }
 
+void CpuDecoder::ApplyBf16Blocks(const nn::Bf16Linear& b16, const float* x, int64_t rows,
+                                 float* out, int64_t b0, int64_t b1) const {
+  const int64_t in = b16.in(), stride = cpu::RoundUpToChunk(b16.out()), m = kBf16DecodeRows;
+  nn::ThreadScratch& scratch = Scratch();
+  uint16_t* halves = scratch.Halves(m * in);
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    const int64_t r0 = blk * m, n = std::min(m, rows - r0);
+    nn::ToBf16(x + r0 * in, n * in, halves);
+    if (n == m) {
+      b16.Apply(halves, out + r0 * stride);
+      continue;
+    }
+    // A short last block: zero rows below, the whole block into scratch, its rows copied out
+    // (the caller's buffer may end at its last row, e.g. the logits).
+    std::fill(halves + n * in, halves + m * in, uint16_t{0});
+    thread_local std::vector<float> tail;
+    tail.resize(static_cast<size_t>(m * stride));
+    b16.Apply(halves, tail.data());
+    std::copy(tail.begin(), tail.begin() + n * stride, out + r0 * stride);
+  }
+}
+
+void CpuDecoder::ApplyLinear(const Linear& f32, const nn::Bf16Linear& b16, const float* x,
+                             int64_t rows, float* out) const {
+  if (precision_ == Precision::kBf16) {
+    ApplyBf16Blocks(b16, x, rows, out, 0, Bf16Blocks(rows));
+  } else {
+    f32.Apply(x, rows, out, 0, Chunks(f32));
+  }
+}
+
 int64_t CpuDecoder::NormOffset(const PixelKvCache& cache, int64_t slot) const {
   return class_norm_ ? cache.slot_class(slot) * d_ : 0;
 }
@@ -232,18 +285,18 @@ void CpuDecoder::RunRows(const int64_t* u, const int64_t* positions, const int64
       const int64_t o = NormOffset(*cache, slots[r]);
       LayerNormRow(b.x + r * d, d, L.ln1_w.data() + o, L.ln1_b.data() + o, b.h + r * d);
     }
-    ApplyLinear(L.qkv, b.h, n, b.qkv, 0, Chunks(L.qkv));
+    ApplyLinear(L.qkv, L.qkv16, b.h, n, b.qkv);
     Attention(l, b.qkv, L.qkv.out_pad, positions, slots, 0, n, 0, heads_, cache, b.att, d);
-    ApplyLinear(L.out, b.att, n, b.tmp, 0, Chunks(L.out));
+    ApplyLinear(L.out, L.out16, b.att, n, b.tmp);
     for (int64_t r = 0; r < n; ++r)
       for (int64_t i = 0; i < d; ++i) b.x[r * d + i] += b.tmp[r * L.out.out_pad + i];
     for (int64_t r = 0; r < n; ++r) {
       const int64_t o = NormOffset(*cache, slots[r]);
       LayerNormRow(b.x + r * d, d, L.ln2_w.data() + o, L.ln2_b.data() + o, b.h + r * d);
     }
-    ApplyLinear(L.mlp0, b.h, n, b.mid, 0, Chunks(L.mlp0));
+    ApplyLinear(L.mlp0, L.mlp016, b.h, n, b.mid);
     for (int64_t r = 0; r < n; ++r) GeluRow(b.mid + r * L.mlp0.out_pad, mlp_, b.act + r * mlp_);
-    ApplyLinear(L.mlp2, b.act, n, b.tmp, 0, Chunks(L.mlp2));
+    ApplyLinear(L.mlp2, L.mlp216, b.act, n, b.tmp);
     for (int64_t r = 0; r < n; ++r)
       for (int64_t i = 0; i < d; ++i) b.x[r * d + i] += b.tmp[r * L.mlp2.out_pad + i];
   }
@@ -251,7 +304,7 @@ void CpuDecoder::RunRows(const int64_t* u, const int64_t* positions, const int64
     const int64_t o = NormOffset(*cache, slots[r]);
     LayerNormRow(b.x + r * d, d, lnf_w_.data() + o, lnf_b_.data() + o, b.h + r * d);
   }
-  ApplyLinear(head_, b.h, n, logits + begin * 256, 0, Chunks(head_));
+  ApplyLinear(head_, head16_, b.h, n, logits + begin * 256);
 }
 
 void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const int64_t* slots,
@@ -263,12 +316,20 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
   const Rows b(*this, s, Scratch().Rows(Rows::Floats(*this, s)));
   const double min_task = tuning_.min_task_flops;
   auto grain = [&](double flops_per_item) { return GrainForWork(flops_per_item, min_task); };
-  auto linear = [&](const Linear& lin, const float* x, float* out) {
+  auto linear = [&](const Linear& lin, const nn::Bf16Linear& b16, const float* x, float* out) {
+    if (precision_ == Precision::kBf16) {
+      // Whole row blocks per task (each a fixed-size GEMM: the bits do not depend on the split).
+      const double per_block = 2.0 * kBf16DecodeRows * lin.in * lin.out;
+      at::parallel_for(0, Bf16Blocks(s), grain(per_block), [&](int64_t b0, int64_t b1) {
+        ApplyBf16Blocks(b16, x, s, out, b0, b1);
+      });
+      return;
+    }
     // A chunk's multiply-adds, and its weights streamed from memory (large models).
     const double per_chunk = 2.0 * s * lin.in * cpu::kScoreChunk +
                              kFlopsPerByte * sizeof(float) * lin.in * cpu::kScoreChunk;
     at::parallel_for(0, Chunks(lin), grain(per_chunk),
-                     [&](int64_t c0, int64_t c1) { ApplyLinear(lin, x, s, out, c0, c1); });
+                     [&](int64_t c0, int64_t c1) { lin.Apply(x, s, out, c0, c1); });
   };
   auto rows = [&](double flops_per_row, const std::function<void(int64_t)>& f) {
     at::parallel_for(0, s, grain(flops_per_row), [&](int64_t r0, int64_t r1) {
@@ -290,7 +351,7 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
       const int64_t o = NormOffset(*cache, slots[r]);
       LayerNormRow(b.x + r * d, d, L.ln1_w.data() + o, L.ln1_b.data() + o, b.h + r * d);
     });
-    linear(L.qkv, b.h, b.qkv);
+    linear(L.qkv, L.qkv16, b.h, b.qkv);
     if (one_sequence) {
       // Rows of one sequence: each row's attention reads what the rows before it appended, so
       // the rows go in order; heads are independent (disjoint cache memory).
@@ -304,16 +365,16 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
                   w0 % heads_, (w1 - 1) % heads_ + 1, cache, b.att, d);
       });
     }
-    linear(L.out, b.att, b.tmp);
+    linear(L.out, L.out16, b.att, b.tmp);
     rows(8.0 * d, [&](int64_t r) {
       for (int64_t i = 0; i < d; ++i) b.x[r * d + i] += b.tmp[r * L.out.out_pad + i];
       const int64_t o = NormOffset(*cache, slots[r]);
       LayerNormRow(b.x + r * d, d, L.ln2_w.data() + o, L.ln2_b.data() + o, b.h + r * d);
     });
-    linear(L.mlp0, b.h, b.mid);
+    linear(L.mlp0, L.mlp016, b.h, b.mid);
     rows(20.0 * mlp_,
          [&](int64_t r) { GeluRow(b.mid + r * L.mlp0.out_pad, mlp_, b.act + r * mlp_); });
-    linear(L.mlp2, b.act, b.tmp);
+    linear(L.mlp2, L.mlp216, b.act, b.tmp);
     rows(2.0 * d, [&](int64_t r) {
       for (int64_t i = 0; i < d; ++i) b.x[r * d + i] += b.tmp[r * L.mlp2.out_pad + i];
     });
@@ -322,7 +383,7 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
     const int64_t o = NormOffset(*cache, slots[r]);
     LayerNormRow(b.x + r * d, d, lnf_w_.data() + o, lnf_b_.data() + o, b.h + r * d);
   });
-  linear(head_, b.h, logits);
+  linear(head_, head16_, b.h, logits);
 }
 
 absl::Status CpuDecoder::CheckCache(const PixelKvCache* cache) const {
@@ -382,6 +443,69 @@ absl::Status CpuDecoder::Prefill(const int64_t* u, int64_t t, int64_t slot, Pixe
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<double>> CpuDecoder::BitsPerDim(const int64_t* images, int64_t b,
+                                                           const int64_t* class_rows) const {
+  const int64_t n = seq_len_;
+  if (b < 0) return absl::InvalidArgumentError(absl::StrCat("b must be >= 0, got ", b));
+  for (int64_t i = 0; i < b * n; ++i) {
+    if (images[i] < 0 || images[i] > 255) {
+      return absl::InvalidArgumentError(absl::StrCat("image ", i / n, ", subpixel ", i % n, ": ",
+                                                     images[i], " is not in [0, 255]"));
+    }
+  }
+  const bool conditional = !class_emb_.empty();
+  if (conditional && class_rows != nullptr) {
+    for (int64_t i = 0; i < b; ++i) {
+      if (class_rows[i] < 0 || class_rows[i] > config_.null_class()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "image ", i, ": class row ", class_rows[i], " is outside [0, ", config_.null_class(),
+            "]"));
+      }
+    }
+  }
+  std::vector<double> bits(static_cast<size_t>(b));
+  if (b == 0) return bits;
+  // With a start token the N positions predict x_0..x_{N-1}; without one, the N - 1 positions
+  // predict x_1..x_{N-1} (PixelModel::NllPerImage).
+  const int64_t t = start_token_ ? n : n - 1, first_target = start_token_ ? 0 : 1;
+  const int64_t tasks = std::min<int64_t>(b, std::max(1, at::get_num_threads()));
+  ASSIGN_OR_RETURN(PixelKvCache cache, PixelKvCache::Create(config_, tasks));
+  std::vector<absl::Status> failed(static_cast<size_t>(tasks));
+  // One task per slot; images task, task + tasks, ... each on one thread (the nested
+  // parallel regions of Prefill run inline inside this one).
+  at::parallel_for(0, tasks, 1, [&](int64_t k0, int64_t k1) {
+    std::vector<int64_t> u(static_cast<size_t>(t));
+    std::vector<float> logits(static_cast<size_t>(t * 256));
+    for (int64_t k = k0; k < k1; ++k) {
+      for (int64_t i = k; i < b && failed[k].ok(); i += tasks) {
+        const int64_t* x = images + i * n;
+        if (start_token_) {
+          u[0] = PixelModel::kStartToken;
+          std::copy(x, x + n - 1, u.begin() + 1);
+        } else {
+          std::copy(x, x + n - 1, u.begin());
+        }
+        if (conditional) {
+          cache.SetClass(k, class_rows != nullptr ? class_rows[i] : config_.null_class());
+        }
+        failed[k] = Prefill(u.data(), t, k, &cache, logits.data());
+        if (!failed[k].ok()) break;
+        double nll = 0;
+        for (int64_t p = 0; p < t; ++p) {
+          const float* row = logits.data() + p * 256;
+          const float top = *std::max_element(row, row + 256);
+          double sum = 0;
+          for (int64_t v = 0; v < 256; ++v) sum += std::exp(static_cast<double>(row[v]) - top);
+          nll += std::log(sum) + top - row[x[p + first_target]];
+        }
+        bits[i] = nll / static_cast<double>(t) / std::log(2.0);
+      }
+    }
+  });
+  for (const absl::Status& st : failed) RETURN_IF_ERROR(st);
+  return bits;
+}
+
 absl::Status CpuDecoder::Step(const int64_t* u, const int64_t* positions, const int64_t* slots,
                               int64_t s, PixelKvCache* cache, float* logits,
                               std::optional<CpuStepPlan::Mode> force) const {
@@ -435,13 +559,13 @@ absl::Status CpuDecoder::Step(const int64_t* u, const int64_t* positions, const 
   return absl::OkStatus();
 }
 
-PixelDecodeWeights PackForDecode(const PixelModel& model) {
+PixelDecodeWeights PackForDecode(const PixelModel& model, Precision precision) {
   PixelDecodeWeights w;
   absl::StatusOr<std::vector<DecodeScale>> scales = model.DecodeScales();
   TORCH_CHECK(scales.ok(), scales.status().ToString());
   w.scales = std::move(scales).value();
   if (model.device().is_cpu()) {
-    auto cpu = CpuDecoder::Create(model);
+    auto cpu = CpuDecoder::Create(model, {}, precision);
     TORCH_CHECK(cpu.ok(), cpu.status().ToString());
     w.cpu = std::move(cpu).value();
   }

@@ -22,6 +22,14 @@
 // The attention of each (sequence, head) is the cache's (kv_cache.h, LayerKvCache::AttendRows):
 // the decoder never touches cache storage itself.
 //
+// Precision (model/precision.h): fp32 as above; bf16 runs every linear layer through oneDNN
+// (nn/dnnl_linear.h: bfloat16 weights and activations, fp32 sums, AMX) in FIXED blocks of
+// kBf16DecodeRows rows, the last block of a call padded with zero rows. A row's bits then depend
+// only on its own inputs, never on how many rows a step has or which share its block, so the
+// guarantee above holds in bf16 too (on a given CPU and oneDNN). Attention, its Krause selection,
+// norms and GELU stay the fp32 kernels'. A CPU without AMX falls back to fp32 (fallback() says
+// why).
+//
 // Reference: PixelModel::DecodeStep without packed weights (LibTorch ops); tests compare against
 // it and against the teacher-forced forward.
 //
@@ -32,11 +40,14 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/nn/dnnl_linear.h"
 #include "model/nn/packed.h"
 #include "model/pixel_model.h"
+#include "model/precision.h"
 #include "model/util/threads.h"
 
 namespace krause {
@@ -70,12 +81,18 @@ struct CpuStepTuning {
 // more rounded to the linear kernel's row group of 4) and kLayerOps for larger ones.
 CpuStepPlan PlanCpuStep(const CpuStepShape& shape, const CpuStepTuning& tuning = {});
 
+// The rows of every bf16 GEMM call of the decoder: one AMX tile's height.
+constexpr int64_t kBf16DecodeRows = 16;
+
 class CpuDecoder final : public PackedDecodeStep {
  public:
   // Packs the model's current weights (any dtype on the CPU; fp32 copies). `tuning` sets the
   // plan's thresholds and, in kLayerOps, the smallest piece an op is split into.
-  static absl::StatusOr<std::unique_ptr<CpuDecoder>> Create(const PixelModel& model,
-                                                            const CpuStepTuning& tuning = {});
+  // `precision` kBf16 also makes the linear layers' bf16 GEMMs (a CPU without AMX: fp32, and
+  // fallback() says why).
+  static absl::StatusOr<std::unique_ptr<CpuDecoder>> Create(
+      const PixelModel& model, const CpuStepTuning& tuning = {},
+      Precision precision = Precision::kFp32);
 
   // One decode step for s sequences (host arrays of s entries): u[i] the model-input token of
   // sequence i at model position positions[i], in cache slot slots[i]; the slot holds that
@@ -100,8 +117,24 @@ class CpuDecoder final : public PackedDecodeStep {
   absl::Status Prefill(const int64_t* u, int64_t t, int64_t slot, PixelKvCache* cache,
                        float* logits) const override;
 
+  // Bits per dimension of b images (teacher-forced: each image one Prefill of its N subpixels,
+  // or N - 1 without a start token), images [b, N] subpixels in [0, 255] row-major;
+  // class_rows: null, or each image's class row (PixelModelConfig::ClassRow) for a conditional
+  // model. The images are spread over the threads, each on one thread with its own cache slot,
+  // so an image's value does not depend on the others or the thread count. In fp32 the logits
+  // are a Prefill's bits (PixelModel::NllPerImage agrees within rounding); the log-softmax and
+  // the mean are summed in double. InvalidArgument for a subpixel or class out of range.
+  absl::StatusOr<std::vector<double>> BitsPerDim(const int64_t* images, int64_t b,
+                                                 const int64_t* class_rows = nullptr) const;
+
   // The plan Step would use for s sequences with the current intra-op threads.
   CpuStepPlan Plan(int64_t s) const;
+  // The precision the linear layers run (kFp32 after a fallback) and, after one, the reason.
+  Precision precision() const { return precision_; }
+  const std::string& fallback() const { return fallback_; }
+  // What computes the linear layers: the CPU kernels' variant ("avx512"), or in bf16 oneDNN's
+  // matmul ("onednn brg:avx512_core_amx").
+  std::string linear_kernels() const;
   double flops_per_sequence() const { return flops_per_sequence_; }
   int64_t weight_bytes() const { return weight_bytes_; }
 
@@ -113,11 +146,20 @@ class CpuDecoder final : public PackedDecodeStep {
     Linear qkv;  // columns: q [0, D), k [D, 2D), v [2D, 3D)
     Linear out, mlp0, mlp2;
     std::vector<float> inv_var;  // KARM: 1 / sigma^2 per head
+    // Precision kBf16: the same layers' bf16 GEMMs (kBf16DecodeRows rows a call).
+    nn::Bf16Linear qkv16, out16, mlp016, mlp216;
   };
 
  private:
   CpuDecoder() = default;
   struct Rows;  // a task's scratch rows
+  // out (rows out_pad apart) = x (rows `in` apart) W^T + b over `rows` rows: the packed fp32
+  // kernel's column chunks [c0, c1), or in bf16 every column of the row blocks [b0, b1)
+  // (kBf16DecodeRows rows each, the last maybe padded). On the calling thread.
+  void ApplyLinear(const Linear& f32, const nn::Bf16Linear& b16, const float* x, int64_t rows,
+                   float* out) const;
+  void ApplyBf16Blocks(const nn::Bf16Linear& b16, const float* x, int64_t rows, float* out,
+                       int64_t b0, int64_t b1) const;
   void RunRows(const int64_t* u, const int64_t* positions, const int64_t* slots, int64_t begin,
                int64_t end, PixelKvCache* cache, float* logits) const;
   // one_sequence: the rows are consecutive positions of one sequence (Prefill): attention row
@@ -147,6 +189,10 @@ class CpuDecoder final : public PackedDecodeStep {
   std::vector<Layer> layers_;
   std::vector<float> lnf_w_, lnf_b_;
   Linear head_;
+  nn::Bf16Linear head16_;
+  Precision precision_ = Precision::kFp32;
+  std::string fallback_;
+  PixelModelConfig config_;
   double flops_per_sequence_ = 0;
   int64_t weight_bytes_ = 0;
   CpuStepTuning tuning_;
@@ -155,6 +201,7 @@ class CpuDecoder final : public PackedDecodeStep {
 // What DecodeStep reuses for `model`: on the CPU the packed step (a CpuDecoder), on any device
 // the Krause layers' scales. Throws (c10::Error) on weights the step cannot use (a bad
 // log_sigma); call again after loading new weights.
-PixelDecodeWeights PackForDecode(const PixelModel& model);
+// `precision`: the packed CPU step's (CpuDecoder::Create).
+PixelDecodeWeights PackForDecode(const PixelModel& model, Precision precision = Precision::kFp32);
 
 }  // namespace krause

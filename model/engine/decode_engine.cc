@@ -48,8 +48,9 @@ absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(const PixelMo
   }
 }
 
-PixelDecodeWeights PackForServing(const PixelModel& model, KrauseImpl serving) {
-  PixelDecodeWeights w = PackForDecode(model);
+PixelDecodeWeights PackForServing(const PixelModel& model, KrauseImpl serving,
+                                  Precision precision) {
+  PixelDecodeWeights w = PackForDecode(model, precision);
   if (ForwardImpl(serving) == KrauseImpl::kWindowed) w.cpu = nullptr;
   return w;
 }
@@ -60,13 +61,19 @@ DecodeEngine::DecodeEngine(const PixelModel* model, PixelKvCache cache, int64_t 
       cache_dtype_(options.cache_dtype),
       forward_impl_(ForwardImpl(options.attention_impl)),
       device_(model->device()),
-      packed_(PackForServing(*model, options.attention_impl)),
+      packed_(PackForServing(*model, options.attention_impl, options.precision)),
       cache_(std::move(cache)),
       host_u_(device_.HostBuffer({slots}, at::kLong)),
       host_pos_(device_.HostBuffer({slots}, at::kLong)),
       host_slots_(device_.HostBuffer({slots}, at::kLong)),
       host_logits_(device_.HostBuffer({slots, 256}, at::kFloat)),
       pool_(slots) {
+  if (options.precision == Precision::kBf16) {
+    precision_fallback_ = cpu_decoder() != nullptr
+                              ? cpu_decoder()->fallback()
+                              : "bf16 is the packed CPU step's precision; this engine runs "
+                                "LibTorch ops or a GPU in fp32";
+  }
   if (options.cuda_graphs && forward_impl_ == KrauseImpl::kAuto &&
       DecodeGraphs::Supported(*model)) {
     graphs_ = std::make_unique<DecodeGraphs>(model, &cache_, &packed_, slots);
@@ -397,7 +404,8 @@ namespace {
 absl::StatusOr<std::vector<double>> ScoreBitsPerDimUnguarded(const PixelModel& model,
                                                              const at::Tensor& images,
                                                              const std::vector<int64_t>& labels,
-                                                             KrauseImpl impl) {
+                                                             KrauseImpl impl,
+                                                             const CpuDecoder* packed) {
   const int64_t n = model.config().seq_len();
   if (!images.defined() || images.dim() != 2 || images.size(1) != n) {
     return absl::InvalidArgumentError(
@@ -425,6 +433,14 @@ absl::StatusOr<std::vector<double>> ScoreBitsPerDimUnguarded(const PixelModel& m
     }
     if (model.config().conditional()) classes = at::tensor(rows, at::kLong);
   }
+  if (packed != nullptr && packed->precision() == Precision::kBf16) {
+    std::vector<int64_t> class_rows;
+    if (classes.defined()) class_rows.assign(classes.data_ptr<int64_t>(),
+                                             classes.data_ptr<int64_t>() + classes.numel());
+    const at::Tensor flat = x.contiguous();
+    return packed->BitsPerDim(flat.data_ptr<int64_t>(), flat.size(0),
+                              class_rows.empty() ? nullptr : class_rows.data());
+  }
   try {
     const c10::InferenceMode inference;
     const at::Tensor bpd = (model.NllPerImage(x.to(model.device()), impl, classes) / std::log(2.0))
@@ -441,11 +457,12 @@ absl::StatusOr<std::vector<double>> ScoreBitsPerDimUnguarded(const PixelModel& m
 absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const PixelModel& model,
                                                     const at::Tensor& images,
                                                     const std::vector<int64_t>& labels,
-                                                    KrauseImpl impl) {
+                                                    KrauseImpl impl,
+                                                    const CpuDecoder* packed) {
   // The checks before the scoring run LibTorch ops too (conversion, min/max): nothing may throw
   // out of here into the worker thread.
   try {
-    return ScoreBitsPerDimUnguarded(model, images, labels, impl);
+    return ScoreBitsPerDimUnguarded(model, images, labels, impl, packed);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("scoring failed: ", ExceptionMessage(e)));
   }

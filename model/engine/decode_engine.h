@@ -89,6 +89,10 @@ struct EngineOptions {
   // graphs). kFusedCpu and kCuda name kAuto's choice on their device (InvalidArgument on the
   // other); nothing else is accepted.
   KrauseImpl attention_impl = KrauseImpl::kAuto;
+  // The linear layers' arithmetic in the CPU's packed step, its prefills and Score
+  // (model/precision.h, CpuDecoder): fp32, or bf16 through oneDNN where the CPU has AMX (else
+  // fp32: precision_fallback() says why). Ignored on a GPU and with kWindowed.
+  Precision precision = Precision::kFp32;
 };
 
 struct StepStats {
@@ -157,6 +161,16 @@ class DecodeEngine {
   const at::Device& device() const { return device_.device(); }
   // The CUDA graphs of the decode step (null unless EngineOptions::cuda_graphs applied).
   const DecodeGraphs* graphs() const { return graphs_.get(); }
+  // The packed CPU step (null on a GPU and with kWindowed): what Score runs in bf16.
+  const CpuDecoder* cpu_decoder() const {
+    return dynamic_cast<const CpuDecoder*>(packed_.cpu.get());
+  }
+  // The precision the linear layers run (kFp32 where bf16 was asked for but fell back) and why
+  // it fell back (empty otherwise).
+  Precision precision() const {
+    return cpu_decoder() != nullptr ? cpu_decoder()->precision() : Precision::kFp32;
+  }
+  const std::string& precision_fallback() const { return precision_fallback_; }
 
  private:
   struct Sequence {
@@ -187,6 +201,7 @@ class DecodeEngine {
   const DeviceContext device_;
   // Batch-invariant linear layers (CPU only) and the Krause layers' scales (any device).
   const PixelDecodeWeights packed_;
+  std::string precision_fallback_;
   PixelKvCache cache_;
   std::unique_ptr<DecodeGraphs> graphs_;
   // Host staging for one decode step (pinned on a GPU): tokens, positions, slots; logits.
@@ -214,13 +229,18 @@ absl::Status ValidateGuidance(double guidance, int64_t label);
 // What an engine serving on `serving` (EngineOptions::attention_impl) reuses in every decode
 // step: PackForDecode's, without the packed CPU step for kWindowed (whose steps run LibTorch ops).
 // Throws as PackForDecode.
-PixelDecodeWeights PackForServing(const PixelModel& model, KrauseImpl serving);
+PixelDecodeWeights PackForServing(const PixelModel& model, KrauseImpl serving,
+                                  Precision precision = Precision::kFp32);
 
-// `impl`: the attention implementation of the forward (as PixelModel::Forward).
+// `impl`: the attention implementation of the forward (as PixelModel::Forward). `packed`: an
+// engine's packed CPU step (DecodeEngine::cpu_decoder()); when it runs bf16, the images are
+// scored through it (CpuDecoder::BitsPerDim: bf16 GEMMs, each image on one thread) instead of
+// the LibTorch forward.
 absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const PixelModel& model,
                                                     const at::Tensor& images,
                                                     const std::vector<int64_t>& labels = {},
-                                                    KrauseImpl impl = KrauseImpl::kAuto);
+                                                    KrauseImpl impl = KrauseImpl::kAuto,
+                                                    const CpuDecoder* packed = nullptr);
 
 // Steps `engine` until nothing is queued or active; every request's Finished, by id (tools,
 // benchmarks and tests that want whole images).

@@ -216,7 +216,8 @@ KernelCheck CheckClassifier(const ViT& model, const ViT& reference, const Servin
 }
 
 KernelCheck CheckGenerator(const PixelModel& model, const PixelModel& reference,
-                           const ServingChoice& choice, at::ScalarType cache_dtype) {
+                           const ServingChoice& choice, at::ScalarType cache_dtype,
+                           Precision precision) {
   return Run(choice, [&](KernelCheck* check) -> absl::Status {
     const PixelModelConfig& c = reference.config();
     const int64_t n = c.seq_len();
@@ -240,7 +241,9 @@ KernelCheck CheckGenerator(const PixelModel& model, const PixelModel& reference,
     auto cache = PixelKvCache::Create(c, 2, dev, cache_dtype);
     if (!cache.ok()) return cache.status();
     if (absl::Status st = cache->SetDecodeImpl(ForwardImpl(choice.impl)); !st.ok()) return st;
-    const PixelDecodeWeights packed = PackForServing(model, choice.impl);
+    const PixelDecodeWeights packed = PackForServing(model, choice.impl, precision);
+    if (const auto* cpu = dynamic_cast<const CpuDecoder*>(packed.cpu.get()); cpu != nullptr)
+      check->precision = cpu->precision();
     at::Tensor logits = at::zeros({2, length, 256}, at::kFloat);
     for (int64_t s = 0; s < 2; ++s) {
       if (c.conditional()) cache->SetClass(s, s == 0 ? 0 : c.null_class());
@@ -269,7 +272,9 @@ KernelCheck CheckGenerator(const PixelModel& model, const PixelModel& reference,
         logits[rows[i]][position[rows[i]]++].copy_(out[static_cast<int64_t>(i)]);
     }
     const at::Tensor want = reference.ForwardTokens(u, KrauseImpl::kReference, nullptr, classes);
-    const double tolerance = cache_dtype == at::kFloat ? kLogitTolerance : kHalfCacheLogitTolerance;
+    const double tolerance = cache_dtype == at::kFloat && check->precision == Precision::kFp32
+                                 ? kLogitTolerance
+                                 : kHalfCacheLogitTolerance;
     Compare(
         logits, want, tolerance,
         [&](int64_t i) {
@@ -290,7 +295,7 @@ KernelCheck CheckLoadedModel(const LoadedModel& model, const LoadedModel& refere
   const at::ScalarType cache = !rings                 ? at::kFloat
                                : IsCpu(choice.device) ? CpuCacheDtype(gpu_cache_dtype)
                                                       : gpu_cache_dtype;
-  return CheckGenerator(*model.pixel, *reference.pixel, choice, cache);
+  return CheckGenerator(*model.pixel, *reference.pixel, choice, cache, precision);
 }
 
 at::ScalarType CpuCacheDtype(at::ScalarType requested) {

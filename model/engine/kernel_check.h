@@ -15,7 +15,8 @@
 //
 // Tolerances (absolute): probabilities 1e-4 (2e-2 in the bf16 precision, whose activations are
 // rounded to bfloat16 before every linear layer: model/precision.h); logits 2e-3 with fp32 caches
-// and 0.25 with bf16 / fp16 caches (their keys and values are rounded; the reference's are not). A
+// and 0.25 with bf16 / fp16 caches (their keys and values are rounded; the reference's are not)
+// or in the bf16 precision (activations rounded before every linear layer). A
 // model served with bfloat16 linear weights (ParameterStore::RoundLinear) is checked at the same
 // tolerances: its reference computes with the same rounded weights. A non-finite value, a
 // difference over the tolerance or an error (a Status, an exception) fails the check; its
@@ -96,14 +97,16 @@ struct KernelCheck {
 // `precision`: the packed forward's (fused_cpu; the other implementations compute in fp32).
 KernelCheck CheckClassifier(const ViT& model, const ViT& reference, const ServingChoice& choice,
                             Precision precision = Precision::kFp32);
-// `cache_dtype`: the KV cache's (EngineOptions::cache_dtype).
+// `cache_dtype`: the KV cache's (EngineOptions::cache_dtype); `precision`: the packed CPU
+// step's (EngineOptions::precision).
 KernelCheck CheckGenerator(const PixelModel& model, const PixelModel& reference,
-                           const ServingChoice& choice, at::ScalarType cache_dtype = at::kFloat);
+                           const ServingChoice& choice, at::ScalarType cache_dtype = at::kFloat,
+                           Precision precision = Precision::kFp32);
 // Whichever of the two `model` holds: `model` loaded on choice.device, `reference` the same
 // checkpoint on the CPU. A KARM's rings are `gpu_cache_dtype` on a GPU and
 // CpuCacheDtype(gpu_cache_dtype) on the CPU, as the engine would make them there; an ARM's cache
 // is checked in fp32 (its engine refuses any other).
-// `precision`: a classifier's (generators compute in fp32).
+// `precision`: the packed CPU path's (CpuViT or CpuDecoder).
 KernelCheck CheckLoadedModel(const LoadedModel& model, const LoadedModel& reference,
                              const ServingChoice& choice, at::ScalarType gpu_cache_dtype,
                              Precision precision = Precision::kFp32);

@@ -1,5 +1,6 @@
 #include "model/nn/dnnl_linear.h"
 
+#include <ATen/ATen.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "model/attention/cpu_kernels.h"
 
 namespace krause::nn {
 namespace {
@@ -267,6 +269,18 @@ int64_t Bf16Linear::bytes() const { return 0; }
 void Bf16Linear::Apply(const uint16_t*, float*, int64_t, int64_t) const {}
 
 #endif  // KRAUSE_HAVE_DNNL
+
+absl::StatusOr<Bf16Linear> Bf16LinearOf(const ParameterStore& p,
+                                        const std::vector<std::string>& prefixes, int64_t rows) {
+  std::vector<at::Tensor> w, b;
+  for (const std::string& name : prefixes) {
+    w.push_back(p.Get(name + ".weight").detach().to(at::kCPU, at::kFloat));
+    b.push_back(p.Get(name + ".bias").detach().to(at::kCPU, at::kFloat));
+  }
+  const at::Tensor weight = at::cat(w, 0).contiguous(), bias = at::cat(b, 0).contiguous();
+  return Bf16Linear::Create(weight.data_ptr<float>(), bias.data_ptr<float>(), weight.size(0),
+                            weight.size(1), rows, cpu::RoundUpToChunk(weight.size(0)));
+}
 
 // Defined once Impl is complete (either kind).
 Bf16Linear::Bf16Linear() = default;

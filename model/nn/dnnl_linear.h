@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/nn/parameters.h"
 
 namespace krause::nn {
 
@@ -72,5 +73,11 @@ class Bf16Linear {
   struct Impl;
   std::unique_ptr<const Impl> impl_;
 };
+
+// The layers `prefixes` of a store (`name.weight` [out, in], `name.bias` [out]), stacked along
+// their outputs (q, k, v -> one matrix), as a bf16 linear layer over `rows` rows whose output rows
+// are cpu::RoundUpToChunk(out) apart (the packed layers' layout, nn/packed.h).
+absl::StatusOr<Bf16Linear> Bf16LinearOf(const ParameterStore& p,
+                                        const std::vector<std::string>& prefixes, int64_t rows);
 
 }  // namespace krause::nn

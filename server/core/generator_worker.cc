@@ -181,7 +181,7 @@ void GeneratorWorker::ScoreChunk(std::deque<RunningScore>* scores, int64_t image
                            : std::vector<int64_t>(r.job.labels.begin() + r.done,
                                                   r.job.labels.begin() + r.done + images);
   auto bits = ScoreBitsPerDim(*model_, r.job.images.narrow(0, r.done, images), labels,
-                              ForwardImpl(options_.engine.attention_impl));
+                              ForwardImpl(options_.engine.attention_impl), engine_->cpu_decoder());
   e->score_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   e->score_images = images;
   ledger->OnScore(e->score_seconds, images, decoding);

@@ -124,6 +124,13 @@ class GeneratorWorker {
   int64_t waiting() const { return waiting_.load(); }
   int64_t slots() const { return slots_; }
   int64_t bytes_per_sequence() const { return bytes_per_sequence_; }
+  // The engine's precision (after a fallback) and why it fell back (DecodeEngine).
+  Precision precision() const { return engine_->precision(); }
+  const std::string& precision_fallback() const { return engine_->precision_fallback(); }
+  // The packed CPU step's linear kernels (CpuDecoder::linear_kernels); empty without one.
+  std::string linear_kernels() const {
+    return engine_->cpu_decoder() != nullptr ? engine_->cpu_decoder()->linear_kernels() : "";
+  }
 
  private:
   GeneratorWorker(std::shared_ptr<const PixelModel> model, std::unique_ptr<DecodeEngine> engine,

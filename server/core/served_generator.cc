@@ -92,12 +92,6 @@ absl::StatusOr<SamplingDefaults> ServedGenerator::Defaults(const ModelSpec& spec
 absl::StatusOr<std::unique_ptr<ServedModel>> ServedGenerator::Create(const ModelSpec& spec,
                                                                      const LoadedModel& model,
                                                                      const WorkerHooks& hooks) {
-  if (spec.precision != Precision::kFp32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model ", spec.name, ": precision ", PrecisionName(spec.precision),
-                     " is served for classifiers only so far (a generator computes in fp32; its "
-                     "bf16 linear weights: \"weights_dtype\": \"bfloat16\")"));
-  }
   auto sampling = Defaults(spec, model);
   if (!sampling.ok()) return sampling.status();
   GeneratorOptions g;
@@ -108,6 +102,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> ServedGenerator::Create(const Model
   auto impl = ParseServingImpl(spec.attention_impl);
   if (!impl.ok()) return WithContext("model " + spec.name, impl.status());
   g.engine.attention_impl = *impl;
+  g.engine.precision = spec.precision;
   std::function<void(const DecodeEvent&)> on_step;
   if (hooks.on_decode_step)
     on_step = [f = hooks.on_decode_step, name = spec.name,
@@ -120,6 +115,9 @@ absl::StatusOr<std::unique_ptr<ServedModel>> ServedGenerator::Create(const Model
   if (!worker.ok()) return WithContext("model " + spec.name, worker.status());
   std::unique_ptr<ServedGenerator> served(new ServedGenerator(spec, model, std::move(*worker)));
   ModelInfo& info = served->mutable_info();
+  info.precision = PrecisionName(served->worker_->precision());
+  info.precision_fallback = served->worker_->precision_fallback();
+  info.linear_kernels = served->worker_->linear_kernels();
   info.default_temperature = sampling->temperature;
   info.default_top_p = sampling->top_p;
   info.default_top_k = sampling->top_k;
