@@ -72,7 +72,8 @@ int Usage() {
                "       krause-model-bench prefill CHECKPOINT [--lengths 28,392,783] [--seconds 3]\n"
                "       krause-model-bench init vit-s16|vit-s16-softmax|karm-mnist|arm-mnist OUT\n"
                "       [--threads T (0: one per core)] [--weights float32,bfloat16]\n"
-               "       [--precision fp32,bf16 (classify, score, generate)]\n");
+               "       [--precision fp32,bf16 (classify, score, generate)]\n"
+               "       [--kv_cache float32|bfloat16 (generate: a KARM's rings)]\n");
   return 2;
 }
 
@@ -93,6 +94,7 @@ struct Args {
   int64_t images = 0;
   bool reference = false;
   krause::Precision precision = krause::Precision::kFp32;
+  at::ScalarType cache = at::kFloat;  // generate: the KARM's ring cache
 };
 
 // One dtype of the linear weights: its name (as records show it) and LoadModel's linear_dtype.
@@ -177,6 +179,7 @@ int main(int argc, char** argv) {
   bool reference = false;
   std::vector<Weights> weights = {{"float32", at::kFloat}};
   std::vector<krause::Precision> precisions = {krause::Precision::kFp32};
+  at::ScalarType cache = at::kFloat;
   for (int i = 3; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--batches" || flag == "--streams" || flag == "--lengths") {
@@ -196,6 +199,14 @@ int main(int argc, char** argv) {
         const auto precision = krause::ParsePrecision(std::string(p), "--precision");
         if (!precision.ok()) return Usage();
         precisions.push_back(*precision);
+      }
+    } else if (flag == "--kv_cache") {
+      if (value == "float32") {
+        cache = at::kFloat;
+      } else if (value == "bfloat16") {
+        cache = at::kBFloat16;
+      } else {
+        return Usage();
       }
     } else if (flag == "--weights") {
       weights.clear();
@@ -217,7 +228,7 @@ int main(int argc, char** argv) {
   }
   const krause::CpuThreads t = krause::SetCpuThreads(threads);
   for (const krause::Precision p : precisions) {
-    const Args args{what, path, sizes, seconds, images, reference, p};
+    const Args args{what, path, sizes, seconds, images, reference, p, cache};
     for (const Weights& w : weights) {
       if (const int rc = Bench(args, w, t); rc != 0) return rc;
     }
@@ -368,6 +379,7 @@ int Bench(const Args& a, const Weights& weights, const krause::CpuThreads& t) {
     krause::EngineOptions eo;
     eo.max_sequences = s;
     eo.precision = a.precision;
+    eo.cache_dtype = a.cache;
     auto engine = krause::DecodeEngine::Create(&arm, eo);
     if (!engine.ok()) {
       std::fprintf(stderr, "krause-model-bench: %s\n", engine.status().ToString().c_str());
@@ -383,11 +395,12 @@ int Bench(const Args& a, const Weights& weights, const krause::CpuThreads& t) {
     const double sec = Since(t0);
     std::printf(
         "{\"what\":\"generate\",\"streams\":%lld,\"images\":%lld,\"seconds\":%.6g,"
-        "\"images_per_second\":%.6g,\"precision\":\"%s\",\"linear_kernels\":\"%s\"%s\n",
+        "\"images_per_second\":%.6g,\"precision\":\"%s\",\"linear_kernels\":\"%s\","
+        "\"kv_cache\":\"%s\"%s\n",
         static_cast<long long>(s), static_cast<long long>(finished), sec, finished / sec,
         krause::PrecisionName((*engine)->precision()),
         (*engine)->cpu_decoder() ? (*engine)->cpu_decoder()->linear_kernels().c_str() : "",
-        Tail(weights, t).c_str());
+        a.cache == at::kFloat ? "float32" : "bfloat16", Tail(weights, t).c_str());
     std::fflush(stdout);
   }
   return 0;

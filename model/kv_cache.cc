@@ -75,7 +75,8 @@ absl::Status PixelKvCache::SetDecodeImpl(KrauseImpl impl) {
   return absl::OkStatus();
 }
 
-void KrauseLayerCache::AttendRows(const DecodeRow* rows, int64_t n, nn::ThreadScratch& scratch) {
+void KrauseLayerCache::AttendRows(const DecodeRow* rows, int64_t n, nn::ThreadScratch& scratch,
+                                  bool fetch_next) {
   const cpu::Scratch& kernel_scratch = scratch.Kernel(ring_.window());
   const cpu::CpuKernelTable& kernels = cpu::CpuKernels();
   for (int64_t i = 0; i < n; ++i) {
@@ -88,7 +89,7 @@ void KrauseLayerCache::AttendRows(const DecodeRow* rows, int64_t n, nn::ThreadSc
     item.top_k = top_k_;
     item.inv_var = row.inv_var;
     item.out = row.out;
-    if (i + 1 < n) ring_.SetNext(rows[i + 1].slot, rows[i + 1].head, &item);
+    if (fetch_next && i + 1 < n) ring_.SetNext(rows[i + 1].slot, rows[i + 1].head, &item);
     kernels.decode(item, kernel_scratch);
   }
 }
@@ -163,7 +164,8 @@ absl::StatusOr<at::Tensor> SoftmaxLayerCache::Attend(const at::Tensor& q, const 
   }
 }
 
-void SoftmaxLayerCache::AttendRows(const DecodeRow* rows, int64_t n, nn::ThreadScratch& scratch) {
+void SoftmaxLayerCache::AttendRows(const DecodeRow* rows, int64_t n, nn::ThreadScratch& scratch,
+                                   bool /*fetch_next*/) {
   for (int64_t i = 0; i < n; ++i) AttendOne(rows[i], scratch);
 }
 

@@ -69,12 +69,17 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const PixelModel&
   }
   dec->precision_ = precision;
   const bool bf16 = precision == Precision::kBf16;
-  auto bf16_of = [&](const std::vector<std::string>& names,
-                     nn::Bf16Linear* out) -> absl::Status {
+  // A scored image's positions: N with a start token, else N - 1 (BitsPerDim).
+  const int64_t image_rows = c.start_token ? c.seq_len() : c.seq_len() - 1;
+  auto bf16_of = [&](const std::vector<std::string>& names, nn::Bf16Linear* step,
+                     nn::Bf16Linear* image) -> absl::Status {
     if (!bf16) return absl::OkStatus();
     auto l = nn::Bf16LinearOf(model.parameters(), names, kBf16DecodeRows);
     if (!l.ok()) return l.status();
-    *out = std::move(*l);
+    *step = std::move(*l);
+    l = nn::Bf16LinearOf(model.parameters(), names, image_rows);
+    if (!l.ok()) return l.status();
+    *image = std::move(*l);
     return absl::OkStatus();
   };
   try {
@@ -132,10 +137,10 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const PixelModel&
       layer.out = PackLinear(p, {a + "out_proj"});
       layer.mlp0 = PackLinear(p, {b + "mlp.0"});
       layer.mlp2 = PackLinear(p, {b + "mlp.2"});
-      RETURN_IF_ERROR(bf16_of(qkv, &layer.qkv16));
-      RETURN_IF_ERROR(bf16_of({a + "out_proj"}, &layer.out16));
-      RETURN_IF_ERROR(bf16_of({b + "mlp.0"}, &layer.mlp016));
-      RETURN_IF_ERROR(bf16_of({b + "mlp.2"}, &layer.mlp216));
+      RETURN_IF_ERROR(bf16_of(qkv, &layer.qkv16, &layer.qkv16_image));
+      RETURN_IF_ERROR(bf16_of({a + "out_proj"}, &layer.out16, &layer.out16_image));
+      RETURN_IF_ERROR(bf16_of({b + "mlp.0"}, &layer.mlp016, &layer.mlp016_image));
+      RETURN_IF_ERROR(bf16_of({b + "mlp.2"}, &layer.mlp216, &layer.mlp216_image));
       for (const Linear* lin : {&layer.qkv, &layer.out, &layer.mlp0, &layer.mlp2}) {
         linear_macs += static_cast<double>(lin->in * lin->out);
         dec->weight_bytes_ += lin->bytes();
@@ -144,7 +149,7 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const PixelModel&
     }
     norm("ln_f", &dec->lnf_w_, &dec->lnf_b_);
     dec->head_ = PackLinear(p, {"head"});
-    RETURN_IF_ERROR(bf16_of({"head"}, &dec->head16_));
+    RETURN_IF_ERROR(bf16_of({"head"}, &dec->head16_, &dec->head16_image_));
     if (dec->head_.out != 256 || dec->head_.out_pad != 256) {
       return absl::InvalidArgumentError("head must have 256 outputs");
     }
@@ -194,7 +199,8 @@ struct CpuDecoder::Rows {
 void CpuDecoder::Attention(int64_t layer, const float* qkv, int64_t qkv_stride,
                            const int64_t* positions, const int64_t* slots, int64_t row_begin,
                            int64_t row_end, int64_t head_begin, int64_t head_end,
-                           PixelKvCache* cache, float* out, int64_t out_stride) const {
+                           PixelKvCache* cache, float* out, int64_t out_stride,
+                           bool fetch_next) const {
   // Rows [row_begin, row_end) of qkv / out (0-based in these buffers) are sequences
   // row_begin.. of positions / slots; items (row, head) in row-major order between
   // (row_begin, head_begin) and (row_end - 1, head_end - 1).
@@ -219,7 +225,8 @@ void CpuDecoder::Attention(int64_t layer, const float* qkv, int64_t qkv_stride,
       items.push_back(item);
     }
   }
-  cache->layer(layer).AttendRows(items.data(), static_cast<int64_t>(items.size()), Scratch());
+  cache->layer(layer).AttendRows(items.data(), static_cast<int64_t>(items.size()), Scratch(),
+                                 fetch_next);
 }
 
 void CpuDecoder::ApplyBf16Blocks(const nn::Bf16Linear& b16, const float* x, int64_t rows,
@@ -309,14 +316,23 @@ void CpuDecoder::RunRows(const int64_t* u, const int64_t* positions, const int64
 
 void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const int64_t* slots,
                              int64_t s, PixelKvCache* cache, float* logits,
-                             bool one_sequence) const {
+                             bool one_sequence, bool whole_image) const {
   // The same arithmetic as RunRows, op by op over all s rows; each op is split over the
   // threads where a task gets enough work, and runs inline otherwise.
   const int64_t d = d_;
   const Rows b(*this, s, Scratch().Rows(Rows::Floats(*this, s)));
   const double min_task = tuning_.min_task_flops;
   auto grain = [&](double flops_per_item) { return GrainForWork(flops_per_item, min_task); };
-  auto linear = [&](const Linear& lin, const nn::Bf16Linear& b16, const float* x, float* out) {
+  auto linear = [&](const Linear& lin, const nn::Bf16Linear& b16, const nn::Bf16Linear& image,
+                    const float* x, float* out) {
+    if (whole_image) {
+      // All s rows at once: the image GEMMs' own fixed blocks.
+      uint16_t* halves = Scratch().Halves(s * lin.in);
+      nn::ToBf16(x, s * lin.in, halves);
+      at::parallel_for(0, image.blocks(), 1,
+                       [&](int64_t b0, int64_t b1) { image.Apply(halves, out, b0, b1); });
+      return;
+    }
     if (precision_ == Precision::kBf16) {
       // Whole row blocks per task (each a fixed-size GEMM: the bits do not depend on the split).
       const double per_block = 2.0 * kBf16DecodeRows * lin.in * lin.out;
@@ -351,13 +367,15 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
       const int64_t o = NormOffset(*cache, slots[r]);
       LayerNormRow(b.x + r * d, d, L.ln1_w.data() + o, L.ln1_b.data() + o, b.h + r * d);
     });
-    linear(L.qkv, L.qkv16, b.h, b.qkv);
+    linear(L.qkv, L.qkv16, L.qkv16_image, b.h, b.qkv);
     if (one_sequence) {
       // Rows of one sequence: each row's attention reads what the rows before it appended, so
-      // the rows go in order; heads are independent (disjoint cache memory).
+      // the rows go in order; heads are independent (disjoint cache memory). The sequence's
+      // rings stay in the core's cache: no fetching ahead.
       at::parallel_for(0, heads_, grain(s * attention_item), [&](int64_t h0, int64_t h1) {
         for (int64_t r = 0; r < s; ++r)
-          Attention(l, b.qkv, L.qkv.out_pad, positions, slots, r, r + 1, h0, h1, cache, b.att, d);
+          Attention(l, b.qkv, L.qkv.out_pad, positions, slots, r, r + 1, h0, h1, cache, b.att, d,
+                    /*fetch_next=*/false);
       });
     } else {
       at::parallel_for(0, s * heads_, grain(attention_item), [&](int64_t w0, int64_t w1) {
@@ -365,16 +383,16 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
                   w0 % heads_, (w1 - 1) % heads_ + 1, cache, b.att, d);
       });
     }
-    linear(L.out, L.out16, b.att, b.tmp);
+    linear(L.out, L.out16, L.out16_image, b.att, b.tmp);
     rows(8.0 * d, [&](int64_t r) {
       for (int64_t i = 0; i < d; ++i) b.x[r * d + i] += b.tmp[r * L.out.out_pad + i];
       const int64_t o = NormOffset(*cache, slots[r]);
       LayerNormRow(b.x + r * d, d, L.ln2_w.data() + o, L.ln2_b.data() + o, b.h + r * d);
     });
-    linear(L.mlp0, L.mlp016, b.h, b.mid);
+    linear(L.mlp0, L.mlp016, L.mlp016_image, b.h, b.mid);
     rows(20.0 * mlp_,
          [&](int64_t r) { GeluRow(b.mid + r * L.mlp0.out_pad, mlp_, b.act + r * mlp_); });
-    linear(L.mlp2, L.mlp216, b.act, b.tmp);
+    linear(L.mlp2, L.mlp216, L.mlp216_image, b.act, b.tmp);
     rows(2.0 * d, [&](int64_t r) {
       for (int64_t i = 0; i < d; ++i) b.x[r * d + i] += b.tmp[r * L.mlp2.out_pad + i];
     });
@@ -383,7 +401,7 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
     const int64_t o = NormOffset(*cache, slots[r]);
     LayerNormRow(b.x + r * d, d, lnf_w_.data() + o, lnf_b_.data() + o, b.h + r * d);
   });
-  linear(head_, head16_, b.h, logits);
+  linear(head_, head16_, head16_image_, b.h, logits);
 }
 
 absl::Status CpuDecoder::CheckCache(const PixelKvCache* cache) const {
@@ -474,9 +492,11 @@ absl::StatusOr<std::vector<double>> CpuDecoder::BitsPerDim(const int64_t* images
   // One task per slot; images task, task + tasks, ... each on one thread (the nested
   // parallel regions of Prefill run inline inside this one).
   at::parallel_for(0, tasks, 1, [&](int64_t k0, int64_t k1) {
-    std::vector<int64_t> u(static_cast<size_t>(t));
+    std::vector<int64_t> u(static_cast<size_t>(t)), positions(static_cast<size_t>(t)), slots;
     std::vector<float> logits(static_cast<size_t>(t * 256));
+    for (int64_t p = 0; p < t; ++p) positions[p] = p;
     for (int64_t k = k0; k < k1; ++k) {
+      slots.assign(static_cast<size_t>(t), k);
       for (int64_t i = k; i < b && failed[k].ok(); i += tasks) {
         const int64_t* x = images + i * n;
         if (start_token_) {
@@ -488,8 +508,14 @@ absl::StatusOr<std::vector<double>> CpuDecoder::BitsPerDim(const int64_t* images
         if (conditional) {
           cache.SetClass(k, class_rows != nullptr ? class_rows[i] : config_.null_class());
         }
-        failed[k] = Prefill(u.data(), t, k, &cache, logits.data());
-        if (!failed[k].ok()) break;
+        try {
+          at::NoGradGuard no_grad;
+          RunLayerOps(u.data(), positions.data(), slots.data(), t, &cache, logits.data(),
+                      /*one_sequence=*/true, /*whole_image=*/precision_ == Precision::kBf16);
+        } catch (const std::exception& e) {
+          failed[k] = absl::InternalError(absl::StrCat("scoring failed: ", ExceptionMessage(e)));
+          break;
+        }
         double nll = 0;
         for (int64_t p = 0; p < t; ++p) {
           const float* row = logits.data() + p * 256;

@@ -122,8 +122,11 @@ class CpuDecoder final : public PackedDecodeStep {
   // class_rows: null, or each image's class row (PixelModelConfig::ClassRow) for a conditional
   // model. The images are spread over the threads, each on one thread with its own cache slot,
   // so an image's value does not depend on the others or the thread count. In fp32 the logits
-  // are a Prefill's bits (PixelModel::NllPerImage agrees within rounding); the log-softmax and
-  // the mean are summed in double. InvalidArgument for a subpixel or class out of range.
+  // are a Prefill's bits (PixelModel::NllPerImage agrees within rounding); in bf16 the GEMMs
+  // take an image's positions in blocks of up to 128 rows (fixed by N: AMX runs them several
+  // times faster than 16-row blocks), so they agree with a Prefill within rounding. The
+  // log-softmax and the mean are summed in double. InvalidArgument for a subpixel or class out of
+  // range.
   absl::StatusOr<std::vector<double>> BitsPerDim(const int64_t* images, int64_t b,
                                                  const int64_t* class_rows = nullptr) const;
 
@@ -146,8 +149,10 @@ class CpuDecoder final : public PackedDecodeStep {
     Linear qkv;  // columns: q [0, D), k [D, 2D), v [2D, 3D)
     Linear out, mlp0, mlp2;
     std::vector<float> inv_var;  // KARM: 1 / sigma^2 per head
-    // Precision kBf16: the same layers' bf16 GEMMs (kBf16DecodeRows rows a call).
+    // Precision kBf16: the same layers' bf16 GEMMs, kBf16DecodeRows rows a call (steps,
+    // prefills) and a whole image's positions a call (BitsPerDim: blocks of up to 128 rows).
     nn::Bf16Linear qkv16, out16, mlp016, mlp216;
+    nn::Bf16Linear qkv16_image, out16_image, mlp016_image, mlp216_image;
   };
 
  private:
@@ -164,8 +169,11 @@ class CpuDecoder final : public PackedDecodeStep {
                int64_t end, PixelKvCache* cache, float* logits) const;
   // one_sequence: the rows are consecutive positions of one sequence (Prefill): attention row
   // by row in order, heads in parallel.
+  // whole_image (bf16, BitsPerDim): the rows are an image's positions and the linear layers
+  // run the *_image GEMMs.
   void RunLayerOps(const int64_t* u, const int64_t* positions, const int64_t* slots, int64_t s,
-                   PixelKvCache* cache, float* logits, bool one_sequence = false) const;
+                   PixelKvCache* cache, float* logits, bool one_sequence = false,
+                   bool whole_image = false) const;
   absl::Status CheckCache(const PixelKvCache* cache) const;  // Step's and Prefill's checks
   absl::Status CheckToken(const int64_t* u, int64_t i) const;
   // Row r's input: token (or start) embedding + position embedding (+ the slot's class
@@ -177,7 +185,8 @@ class CpuDecoder final : public PackedDecodeStep {
   int64_t NormOffset(const PixelKvCache& cache, int64_t slot) const;
   void Attention(int64_t layer, const float* qkv, int64_t qkv_stride, const int64_t* positions,
                  const int64_t* slots, int64_t row_begin, int64_t row_end, int64_t head_begin,
-                 int64_t head_end, PixelKvCache* cache, float* out, int64_t out_stride) const;
+                 int64_t head_end, PixelKvCache* cache, float* out, int64_t out_stride,
+                 bool fetch_next = true) const;
 
   AttentionKind kind_ = AttentionKind::kKrause;
   bool start_token_ = true;
@@ -189,7 +198,7 @@ class CpuDecoder final : public PackedDecodeStep {
   std::vector<Layer> layers_;
   std::vector<float> lnf_w_, lnf_b_;
   Linear head_;
-  nn::Bf16Linear head16_;
+  nn::Bf16Linear head16_, head16_image_;
   Precision precision_ = Precision::kFp32;
   std::string fallback_;
   PixelModelConfig config_;
