@@ -51,6 +51,10 @@ ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 ABSL_FLAG(std::string, weights_dtype, "float32",
           "the generator's linear weights: float32, or bfloat16 (rounded at load, as a model "
           "served with \"weights_dtype\": \"bfloat16\"); the judge stays float32");
+ABSL_FLAG(std::string, precision, "fp32",
+          "the generator's arithmetic on the CPU, as a model served with \"precision\": fp32, "
+          "or bf16 (oneDNN bf16 GEMMs in sampling and bits/dim; rounds the weights to bfloat16; "
+          "fp32 where the CPU has no AMX, and the report says so)");
 
 namespace {
 
@@ -102,7 +106,14 @@ int main(int argc, char** argv) {
   const std::string device = absl::GetFlag(FLAGS_device);
   const std::string out_dir = absl::GetFlag(FLAGS_out);
 
-  const std::string weights = absl::GetFlag(FLAGS_weights_dtype);
+  std::string weights = absl::GetFlag(FLAGS_weights_dtype);
+  const auto precision = krause::ParsePrecision(absl::GetFlag(FLAGS_precision), "--precision");
+  if (!precision.ok()) return Fail(std::string(precision.status().message()));
+  if (*precision == krause::Precision::kBf16) {
+    if (weights != "bfloat16" && weights != "float32")
+      return Fail("--precision bf16 rounds the weights to bfloat16");
+    weights = "bfloat16";  // as the server's manifest does
+  }
   const auto linear_dtype = krause::ParseLinearDtype(weights, "--weights_dtype");
   if (!linear_dtype.ok()) return Fail(std::string(linear_dtype.status().message()));
   auto gen = krause::LoadModel(gen_path, device, *linear_dtype);
@@ -112,6 +123,16 @@ int main(int argc, char** argv) {
   if (!cls.ok()) return Fail(cls.status().ToString());
   if (!cls->classifier()) return Fail(absl::GetFlag(FLAGS_classifier) + " is not a classifier");
   const krause::PixelModel& arm = *gen->pixel;
+  // The packed step in the asked precision (bf16: bits/dim through its GEMMs, as a served Score).
+  std::unique_ptr<krause::CpuDecoder> scorer;
+  if (arm.device().is_cpu()) {
+    auto d = krause::CpuDecoder::Create(arm, {}, *precision);
+    if (!d.ok()) return Fail(d.status().ToString());
+    scorer = std::move(*d);
+    if (!scorer->fallback().empty())
+      std::fprintf(stderr, "krause-eval: bf16 falls back to fp32: %s\n",
+                   scorer->fallback().c_str());
+  }
   const krause::ViT& vit = *cls->vit;
   const krause::PixelModelConfig& ac = arm.config();
   auto test = krause::LoadDataset(absl::GetFlag(FLAGS_data), absl::GetFlag(FLAGS_data_dir), false);
@@ -152,7 +173,7 @@ int main(int argc, char** argv) {
   const auto t_sample = Clock::now();
   auto samples = krause::SampleImages(
       arm, labels, absl::GetFlag(FLAGS_seed), sp,
-      [&](int64_t done) { Progress("sampling", done, count, t_sample); }, guidance);
+      [&](int64_t done) { Progress("sampling", done, count, t_sample); }, guidance, *precision);
   if (!samples.ok()) return Fail(samples.status().ToString());
   const double sample_seconds = Since(t_sample);
 
@@ -172,6 +193,9 @@ int main(int argc, char** argv) {
   nlohmann::json report = {{"generator", gen_path},
                            {"classifier", absl::GetFlag(FLAGS_classifier)},
                            {"weights_dtype", weights},
+                           {"precision", krause::PrecisionName(scorer ? scorer->precision()
+                                                                      : krause::Precision::kFp32)},
+                           {"linear_kernels", scorer ? scorer->linear_kernels() : std::string()},
                            {"samples", count},
                            {"conditional", conditional},
                            {"seed", absl::GetFlag(FLAGS_seed)},
@@ -240,13 +264,14 @@ int main(int argc, char** argv) {
     for (int64_t s = 0; s < n; s += batch) {
       const int64_t b = std::min(batch, n - s);
       const at::Tensor x = flat.narrow(0, s, b);
-      auto u = krause::ScoreBitsPerDim(arm, x);
+      auto u = krause::ScoreBitsPerDim(arm, x, {}, krause::KrauseImpl::kAuto, scorer.get());
       if (!u.ok()) return Fail(u.status().ToString());
       for (double v : *u) sum_u += v;
       if (ac.conditional()) {
         const at::Tensor l = test->labels.narrow(0, s, b).contiguous();
         auto c = krause::ScoreBitsPerDim(
-            arm, x, std::vector<int64_t>(l.data_ptr<int64_t>(), l.data_ptr<int64_t>() + b));
+            arm, x, std::vector<int64_t>(l.data_ptr<int64_t>(), l.data_ptr<int64_t>() + b),
+            krause::KrauseImpl::kAuto, scorer.get());
         if (!c.ok()) return Fail(c.status().ToString());
         for (double v : *c) sum_c += v;
       }

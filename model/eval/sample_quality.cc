@@ -16,12 +16,13 @@ namespace krause {
 absl::StatusOr<at::Tensor> SampleImages(const PixelModel& model, const std::vector<int64_t>& labels,
                                         uint64_t seed, const SamplingParams& sampling,
                                         const std::function<void(int64_t)>& progress,
-                                        double guidance) {
+                                        double guidance, Precision precision) {
   const PixelModelConfig& c = model.config();
   const int64_t count = static_cast<int64_t>(labels.size()), n = c.seq_len();
   if (count == 0) return at::empty({0, c.channels, c.height, c.width_px}, at::kByte);
   EngineOptions eo;
   eo.max_sequences = std::min<int64_t>(count * GenerationRequest::SlotsFor(guidance), 64);
+  eo.precision = precision;
   auto engine = DecodeEngine::Create(&model, eo);
   if (!engine.ok()) return engine.status();
   at::Tensor x = at::zeros({count, n}, at::kByte);

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "model/engine/sampling.h"
 #include "model/pixel_model.h"
+#include "model/precision.h"
 #include "model/vit.h"
 
 namespace krause {
@@ -31,7 +32,8 @@ namespace krause {
 absl::StatusOr<at::Tensor> SampleImages(const PixelModel& model, const std::vector<int64_t>& labels,
                                         uint64_t seed, const SamplingParams& sampling = {},
                                         const std::function<void(int64_t)>& progress = nullptr,
-                                        double guidance = 1.0);
+                                        double guidance = 1.0,
+                                        Precision precision = Precision::kFp32);
 
 // The samples of a class-conditional draw where image i has class i % classes (SampleImages with
 // those labels), one row per class: each row holds that class's first `per_class` images, and a
