@@ -12,6 +12,7 @@
 #include <map>
 #include <random>
 
+#include "model/nn/dnnl_linear.h"
 #include "tests/test_util.h"
 
 namespace krause {
@@ -98,11 +99,14 @@ class Router {
 // with class label_of(i) when given (and then `guidance` for the images with a class).
 std::vector<Outcome> Generate(const PixelModel& m, int64_t slots, int64_t count, int64_t stagger,
                               const std::function<int64_t(int64_t)>& label_of = nullptr,
-                              double guidance = 1.0, at::ScalarType cache_dtype = at::kFloat) {
+                              double guidance = 1.0, at::ScalarType cache_dtype = at::kFloat,
+                              Precision precision = Precision::kFp32) {
   EngineOptions options{slots, 0};
   options.cache_dtype = cache_dtype;
+  options.precision = precision;
   auto engine = DecodeEngine::Create(&m, options);
   EXPECT_TRUE(engine.ok());
+  EXPECT_EQ((*engine)->precision(), precision) << (*engine)->precision_fallback();
   Router router(engine->get());
   std::vector<Outcome> out(count);
   int64_t submitted = 0, step = 0;
@@ -124,23 +128,33 @@ std::vector<Outcome> Generate(const PixelModel& m, int64_t slots, int64_t count,
 
 class EngineInvarianceTest : public ::testing::TestWithParam<std::pair<const char*, bool>> {};
 
+// In every precision (bf16 where this CPU has AMX: its GEMMs' fixed 16-row blocks keep a row's
+// bits whatever shares its block).
 TEST_P(EngineInvarianceTest, SameSeedsGiveTheSameImagesAtAnyBatchSizeAndJoinStep) {
   KRAUSE_ASSERT_OK_AND_ASSIGN(
       PixelModel m, PixelModel::Create(TinyConfig(GetParam().first, GetParam().second), 5));
   const int64_t count = 64;
-  const std::vector<Outcome> alone = Generate(m, 1, count, 0);
-  const std::vector<Outcome> seven = Generate(m, 7, count, 3);
-  const std::vector<Outcome> all = Generate(m, 64, count, 1);
-  std::set<std::vector<uint8_t>> distinct;
-  for (int64_t i = 0; i < count; ++i) {
-    ASSERT_TRUE(alone[i].status.ok()) << alone[i].status;
-    ASSERT_EQ(alone[i].pixels.size(), 20u);
-    EXPECT_EQ(alone[i].done_calls, 1);
-    EXPECT_EQ(alone[i].pixels, seven[i].pixels) << "seed " << i;
-    EXPECT_EQ(alone[i].pixels, all[i].pixels) << "seed " << i;
-    distinct.insert(alone[i].pixels);
+  std::vector<Precision> precisions = {Precision::kFp32};
+  if (nn::Bf16MatmulSupport().available) precisions.push_back(Precision::kBf16);
+  for (const Precision precision : precisions) {
+    SCOPED_TRACE(PrecisionName(precision));
+    const auto run = [&](int64_t slots, int64_t stagger) {
+      return Generate(m, slots, count, stagger, nullptr, 1.0, at::kFloat, precision);
+    };
+    const std::vector<Outcome> alone = run(1, 0);
+    const std::vector<Outcome> seven = run(7, 3);
+    const std::vector<Outcome> all = run(64, 1);
+    std::set<std::vector<uint8_t>> distinct;
+    for (int64_t i = 0; i < count; ++i) {
+      ASSERT_TRUE(alone[i].status.ok()) << alone[i].status;
+      ASSERT_EQ(alone[i].pixels.size(), 20u);
+      EXPECT_EQ(alone[i].done_calls, 1);
+      EXPECT_EQ(alone[i].pixels, seven[i].pixels) << "seed " << i;
+      EXPECT_EQ(alone[i].pixels, all[i].pixels) << "seed " << i;
+      distinct.insert(alone[i].pixels);
+    }
+    EXPECT_GT(distinct.size(), 60u);  // seeds really differ
   }
-  EXPECT_GT(distinct.size(), 60u);  // seeds really differ
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineInvarianceTest,
@@ -639,6 +653,7 @@ TEST(ResumeGuarantee, ACompletionFromAnyPrefixIsTheUninterruptedImage) {
     double guidance, temperature, top_p;
     int64_t top_k;
     at::ScalarType cache = at::kFloat;  // the KARM's rings: bf16 rings resume exactly too
+    Precision precision = Precision::kFp32;  // bf16 (where the CPU has AMX) resumes exactly too
   };
   const Case cases[] = {
       {"krause", true, 0, 1.0, 1.0, 1.0, 0},
@@ -651,12 +666,14 @@ TEST(ResumeGuarantee, ACompletionFromAnyPrefixIsTheUninterruptedImage) {
       {"krause", true, 0, 1.0, 0.0, 1.0, 0},
       {"krause", false, 0, 1.0, 0.9, 0.95, 0, at::kBFloat16},
       {"krause", true, 3, 2.5, 1.0, 0.9, 0, at::kBFloat16},
+      {"krause", true, 3, 2.5, 1.0, 0.9, 0, at::kFloat, Precision::kBf16},
+      {"softmax", false, 0, 1.0, 1.0, 0.9, 0, at::kFloat, Precision::kBf16},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message()
                  << c.attention << (c.start ? " start" : " no start") << " classes " << c.classes
                  << " guidance " << c.guidance << " temperature " << c.temperature << " cache "
-                 << c10::toString(c.cache));
+                 << c10::toString(c.cache) << " " << PrecisionName(c.precision));
     PixelModelConfig config = TinyConfig(c.attention, c.start);
     config.classes = c.classes;
     KRAUSE_ASSERT_OK_AND_ASSIGN(PixelModel m, PixelModel::Create(config, 11));
@@ -667,6 +684,7 @@ TEST(ResumeGuarantee, ACompletionFromAnyPrefixIsTheUninterruptedImage) {
     EngineOptions o;
     o.max_sequences = 128;
     o.cache_dtype = c.cache;
+    o.precision = c.precision;
     KRAUSE_ASSERT_OK_AND_ASSIGN(auto engine, DecodeEngine::Create(&m, o));
     const auto request = [&](int64_t i, std::vector<uint8_t> prompt) {
       GenerationRequest r;
