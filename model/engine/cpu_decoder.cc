@@ -486,48 +486,57 @@ absl::StatusOr<std::vector<double>> CpuDecoder::BitsPerDim(const int64_t* images
   // With a start token the N positions predict x_0..x_{N-1}; without one, the N - 1 positions
   // predict x_1..x_{N-1} (PixelModel::NllPerImage).
   const int64_t t = start_token_ ? n : n - 1, first_target = start_token_ ? 0 : 1;
-  const int64_t tasks = std::min<int64_t>(b, std::max(1, at::get_num_threads()));
+  // As many images at once as threads, each on one thread with its own cache slot; fewer images
+  // than threads (a Score chunk of one image) go one after another, each spread over the
+  // threads by the layers' own parallel regions. An image's bits are the same either way (fixed
+  // GEMM blocks, rows normed and attended one by one).
+  const int threads = std::max(1, at::get_num_threads());
+  const int64_t tasks = b < threads ? 1 : std::min<int64_t>(b, threads);
   ASSIGN_OR_RETURN(PixelKvCache cache, PixelKvCache::Create(config_, tasks));
   std::vector<absl::Status> failed(static_cast<size_t>(tasks));
-  // One task per slot; images task, task + tasks, ... each on one thread (the nested
-  // parallel regions of Prefill run inline inside this one).
-  at::parallel_for(0, tasks, 1, [&](int64_t k0, int64_t k1) {
-    std::vector<int64_t> u(static_cast<size_t>(t)), positions(static_cast<size_t>(t)), slots;
+  // Task k scores images k, k + tasks, ... in slot k.
+  auto run_task = [&](int64_t k) {
+    std::vector<int64_t> u(static_cast<size_t>(t)), positions(static_cast<size_t>(t));
+    const std::vector<int64_t> slots(static_cast<size_t>(t), k);
     std::vector<float> logits(static_cast<size_t>(t * 256));
     for (int64_t p = 0; p < t; ++p) positions[p] = p;
-    for (int64_t k = k0; k < k1; ++k) {
-      slots.assign(static_cast<size_t>(t), k);
-      for (int64_t i = k; i < b && failed[k].ok(); i += tasks) {
-        const int64_t* x = images + i * n;
-        if (start_token_) {
-          u[0] = PixelModel::kStartToken;
-          std::copy(x, x + n - 1, u.begin() + 1);
-        } else {
-          std::copy(x, x + n - 1, u.begin());
-        }
-        if (conditional) {
-          cache.SetClass(k, class_rows != nullptr ? class_rows[i] : config_.null_class());
-        }
-        try {
-          at::NoGradGuard no_grad;
-          RunLayerOps(u.data(), positions.data(), slots.data(), t, &cache, logits.data(),
-                      /*one_sequence=*/true, /*whole_image=*/precision_ == Precision::kBf16);
-        } catch (const std::exception& e) {
-          failed[k] = absl::InternalError(absl::StrCat("scoring failed: ", ExceptionMessage(e)));
-          break;
-        }
-        double nll = 0;
-        for (int64_t p = 0; p < t; ++p) {
-          const float* row = logits.data() + p * 256;
-          const float top = *std::max_element(row, row + 256);
-          double sum = 0;
-          for (int64_t v = 0; v < 256; ++v) sum += std::exp(static_cast<double>(row[v]) - top);
-          nll += std::log(sum) + top - row[x[p + first_target]];
-        }
-        bits[i] = nll / static_cast<double>(t) / std::log(2.0);
+    for (int64_t i = k; i < b; i += tasks) {
+      const int64_t* x = images + i * n;
+      if (start_token_) {
+        u[0] = PixelModel::kStartToken;
+        std::copy(x, x + n - 1, u.begin() + 1);
+      } else {
+        std::copy(x, x + n - 1, u.begin());
       }
+      if (conditional) {
+        cache.SetClass(k, class_rows != nullptr ? class_rows[i] : config_.null_class());
+      }
+      try {
+        at::NoGradGuard no_grad;
+        RunLayerOps(u.data(), positions.data(), slots.data(), t, &cache, logits.data(),
+                    /*one_sequence=*/true, /*whole_image=*/precision_ == Precision::kBf16);
+      } catch (const std::exception& e) {
+        failed[k] = absl::InternalError(absl::StrCat("scoring failed: ", ExceptionMessage(e)));
+        return;
+      }
+      double nll = 0;
+      for (int64_t p = 0; p < t; ++p) {
+        const float* row = logits.data() + p * 256;
+        const float top = *std::max_element(row, row + 256);
+        double sum = 0;
+        for (int64_t v = 0; v < 256; ++v) sum += std::exp(static_cast<double>(row[v]) - top);
+        nll += std::log(sum) + top - row[x[p + first_target]];
+      }
+      bits[i] = nll / static_cast<double>(t) / std::log(2.0);
     }
-  });
+  };
+  if (tasks == 1) {
+    run_task(0);
+  } else {
+    at::parallel_for(0, tasks, 1, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) run_task(k);
+    });
+  }
   for (const absl::Status& st : failed) RETURN_IF_ERROR(st);
   return bits;
 }

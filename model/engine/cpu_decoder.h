@@ -120,8 +120,9 @@ class CpuDecoder final : public PackedDecodeStep {
   // Bits per dimension of b images (teacher-forced: each image one Prefill of its N subpixels,
   // or N - 1 without a start token), images [b, N] subpixels in [0, 255] row-major;
   // class_rows: null, or each image's class row (PixelModelConfig::ClassRow) for a conditional
-  // model. The images are spread over the threads, each on one thread with its own cache slot,
-  // so an image's value does not depend on the others or the thread count. In fp32 the logits
+  // model. The images are spread over the threads, each on one thread with its own cache slot
+  // (fewer images than threads: one after another, each over all threads); an image's value
+  // does not depend on the others, the thread count or the split. In fp32 the logits
   // are a Prefill's bits (PixelModel::NllPerImage agrees within rounding); in bf16 the GEMMs
   // take an image's positions in blocks of up to 128 rows (fixed by N: AMX runs them several
   // times faster than 16-row blocks), so they agree with a Prefill within rounding. The
