@@ -234,7 +234,7 @@ PixelDecodeWeights PackForServing(const PixelModel& model, KrauseImpl serving,
 
 // `impl`: the attention implementation of the forward (as PixelModel::Forward). `packed`: an
 // engine's packed CPU step (DecodeEngine::cpu_decoder()); when it runs bf16, the images are
-// scored through it (CpuDecoder::BitsPerDim: bf16 GEMMs, each image on one thread) instead of
+// scored through it (CpuDecoder::BitsPerDim: bf16 GEMMs, an image per thread) instead of
 // the LibTorch forward.
 absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const PixelModel& model,
                                                     const at::Tensor& images,
