@@ -238,6 +238,12 @@ int main(int argc, char** argv) {
 
 namespace {
 
+// A JSON record's precision fields: the precision that ran and what computed the linear layers.
+std::string PrecisionFields(krause::Precision precision, const std::string& linear_kernels) {
+  return absl::StrFormat(",\"precision\":\"%s\",\"linear_kernels\":\"%s\"",
+                         krause::PrecisionName(precision), linear_kernels);
+}
+
 // One JSON record's tail: the weights' dtype, the CPU kernels' variant and the threads.
 std::string Tail(const Weights& weights, const krause::CpuThreads& t) {
   return absl::StrFormat(",\"weights\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d}", weights.name,
@@ -352,12 +358,8 @@ int Bench(const Args& a, const Weights& weights, const krause::CpuThreads& t) {
       std::sort(times.begin(), times.end());
       const double median = times[times.size() / 2];
       const std::string precision =
-          packed    ? absl::StrFormat(",\"precision\":\"%s\",\"linear_kernels\":\"%s\"",
-                                      krause::PrecisionName(packed->precision()),
-                                      packed->linear_kernels())
-          : decoder ? absl::StrFormat(",\"precision\":\"%s\",\"linear_kernels\":\"%s\"",
-                                      krause::PrecisionName(decoder->precision()),
-                                      decoder->linear_kernels())
+          packed    ? PrecisionFields(packed->precision(), packed->linear_kernels())
+          : decoder ? PrecisionFields(decoder->precision(), decoder->linear_kernels())
                     : std::string();
       std::printf(
           "{\"what\":\"%s\",\"impl\":\"%s\",\"batch\":%lld,\"runs\":%zu,"
@@ -395,11 +397,12 @@ int Bench(const Args& a, const Weights& weights, const krause::CpuThreads& t) {
     const double sec = Since(t0);
     std::printf(
         "{\"what\":\"generate\",\"streams\":%lld,\"images\":%lld,\"seconds\":%.6g,"
-        "\"images_per_second\":%.6g,\"precision\":\"%s\",\"linear_kernels\":\"%s\","
-        "\"kv_cache\":\"%s\"%s\n",
+        "\"images_per_second\":%.6g%s,\"kv_cache\":\"%s\"%s\n",
         static_cast<long long>(s), static_cast<long long>(finished), sec, finished / sec,
-        krause::PrecisionName((*engine)->precision()),
-        (*engine)->cpu_decoder() ? (*engine)->cpu_decoder()->linear_kernels().c_str() : "",
+        PrecisionFields((*engine)->precision(), (*engine)->cpu_decoder()
+                                                    ? (*engine)->cpu_decoder()->linear_kernels()
+                                                    : std::string())
+            .c_str(),
         a.cache == at::kFloat ? "float32" : "bfloat16", Tail(weights, t).c_str());
     std::fflush(stdout);
   }

@@ -20,14 +20,10 @@ using nn::Floats;
 using nn::LayerNormRow;
 using nn::PackLinear;
 
-
 absl::StatusOr<std::unique_ptr<CpuViT>> CpuViT::Create(const ViT& model, Precision precision) {
   const ViTConfig& c = model.config();
   std::unique_ptr<CpuViT> v(new CpuViT());
-  if (precision == Precision::kBf16 && !nn::Bf16MatmulSupport().available) {
-    v->fallback_ = nn::Bf16MatmulSupport().why;
-    precision = Precision::kFp32;
-  }
+  precision = nn::EffectivePrecision(precision, &v->fallback_);
   v->precision_ = precision;
   try {
     at::NoGradGuard no_grad;
@@ -115,10 +111,7 @@ int64_t CpuViT::weight_bytes() const {
   return bytes;
 }
 
-std::string CpuViT::linear_kernels() const {
-  if (precision_ == Precision::kBf16) return "onednn " + nn::Bf16MatmulSupport().impl;
-  return cpu::CpuKernels().name;
-}
+std::string CpuViT::linear_kernels() const { return nn::LinearKernelsName(precision_); }
 
 namespace {
 

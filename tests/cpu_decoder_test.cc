@@ -302,7 +302,8 @@ TEST_P(CpuDecoderTest, BadEntriesAreRefusedByNameAndChangeNothing) {
 
 // The packed prefill of t positions equals t single-sequence Steps bit for bit: the same logits
 // and the same cache contents (every length up to the whole image, across the ring's wraps),
-// with the other slots untouched; the LibTorch prefill agrees within rounding only.
+// with the other slots untouched, in both precisions (bf16 where this CPU has AMX); the LibTorch
+// prefill agrees within rounding only.
 TEST_P(CpuDecoderTest, PrefillIsBitForBitTheStepsOverTheSamePositions) {
   const PixelModelConfig& c = model_->config();
   const int64_t n = c.seq_len();
@@ -313,28 +314,34 @@ TEST_P(CpuDecoderTest, PrefillIsBitForBitTheStepsOverTheSamePositions) {
   // A KARM's bf16 rings too: the prefill appends through the same kernel.
   std::vector<at::ScalarType> dtypes = {at::kFloat};
   if (c.attention == AttentionKind::kKrause) dtypes.push_back(at::kBFloat16);
-  for (const at::ScalarType dtype : dtypes)
-    for (int64_t t : {int64_t{1}, c.window - 1, c.window, c.window + 1, 2 * c.window + 5, n}) {
-      SCOPED_TRACE(::testing::Message() << "t " << t << ", cache " << c10::toString(dtype));
-      auto stepped = PixelKvCache::Create(c, 3, at::kCPU, dtype).value();
-      auto prefilled = PixelKvCache::Create(c, 3, at::kCPU, dtype).value();
-      if (c.conditional()) {
-        for (PixelKvCache* k : {&stepped, &prefilled}) {
-          k->SetClass(1, 2);
-          k->SetClass(0, c.null_class());
+  std::vector<Precision> precisions = {Precision::kFp32};
+  if (nn::Bf16MatmulSupport().available) precisions.push_back(Precision::kBf16);
+  for (const Precision precision : precisions) {
+    decoder_ = CpuDecoder::Create(*model_, {}, precision).value();
+    for (const at::ScalarType dtype : dtypes)
+      for (int64_t t : {int64_t{1}, c.window - 1, c.window, c.window + 1, 2 * c.window + 5, n}) {
+        SCOPED_TRACE(::testing::Message() << "t " << t << ", cache " << c10::toString(dtype) << ", "
+                                          << PrecisionName(precision));
+        auto stepped = PixelKvCache::Create(c, 3, at::kCPU, dtype).value();
+        auto prefilled = PixelKvCache::Create(c, 3, at::kCPU, dtype).value();
+        if (c.conditional()) {
+          for (PixelKvCache* k : {&stepped, &prefilled}) {
+            k->SetClass(1, 2);
+            k->SetClass(0, c.null_class());
+          }
+        }
+        std::vector<float> want(t * 256), got(t * 256);
+        const int64_t slot = 1;
+        for (int64_t p = 0; p < t; ++p)
+          ASSERT_TRUE(decoder_->Step(&u[p], &p, &slot, 1, &stepped, &want[p * 256]).ok());
+        ASSERT_TRUE(decoder_->Prefill(u.data(), t, slot, &prefilled, got.data()).ok());
+        EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+        for (int64_t l = 0; l < c.depth; ++l) {
+          const auto a = stepped.layer(l).Storage(), b = prefilled.layer(l).Storage();
+          for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i])) << l << " " << i;
         }
       }
-      std::vector<float> want(t * 256), got(t * 256);
-      const int64_t slot = 1;
-      for (int64_t p = 0; p < t; ++p)
-        ASSERT_TRUE(decoder_->Step(&u[p], &p, &slot, 1, &stepped, &want[p * 256]).ok());
-      ASSERT_TRUE(decoder_->Prefill(u.data(), t, slot, &prefilled, got.data()).ok());
-      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
-      for (int64_t l = 0; l < c.depth; ++l) {
-        const auto a = stepped.layer(l).Storage(), b = prefilled.layer(l).Storage();
-        for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i])) << l << " " << i;
-      }
-    }
+  }
   // Refusals name what is wrong and write nothing.
   auto cache = PixelKvCache::Create(c, 2).value();
   std::vector<float> logits(2 * 256);
@@ -349,7 +356,7 @@ TEST_P(CpuDecoderTest, PrefillIsBitForBitTheStepsOverTheSamePositions) {
 
 // The bf16 precision (oneDNN's GEMMs in fixed 16-row blocks): every plan mode, batch
 // composition and thread split gives a sequence the same bits (batches of 20 cross a block's
-// edge), a prefill is the steps' bits, and the logits stay near fp32's. Without AMX the
+// edge), and the logits stay near fp32's. Without AMX the
 // decoder falls back to fp32 and says why.
 TEST_P(CpuDecoderTest, Bf16PrecisionKeepsTheBatchInvarianceAndStaysNearFp32) {
   const at::Tensor fp32 = Run(20, 20, std::nullopt);
@@ -380,19 +387,7 @@ TEST_P(CpuDecoderTest, Bf16PrecisionKeepsTheBatchInvarianceAndStaysNearFp32) {
   decoder_ = CpuDecoder::Create(*model_, tiny, Precision::kBf16).value();
   EXPECT_TRUE(at::equal(Run(20, 20, Mode::kLayerOps), alone));
   at::set_num_threads(threads);
-  // A prefill of the whole image: the single steps' bits.
-  const PixelModelConfig& c = model_->config();
-  const int64_t n = c.seq_len();
-  std::vector<int64_t> u = {c.start_token ? PixelModel::kStartToken : 9};
-  for (int64_t p = 1; p < n; ++p) u.push_back((p * 37) % 256);
-  auto stepped = PixelKvCache::Create(c, 2).value();
-  auto prefilled = PixelKvCache::Create(c, 2).value();
-  std::vector<float> want(n * 256), got(n * 256);
-  const int64_t slot = 1;
-  for (int64_t p = 0; p < n; ++p)
-    ASSERT_TRUE(decoder_->Step(&u[p], &p, &slot, 1, &stepped, &want[p * 256]).ok());
-  ASSERT_TRUE(decoder_->Prefill(u.data(), n, slot, &prefilled, got.data()).ok());
-  EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+  // A prefill in bf16 is the steps' bits: PrefillIsBitForBitTheStepsOverTheSamePositions.
 }
 
 // Score's packed path: fp32 agrees with the LibTorch forward's bits per dimension; an image's

@@ -652,7 +652,7 @@ TEST(ResumeGuarantee, ACompletionFromAnyPrefixIsTheUninterruptedImage) {
     int64_t classes;
     double guidance, temperature, top_p;
     int64_t top_k;
-    at::ScalarType cache = at::kFloat;  // the KARM's rings: bf16 rings resume exactly too
+    at::ScalarType cache = at::kFloat;       // the KARM's rings: bf16 rings resume exactly too
     Precision precision = Precision::kFp32;  // bf16 (where the CPU has AMX) resumes exactly too
   };
   const Case cases[] = {

@@ -1585,8 +1585,8 @@ TEST(ServerStart, Bf16PrecisionServesAGeneratorAndSaysHow) {
   KRAUSE_ASSERT_OK_AND_ASSIGN(auto packed,
                               CpuDecoder::Create(*rounded.pixel, {}, Precision::kBf16));
   at::NoGradGuard no_grad;
-  const auto want = ScoreBitsPerDim(*rounded.pixel, images.reshape({3, -1}), {},
-                                    KrauseImpl::kAuto, packed.get());
+  const auto want =
+      ScoreBitsPerDim(*rounded.pixel, images.reshape({3, -1}), {}, KrauseImpl::kAuto, packed.get());
   ASSERT_TRUE(want.ok()) << want.status();
   ASSERT_EQ(r.bits_per_dim_size(), 3);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(r.bits_per_dim(i), (*want)[i]) << i;

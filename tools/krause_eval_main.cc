@@ -21,6 +21,7 @@
 #include "model/engine/decode_engine.h"
 #include "model/eval/sample_quality.h"
 #include "model/loader.h"
+#include "model/nn/dnnl_linear.h"
 #include "model/util/help.h"
 #include "model/util/threads.h"
 
@@ -123,15 +124,19 @@ int main(int argc, char** argv) {
   if (!cls.ok()) return Fail(cls.status().ToString());
   if (!cls->classifier()) return Fail(absl::GetFlag(FLAGS_classifier) + " is not a classifier");
   const krause::PixelModel& arm = *gen->pixel;
-  // The packed step in the asked precision (bf16: bits/dim through its GEMMs, as a served Score).
+  // The precision that runs here; in bf16 the packed step scores bits/dim through its GEMMs, as a
+  // served Score does (fp32 scores with the LibTorch forward and needs no packed step).
+  std::string fallback;
+  const krause::Precision runs = arm.device().is_cpu()
+                                     ? krause::nn::EffectivePrecision(*precision, &fallback)
+                                     : krause::Precision::kFp32;
+  if (!fallback.empty())
+    std::fprintf(stderr, "krause-eval: bf16 falls back to fp32: %s\n", fallback.c_str());
   std::unique_ptr<krause::CpuDecoder> scorer;
-  if (arm.device().is_cpu()) {
-    auto d = krause::CpuDecoder::Create(arm, {}, *precision);
+  if (runs == krause::Precision::kBf16) {
+    auto d = krause::CpuDecoder::Create(arm, {}, runs);
     if (!d.ok()) return Fail(d.status().ToString());
     scorer = std::move(*d);
-    if (!scorer->fallback().empty())
-      std::fprintf(stderr, "krause-eval: bf16 falls back to fp32: %s\n",
-                   scorer->fallback().c_str());
   }
   const krause::ViT& vit = *cls->vit;
   const krause::PixelModelConfig& ac = arm.config();
@@ -190,25 +195,26 @@ int main(int argc, char** argv) {
   if (!floor.ok()) return Fail(floor.status().ToString());
   const double top1_samples = std::get<0>(fs->probabilities.max(1)).mean().item<double>();
   const double top1_real = std::get<0>(fr->probabilities.max(1)).mean().item<double>();
-  nlohmann::json report = {{"generator", gen_path},
-                           {"classifier", absl::GetFlag(FLAGS_classifier)},
-                           {"weights_dtype", weights},
-                           {"precision", krause::PrecisionName(scorer ? scorer->precision()
-                                                                      : krause::Precision::kFp32)},
-                           {"linear_kernels", scorer ? scorer->linear_kernels() : std::string()},
-                           {"samples", count},
-                           {"conditional", conditional},
-                           {"seed", absl::GetFlag(FLAGS_seed)},
-                           {"temperature", absl::GetFlag(FLAGS_temperature)},
-                           {"guidance", guidance},
-                           {"top_p", sp.top_p},
-                           {"top_k", sp.top_k},
-                           {"sampling_seconds", sample_seconds},
-                           {"frechet_distance", *fd},
-                           {"frechet_distance_real_floor", *floor},
-                           {"real_images", real_n},
-                           {"mean_top1_probability_samples", top1_samples},
-                           {"mean_top1_probability_real", top1_real}};
+  nlohmann::json report = {
+      {"generator", gen_path},
+      {"classifier", absl::GetFlag(FLAGS_classifier)},
+      {"weights_dtype", weights},
+      {"precision", krause::PrecisionName(runs)},
+      {"linear_kernels",
+       arm.device().is_cpu() ? krause::nn::LinearKernelsName(runs) : std::string()},
+      {"samples", count},
+      {"conditional", conditional},
+      {"seed", absl::GetFlag(FLAGS_seed)},
+      {"temperature", absl::GetFlag(FLAGS_temperature)},
+      {"guidance", guidance},
+      {"top_p", sp.top_p},
+      {"top_k", sp.top_k},
+      {"sampling_seconds", sample_seconds},
+      {"frechet_distance", *fd},
+      {"frechet_distance_real_floor", *floor},
+      {"real_images", real_n},
+      {"mean_top1_probability_samples", top1_samples},
+      {"mean_top1_probability_real", top1_real}};
   std::printf("Frechet distance of classifier features, %lld samples vs test[0:%lld): %.3f\n",
               static_cast<long long>(count), static_cast<long long>(real_n), *fd);
   std::printf("  floor: test[%lld:%lld) vs test[0:%lld): %.3f\n", static_cast<long long>(real_n),

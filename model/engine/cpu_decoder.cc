@@ -63,10 +63,7 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const PixelModel&
   std::unique_ptr<CpuDecoder> dec(new CpuDecoder());
   dec->tuning_ = tuning;
   dec->config_ = c;
-  if (precision == Precision::kBf16 && !nn::Bf16MatmulSupport().available) {
-    dec->fallback_ = nn::Bf16MatmulSupport().why;
-    precision = Precision::kFp32;
-  }
+  precision = nn::EffectivePrecision(precision, &dec->fallback_);
   dec->precision_ = precision;
   const bool bf16 = precision == Precision::kBf16;
   // A scored image's positions: N with a start token, else N - 1 (BitsPerDim).
@@ -167,10 +164,7 @@ absl::StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const PixelModel&
   return dec;
 }
 
-std::string CpuDecoder::linear_kernels() const {
-  if (precision_ == Precision::kBf16) return "onednn " + nn::Bf16MatmulSupport().impl;
-  return cpu::CpuKernels().name;
-}
+std::string CpuDecoder::linear_kernels() const { return nn::LinearKernelsName(precision_); }
 
 CpuStepPlan CpuDecoder::Plan(int64_t s) const {
   return PlanCpuStep(CpuStepShape{s, flops_per_sequence_, weight_bytes_, at::get_num_threads()},
@@ -315,8 +309,8 @@ void CpuDecoder::RunRows(const int64_t* u, const int64_t* positions, const int64
 }
 
 void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const int64_t* slots,
-                             int64_t s, PixelKvCache* cache, float* logits,
-                             bool one_sequence, bool whole_image) const {
+                             int64_t s, PixelKvCache* cache, float* logits, bool one_sequence,
+                             bool whole_image) const {
   // The same arithmetic as RunRows, op by op over all s rows; each op is split over the
   // threads where a task gets enough work, and runs inline otherwise.
   const int64_t d = d_;
@@ -336,9 +330,8 @@ void CpuDecoder::RunLayerOps(const int64_t* u, const int64_t* positions, const i
     if (precision_ == Precision::kBf16) {
       // Whole row blocks per task (each a fixed-size GEMM: the bits do not depend on the split).
       const double per_block = 2.0 * kBf16DecodeRows * lin.in * lin.out;
-      at::parallel_for(0, Bf16Blocks(s), grain(per_block), [&](int64_t b0, int64_t b1) {
-        ApplyBf16Blocks(b16, x, s, out, b0, b1);
-      });
+      at::parallel_for(0, Bf16Blocks(s), grain(per_block),
+                       [&](int64_t b0, int64_t b1) { ApplyBf16Blocks(b16, x, s, out, b0, b1); });
       return;
     }
     // A chunk's multiply-adds, and its weights streamed from memory (large models).
@@ -475,9 +468,9 @@ absl::StatusOr<std::vector<double>> CpuDecoder::BitsPerDim(const int64_t* images
   if (conditional && class_rows != nullptr) {
     for (int64_t i = 0; i < b; ++i) {
       if (class_rows[i] < 0 || class_rows[i] > config_.null_class()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "image ", i, ": class row ", class_rows[i], " is outside [0, ", config_.null_class(),
-            "]"));
+        return absl::InvalidArgumentError(absl::StrCat("image ", i, ": class row ", class_rows[i],
+                                                       " is outside [0, ", config_.null_class(),
+                                                       "]"));
       }
     }
   }

@@ -90,9 +90,9 @@ class CpuDecoder final : public PackedDecodeStep {
   // plan's thresholds and, in kLayerOps, the smallest piece an op is split into.
   // `precision` kBf16 also makes the linear layers' bf16 GEMMs (a CPU without AMX: fp32, and
   // fallback() says why).
-  static absl::StatusOr<std::unique_ptr<CpuDecoder>> Create(
-      const PixelModel& model, const CpuStepTuning& tuning = {},
-      Precision precision = Precision::kFp32);
+  static absl::StatusOr<std::unique_ptr<CpuDecoder>> Create(const PixelModel& model,
+                                                            const CpuStepTuning& tuning = {},
+                                                            Precision precision = Precision::kFp32);
 
   // One decode step for s sequences (host arrays of s entries): u[i] the model-input token of
   // sequence i at model position positions[i], in cache slot slots[i]; the slot holds that

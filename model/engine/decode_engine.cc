@@ -435,8 +435,8 @@ absl::StatusOr<std::vector<double>> ScoreBitsPerDimUnguarded(const PixelModel& m
   }
   if (packed != nullptr && packed->precision() == Precision::kBf16) {
     std::vector<int64_t> class_rows;
-    if (classes.defined()) class_rows.assign(classes.data_ptr<int64_t>(),
-                                             classes.data_ptr<int64_t>() + classes.numel());
+    if (classes.defined())
+      class_rows.assign(classes.data_ptr<int64_t>(), classes.data_ptr<int64_t>() + classes.numel());
     const at::Tensor flat = x.contiguous();
     return packed->BitsPerDim(flat.data_ptr<int64_t>(), flat.size(0),
                               class_rows.empty() ? nullptr : class_rows.data());
@@ -457,8 +457,7 @@ absl::StatusOr<std::vector<double>> ScoreBitsPerDimUnguarded(const PixelModel& m
 absl::StatusOr<std::vector<double>> ScoreBitsPerDim(const PixelModel& model,
                                                     const at::Tensor& images,
                                                     const std::vector<int64_t>& labels,
-                                                    KrauseImpl impl,
-                                                    const CpuDecoder* packed) {
+                                                    KrauseImpl impl, const CpuDecoder* packed) {
   // The checks before the scoring run LibTorch ops too (conversion, min/max): nothing may throw
   // out of here into the worker thread.
   try {

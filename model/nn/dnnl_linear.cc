@@ -270,6 +270,17 @@ void Bf16Linear::Apply(const uint16_t*, float*, int64_t, int64_t) const {}
 
 #endif  // KRAUSE_HAVE_DNNL
 
+Precision EffectivePrecision(Precision asked, std::string* why) {
+  if (asked != Precision::kBf16 || Bf16MatmulSupport().available) return asked;
+  *why = Bf16MatmulSupport().why;
+  return Precision::kFp32;
+}
+
+std::string LinearKernelsName(Precision precision) {
+  if (precision == Precision::kBf16) return "onednn " + Bf16MatmulSupport().impl;
+  return cpu::CpuKernels().name;
+}
+
 absl::StatusOr<Bf16Linear> Bf16LinearOf(const ParameterStore& p,
                                         const std::vector<std::string>& prefixes, int64_t rows) {
   std::vector<at::Tensor> w, b;

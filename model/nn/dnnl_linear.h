@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/nn/parameters.h"
+#include "model/precision.h"
 
 namespace krause::nn {
 
@@ -41,6 +42,13 @@ struct Bf16MatmulInfo {
   std::string why;   // !available: the reason ("oneDNN has no bf16 matmul on avx2")
 };
 const Bf16MatmulInfo& Bf16MatmulSupport();
+
+// The precision a model asked for `asked` runs here: bf16 only where Bf16MatmulSupport() is
+// available, else fp32 with *why set to the reason (*why is left alone otherwise).
+Precision EffectivePrecision(Precision asked, std::string* why);
+// What computes the linear layers in `precision`: "onednn " and oneDNN's matmul kernel for bf16
+// ("onednn brg:avx512_core_amx_bf16"), else the CPU kernels' variant ("avx512").
+std::string LinearKernelsName(Precision precision);
 
 // x -> bfloat16 bits, nearest even (LibTorch's rounding; a NaN stays a NaN).
 void ToBf16(const float* x, int64_t n, uint16_t* out);
