@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -422,6 +423,18 @@ TEST_P(CpuDecoderTest, BitsPerDimMatchTheForwardAndDoNotDependOnTheBatch) {
                                       rows_ptr == nullptr ? nullptr : rows_ptr + i);
       ASSERT_TRUE(one.ok()) << one.status();
       EXPECT_EQ((*one)[0], (*all)[i]) << "image " << i << " alone";
+    }
+    {
+      // A caller in inference mode (a benchmark, a tool) gets the same values, with the images
+      // on two threads: the scratch cache's classes are set on the worker threads, which do not
+      // inherit the mode.
+      const int threads = at::get_num_threads();
+      at::set_num_threads(2);
+      const c10::InferenceMode inference;
+      auto inferred = decoder_->BitsPerDim(images.data_ptr<int64_t>(), b, rows_ptr);
+      at::set_num_threads(threads);
+      ASSERT_TRUE(inferred.ok()) << inferred.status();
+      EXPECT_EQ(*inferred, *all);
     }
   }
   images[1][3] = 256;

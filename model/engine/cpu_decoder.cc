@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -501,11 +502,13 @@ absl::StatusOr<std::vector<double>> CpuDecoder::BitsPerDim(const int64_t* images
       } else {
         std::copy(x, x + n - 1, u.begin());
       }
-      if (conditional) {
-        cache.SetClass(k, class_rows != nullptr ? class_rows[i] : config_.null_class());
-      }
       try {
-        at::NoGradGuard no_grad;
+        // Inference mode on every task's thread: a worker does not inherit the caller's, and a
+        // cache made in it holds inference tensors, which SetClass may update only in it.
+        const c10::InferenceMode inference;
+        if (conditional) {
+          cache.SetClass(k, class_rows != nullptr ? class_rows[i] : config_.null_class());
+        }
         RunLayerOps(u.data(), positions.data(), slots.data(), t, &cache, logits.data(),
                     /*one_sequence=*/true, /*whole_image=*/precision_ == Precision::kBf16);
       } catch (const std::exception& e) {
