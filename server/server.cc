@@ -224,22 +224,27 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   health->SetServingStatus(v1::KrauseService::service_full_name(), false);
   health->SetServingStatus(inference::GRPCInferenceService::service_full_name(), false);
   if (!options.http_listen.empty()) {
-    OipHttpOptions ho;
+    // The HTTP port is the server's: each front end registers its routes on the front door.
+    HttpFrontDoorOptions ho;
     ho.address = options.http_listen;
     ho.threads = options.http_threads;
     ho.request_timeout_ms = options.http_timeout_ms;
     ho.max_body_bytes = options.max_message_bytes;
-    ho.deadline_ms =
-        static_cast<int64_t>(std::clamp(options.http_deadline_seconds, 0.0, 1e7) * 1e3);
-    ho.stream_ping_ms = options.http_stream_ping_ms;
     if (!options.http_plaintext) ho.tls = *tls;
-    s->connect_ = std::make_unique<ConnectHttp>(&s->edge_, ho.deadline_ms);
+    ho.not_found_hint = " (the APIs are under /v2 and /krause.v1.KrauseService/)";
+    const int64_t deadline_ms =
+        static_cast<int64_t>(std::clamp(options.http_deadline_seconds, 0.0, 1e7) * 1e3);
+    s->oip_rest_ = std::make_unique<OipRest>(OipRestOptions{deadline_ms}, &s->edge_);
+    s->connect_ = std::make_unique<ConnectHttp>(&s->edge_, deadline_ms);
     if (options.web_ui) s->web_ui_ = std::make_unique<WebUi>();
-    ho.other_routes = [connect = s->connect_.get(), web = s->web_ui_.get()](
-                          const HttpRequest& r, const std::shared_ptr<HttpExchange>& ex) {
-      return connect->Serve(r, ex) || (web != nullptr && web->Serve(r, ex));
-    };
-    auto http = OipHttp::Start(ho, &s->edge_);
+    HttpGenerationOptions go;
+    go.ping_ms = options.http_stream_ping_ms;
+    go.deadline_ms = deadline_ms;
+    std::vector<HttpRoute> routes = {s->oip_rest_->Route(), HttpGenerationRoute(&s->edge_, go),
+                                     s->connect_->Route()};
+    if (s->web_ui_)
+      for (HttpRoute& r : s->web_ui_->Routes()) routes.push_back(std::move(r));
+    auto http = HttpFrontDoor::Start(ho, std::move(routes), &s->edge_);
     if (!http.ok()) {
       s->server_->Shutdown(std::chrono::system_clock::now());
       return absl::Status(http.status().code(),
@@ -292,7 +297,8 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
     s->Log(KernelCheckLine(i));
   }
   s->metrics_->SetRegistry(s->registry_.get());
-  s->gate_.SetRegistry(s->registry_.get());
+  s->edge_.registry.store(s->registry_.get());
+  s->gate_.SetLoaded(true);
   health->SetServingStatus(v1::KrauseService::service_full_name(), true);
   health->SetServingStatus(inference::GRPCInferenceService::service_full_name(), true);
   health->SetServingStatus(true);

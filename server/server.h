@@ -1,6 +1,7 @@
 // KrauseServer: the gRPC server with KrauseService, the Open Inference Protocol's
-// GRPCInferenceService (oip_service.h), health and reflection, and the protocol's REST API on its
-// own port (oip_http.h). Start() listens at
+// GRPCInferenceService (oip_service.h), health and reflection, and the HTTP port's front door
+// (edge/http_front_door.h) with its routes: the Open Inference Protocol's REST API (oip_http.h),
+// krause.v1 over Connect and its generation over HTTP (v1/), the web page. Start() listens at
 // once with health NOT_SERVING, loads the models, then turns SERVING. Shutdown() drains:
 // NOT_SERVING, new calls refused with UNAVAILABLE, in-flight calls get `drain_seconds` to
 // finish, then the rest are cancelled (UNAVAILABLE "shutting down") and the server stops.
@@ -17,10 +18,12 @@
 #include "server/core/model_control.h"
 #include "server/core/options.h"
 #include "server/core/registry.h"
+#include "server/edge/http_front_door.h"
 #include "server/edge/metrics.h"
 #include "server/oip/oip_http.h"
 #include "server/oip/oip_service.h"
 #include "server/v1/connect_http.h"
+#include "server/v1/http_generation.h"
 #include "server/v1/service.h"
 #include "server/web/web_ui.h"
 
@@ -56,9 +59,10 @@ class KrauseServer {
   std::unique_ptr<ReplyPool> replies_;       // goes before edge_: its tasks may use the fault hook
   std::unique_ptr<KrauseService> service_;
   std::unique_ptr<OipService> oip_service_;
-  std::unique_ptr<ConnectHttp> connect_;  // krause.v1 on the REST port (outlives http_)
-  std::unique_ptr<WebUi> web_ui_;         // the web page there (outlives http_); null: off
-  std::unique_ptr<OipHttp> http_;         // stopped in Shutdown, before the registry goes
+  std::unique_ptr<OipRest> oip_rest_;     // the routes on the HTTP port (outlive http_)
+  std::unique_ptr<ConnectHttp> connect_;  // krause.v1 over Connect
+  std::unique_ptr<WebUi> web_ui_;         // the web page; null: off
+  std::unique_ptr<HttpFrontDoor> http_;   // stopped in Shutdown, before the registry goes
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<ModelControl> model_control_;  // a repository's (goes before the registry)

@@ -144,7 +144,7 @@ TEST(GenerateStreamTest, NoProgressChunkWhenNothingAdvanced) {
 
 TEST(GenerateStreamTest, WithoutStreamRowsOnlyProgressImagesAndSummary) {
   GenerateStream::Options o = TwoImages();
-  o.stream_rows = false;
+  o.output = GenerateOutput::kProgress;
   o.prompt = {7, 8, 9};  // one known row
   GenerateStream s(o);
   Action a = s.Flush(At(0), false);
@@ -165,6 +165,42 @@ TEST(GenerateStreamTest, WithoutStreamRowsOnlyProgressImagesAndSummary) {
   EXPECT_EQ(a.chunk.images[1].pixels, Px({7, 8, 9, 13, 14, 15}));
   EXPECT_TRUE(a.chunk.has_summary);
   EXPECT_EQ(a.chunk.summary.pixels_generated, 6);
+}
+
+TEST(GenerateStreamTest, TheFinalOutputWritesOneChunkWithEverythingAtTheEnd) {
+  GenerateStream::Options o = TwoImages();
+  o.output = GenerateOutput::kFinal;
+  GenerateStream s(o);
+  EXPECT_FALSE(s.ShouldPostFlush(At(0)));  // nothing yet: not even the start
+  EXPECT_EQ(s.Flush(At(0), false).kind, Action::kNothing);
+  s.Admitted(0, At(1));
+  Sample(&s, 0, 0, 6, 2);
+  s.Done(0, absl::OkStatus());
+  EXPECT_FALSE(s.ShouldPostFlush(At(500)));  // an image done, the other not: still nothing
+  EXPECT_EQ(s.Flush(At(500), false).kind, Action::kNothing);
+  s.Admitted(1, At(2));
+  Sample(&s, 1, 0, 6, 2);
+  s.Done(1, absl::OkStatus());
+  EXPECT_TRUE(s.ShouldPostFlush(At(510)));
+  Action a = s.Flush(At(510), false);
+  ASSERT_EQ(a.kind, Action::kWrite);
+  EXPECT_TRUE(a.chunk.first);  // the one chunk is also the first
+  EXPECT_TRUE(a.chunk.rows.empty());
+  ASSERT_EQ(a.chunk.images.size(), 2u);
+  EXPECT_TRUE(a.chunk.has_summary);
+  EXPECT_EQ(a.chunk.summary.images, 2);
+  s.WriteDone(true);
+  a = s.Flush(At(520), false);
+  ASSERT_EQ(a.kind, Action::kFinish);
+  EXPECT_TRUE(a.status.ok()) << a.status;
+  // A failed image: no chunk at all, the call ends with its error.
+  GenerateStream f(o);
+  f.Done(0, absl::InternalError("boom"));
+  f.Done(1, absl::OkStatus());
+  ASSERT_TRUE(f.ShouldPostFlush(At(5)));
+  a = f.Flush(At(5), false);
+  ASSERT_EQ(a.kind, Action::kFinish);
+  EXPECT_EQ(a.status.code(), absl::StatusCode::kInternal);
 }
 
 // Runs a stream whose images end with `statuses` (after `setup`) and returns its final status.

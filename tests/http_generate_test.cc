@@ -1,5 +1,5 @@
-// Generation over HTTP (server/oip/oip_generate.h) against krause.v1's Generate: the same seed and
-// settings give the same rows and PNG bytes (plain, guided, completion); a client that leaves
+// Generation over HTTP (server/v1/http_generation.h) against krause.v1's Generate: the same seed
+// and settings give the same rows and PNG bytes (plain, guided, completion); a client that leaves
 // frees its cache slots; a failure mid-stream is an `event: error`; bad input is a 4xx JSON
 // error before any stream. With the TLS flags the REST port is HTTPS only.
 #include <gtest/gtest.h>

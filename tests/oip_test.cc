@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "server/edge/http_call.h"
 #include "server/edge/status.h"
 #include "server/oip/oip_json.h"
 #include "server/oip/oip_proto.h"
@@ -307,15 +308,15 @@ TEST(OipProto, ResponsesGoRaw) {
 }
 
 TEST(HttpStatus, TheProtocolsCodes) {
-  EXPECT_EQ(HttpStatus(grpc::StatusCode::OK), 200);
-  EXPECT_EQ(HttpStatus(grpc::StatusCode::INVALID_ARGUMENT), 400);
-  EXPECT_EQ(HttpStatus(grpc::StatusCode::FAILED_PRECONDITION), 400);
-  EXPECT_EQ(HttpStatus(grpc::StatusCode::UNAUTHENTICATED), 401);
-  EXPECT_EQ(HttpStatus(grpc::StatusCode::PERMISSION_DENIED), 403);
-  EXPECT_EQ(HttpStatus(grpc::StatusCode::NOT_FOUND), 404);
-  EXPECT_EQ(HttpStatus(grpc::StatusCode::UNAVAILABLE), 503);
-  EXPECT_EQ(HttpStatus(grpc::StatusCode::DEADLINE_EXCEEDED), 504);
-  EXPECT_EQ(HttpStatus(grpc::StatusCode::INTERNAL), 500);
+  EXPECT_EQ(HttpStatus(absl::StatusCode::kOk), 200);
+  EXPECT_EQ(HttpStatus(absl::StatusCode::kInvalidArgument), 400);
+  EXPECT_EQ(HttpStatus(absl::StatusCode::kFailedPrecondition), 400);
+  EXPECT_EQ(HttpStatus(absl::StatusCode::kUnauthenticated), 401);
+  EXPECT_EQ(HttpStatus(absl::StatusCode::kPermissionDenied), 403);
+  EXPECT_EQ(HttpStatus(absl::StatusCode::kNotFound), 404);
+  EXPECT_EQ(HttpStatus(absl::StatusCode::kUnavailable), 503);
+  EXPECT_EQ(HttpStatus(absl::StatusCode::kDeadlineExceeded), 504);
+  EXPECT_EQ(HttpStatus(absl::StatusCode::kInternal), 500);
 }
 
 }  // namespace

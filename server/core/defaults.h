@@ -24,6 +24,9 @@ inline constexpr int64_t kGeneratorImagesPerRequest = 16;
 // 6 bytes each on the wire). A whole image of the bundled KARM (784 positions, 3 layers, 2 heads,
 // 40 keys) is 188,160.
 inline constexpr int64_t kInspectMaxEntries = 262144;
+// The longest timeout a call may set for itself (microseconds, as Triton's `timeout` parameter,
+// the Open Inference Protocol's infer and the HTTP generation's body): a day.
+inline constexpr int64_t kMaxTimeoutMicroseconds = int64_t{24} * 3600 * 1000000;
 
 }  // namespace krause::server::defaults
 

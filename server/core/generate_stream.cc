@@ -63,6 +63,7 @@ bool GenerateStream::DeadlinePassed(Clock::time_point now) {
 
 bool GenerateStream::ShouldPostFlush(Clock::time_point now) {
   if (finished_ || write_in_flight_ || flush_posted_) return false;
+  if (o_.output == GenerateOutput::kFinal && images_done_ < Total()) return false;
   if (!Due(now) && images_done_ == flushed_images_done_) return false;
   flush_posted_ = true;
   return true;
@@ -93,6 +94,7 @@ GenerateStream::Action GenerateStream::Flush(Clock::time_point now, bool engine_
   flushed_images_done_ = images_done_;
   if (finished_ || write_in_flight_) return a;
   const bool all_done = images_done_ == Total();
+  if (o_.output == GenerateOutput::kFinal && !all_done) return a;  // one answer, at the end
   if (all_done) {
     const absl::Status st = FinalStatus(engine_stopping);
     if (!st.ok() || summary_sent_) {
@@ -119,7 +121,7 @@ GenerateStream::Action GenerateStream::Flush(Clock::time_point now, bool engine_
     // A finished image's last rows go out with it, whatever the interval: a client holding an
     // image's PNG holds all of its rows (what a resume after a break relies on).
     const bool finishing = im.done && im.status.ok() && !im.png_sent;
-    if (o_.stream_rows && (due || all_done || finishing)) {
+    if (o_.output == GenerateOutput::kRows && (due || all_done || finishing)) {
       const int64_t rows = im.known / row_len;
       if (rows > im.rows_sent) {
         Rows r;

@@ -7,16 +7,19 @@
 //
 // Rules (what generate_stream_test checks case by case):
 //   - one write at a time: nothing is written while a write is in flight;
-//   - progress (and, with stream_rows, the rows completed since the last chunk) at most once per
+//   - progress (and, with the rows output, the rows completed since the last chunk) at most once
+//   per
 //     `interval`, and only when pixels advanced; a finished image goes out at the next flush
 //     whatever the interval, with the rows of it not sent yet;
 //   - once every image is done, one last chunk carries the summary; the call finishes after it
 //     has been written, or at once if an image failed or the call was cancelled;
 //   - the final status: the first image error; else DEADLINE_EXCEEDED if the deadline stopped
 //     it, CANCELLED if the client left or a write failed, UNAVAILABLE if the engine is stopping.
-//   - the call finishes exactly once.
-// Thread-safety: none; GenerateCall (v1/generate_call.h) holds it under its mutex and carries out
-// what it decides (cancelling engine requests, encoding PNGs, writing, finishing).
+//   - the call finishes exactly once;
+//   - with the final output (one answer) nothing is written until every image is done: then one
+//     chunk carries every image and the summary.
+// Thread-safety: none; GenerationCollector (edge/generation_collector.h) holds it under its mutex
+// and carries out what it decides (cancelling engine requests, encoding PNGs, writing, finishing).
 #pragma once
 
 #include <chrono>
@@ -25,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "model/attention/flops.h"
+#include "server/core/generate_settings.h"
 #include "server/core/model_info.h"
 
 namespace krause::server {
@@ -43,7 +47,7 @@ class GenerateStream {
     AttentionCost cost;  // per image and pass
     Clock::time_point start, deadline = Clock::time_point::max();
     Clock::duration interval = std::chrono::milliseconds(100);
-    bool stream_rows = true;
+    GenerateOutput output = GenerateOutput::kRows;
   };
 
   struct Rows {

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "model/data/png.h"
@@ -46,6 +48,31 @@ absl::StatusOr<at::Tensor> DecodePngImage(std::string_view png, const std::strin
     return absl::IsInvalidArgument(st) ? WithField(st, field) : st;
   }
   return *t;
+}
+
+absl::StatusOr<at::Tensor> DecodeRawImage(std::string_view pixels, int64_t height, int64_t width,
+                                          int64_t channels, const std::string& field,
+                                          const ImageBounds& bounds) {
+  if (channels != 1 && channels != 3)
+    return InvalidField(field + ".raw.channels",
+                        absl::StrCat(field, ".raw.channels must be 1 or 3, got ", channels));
+  absl::Status st = CheckImageBounds(height, width, channels, field, bounds);
+  if (!st.ok()) return st;
+  const int64_t want = height * width * channels;
+  if (static_cast<int64_t>(pixels.size()) != want)
+    return InvalidField(field + ".raw.pixels",
+                        absl::StrCat(field, ".raw.pixels has ", pixels.size(),
+                                     " bytes but height*width*channels = ",
+                                     ImageSizeText(height, width, channels), " = ", want));
+  at::Tensor t = at::empty({height, width, channels}, at::kByte);
+  std::memcpy(t.data_ptr<uint8_t>(), pixels.data(), static_cast<size_t>(want));
+  return t;
+}
+
+absl::StatusOr<at::Tensor> DecodeRequestImage(const RequestImage& image, const std::string& field,
+                                              const ImageBounds& bounds) {
+  if (image.png) return DecodePngImage(image.bytes, field, bounds);
+  return DecodeRawImage(image.bytes, image.height, image.width, image.channels, field, bounds);
 }
 
 }  // namespace krause::server

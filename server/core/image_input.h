@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "server/core/generate_settings.h"
 #include "server/core/model_info.h"
 
 namespace krause::server {
@@ -37,5 +38,17 @@ absl::Status CheckImageBounds(int64_t h, int64_t w, int64_t c, const std::string
 // as DecodeImage does.
 absl::StatusOr<at::Tensor> DecodePngImage(std::string_view png, const std::string& field,
                                           const ImageBounds& bounds);
+
+// Raw HWC pixels to [H, W, C] uint8 (CPU): channels 1 or 3, the size within `bounds`, and
+// exactly height*width*channels bytes; errors name `field`.raw.channels, `field` (the size) and
+// `field`.raw.pixels.
+absl::StatusOr<at::Tensor> DecodeRawImage(std::string_view pixels, int64_t height, int64_t width,
+                                          int64_t channels, const std::string& field,
+                                          const ImageBounds& bounds);
+
+// A request image as sent (generate_settings.h): a PNG through DecodePngImage (`field` as the
+// PNG's name), raw pixels through DecodeRawImage.
+absl::StatusOr<at::Tensor> DecodeRequestImage(const RequestImage& image, const std::string& field,
+                                              const ImageBounds& bounds);
 
 }  // namespace krause::server

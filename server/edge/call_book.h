@@ -1,20 +1,22 @@
-// What every call does at its two ends, unary or streaming, and who is told about it.
-//   SteadyDeadline the call's deadline on the clock the workers use;
+// What every call does at its two ends, unary or streaming, whatever its protocol, and who is
+// told about it:
 //   CallObserver  the metrics' view of calls (server/edge/metrics.h implements it);
-//   CallBook      one per call: enters the Gate (echoing the caller's x-request-id and
-//                 traceparent in the initial metadata), and finishes the call exactly once,
-//                 reporting it to the observer and the request log, then leaving the gate.
+//   CallBook      one per call: enters the Gate, keeps what the call did (its model, images,
+//                 queue waits and FLOPs, each reported to the observer once, here), and finishes
+//                 the call exactly once with an absl::Status, reporting it to the observer and
+//                 the request log, then leaving the gate. The transport's answer is the `end`
+//                 it passes to Finish (gRPC's: edge/grpc_call.h; HTTP's: edge/http_call.h).
+// Nothing here knows a protocol: each transport maps the status in its one place.
 // Thread-safety: CallObserver implementations are called from any thread. A CallBook's Enter runs
-// on the handler's thread; set_images/NoteQueued may run on model threads; Finish may race with
-// itself (a barrier's error after a normal finish) and only the first one counts.
+// on the handler's thread; set_images/Queued/Served may run on model threads; Finish may race
+// with itself (a barrier's error after a normal finish) and only the first one counts.
 #pragma once
-
-#include <grpcpp/grpcpp.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,32 +31,23 @@
 
 namespace krause::server {
 
-// The call's deadline on the steady clock (max when it has none).
-inline std::chrono::steady_clock::time_point SteadyDeadline(
-    const grpc::CallbackServerContext* ctx) {
-  using Clock = std::chrono::steady_clock;
-  const auto d = ctx->deadline();
-  if (d == std::chrono::system_clock::time_point::max()) return Clock::time_point::max();
-  const auto left = d - std::chrono::system_clock::now();
-  if (left > std::chrono::hours(24 * 365)) return Clock::time_point::max();
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
-}
-
 // The protocols a call can come in (metrics and request log label values).
 inline constexpr char kProtocolKrause[] = "krause.v1";
 inline constexpr char kProtocolOipGrpc[] = "oip-grpc";
 inline constexpr char kProtocolOipRest[] = "oip-rest";
-inline constexpr char kProtocolKrauseConnect[] = "krause.v1-connect";  // krause.v1 over HTTP
+inline constexpr char kProtocolKrauseConnect[] = "krause.v1-connect";  // krause.v1 over Connect
+inline constexpr char kProtocolKrauseHttp[] = "krause.v1-http";        // its generation over HTTP
+inline constexpr char kProtocolHttp[] =
+    "http";  // a request the HTTP server refused, no front end's
 
 // Observer of calls (metrics); optional. `model` is "" until the call resolved a served model.
 struct CallObserver {
   virtual ~CallObserver() = default;
-  // Every call, once, when it finishes. `protocol`: kProtocolKrause, kProtocolOipGrpc,
-  // kProtocolOipRest or kProtocolKrauseConnect.
+  // Every call, once, when it finishes. `protocol`: one of the kProtocol* above.
   // `version`: the model's version ("" with the model when the call resolved none).
   virtual void OnCallDone(const std::string& rpc, const std::string& protocol,
                           const std::string& model, const std::string& version,
-                          grpc::StatusCode code, double seconds) = 0;
+                          absl::StatusCode code, double seconds) = 0;
   // Time a call's work waited in its model's queue before it ran (Classify: once per call;
   // Generate: once per image, until it got a cache slot).
   virtual void OnQueued(const std::string& rpc, const std::string& model, double seconds) {}
@@ -77,21 +70,10 @@ struct CallObserver {
                          const std::string& model, const std::string& reason) {}
 };
 
-// A successful call's images: its FLOPs (executed, dense-equivalent) for the reply, reported to
-// the observer (may be null) with the images.
+// A successful call's FLOPs, executed and dense-equivalent (for its reply).
 struct CallFlops {
   double executed = 0, dense_equivalent = 0;
 };
-inline CallFlops ReportImages(CallObserver* observer, const char* rpc, const ServedModel& m,
-                              int64_t images) {
-  const double n = static_cast<double>(images);
-  const CallFlops f{m.flops().executed_flops * n, m.flops().dense_equivalent_flops * n};
-  if (observer != nullptr) {
-    observer->OnFlops(rpc, m.name(), f.executed, f.dense_equivalent);
-    observer->OnImages(rpc, m.name(), images);
-  }
-  return f;
-}
 
 class CallBook {
  public:
@@ -107,7 +89,8 @@ class CallBook {
         protocol_(protocol),
         start_(Clock::now()) {}
 
-  // A call that did not come over gRPC (REST): the same, from plain values.
+  // Enters the gate with the call's "authorization" (if it sent one), after noting the caller's
+  // request ids and peer for the request log.
   absl::Status Enter(std::optional<std::string_view> authorization, std::string request_id,
                      std::string traceparent, std::string peer, bool admin = false) {
     request_id_ = std::move(request_id);
@@ -118,26 +101,6 @@ class CallBook {
     return st;
   }
 
-  absl::Status Enter(grpc::CallbackServerContext* ctx, bool admin = false) {
-    // The caller's request ids go back in the initial metadata (nothing is sent yet) and into
-    // the request log.
-    const auto& md = ctx->client_metadata();
-    for (const char* key : {"x-request-id", "traceparent"}) {
-      const auto it = md.find(key);
-      if (it == md.end()) continue;
-      std::string value(it->second.data(), std::min<size_t>(it->second.size(), 256));
-      ctx->AddInitialMetadata(key, value);
-      (key[0] == 'x' ? request_id_ : traceparent_) = std::move(value);
-    }
-    if (log_ != nullptr) peer_ = ctx->peer();
-    ctx_ = ctx;
-    std::optional<std::string_view> authorization;
-    if (const auto it = md.find("authorization"); it != md.end())
-      authorization = std::string_view(it->second.data(), it->second.size());
-    const absl::Status st = gate_->Enter(authorization, admin);
-    entered_ = st.ok();
-    return st;
-  }
   // A call the HTTP server refused before it reached a handler (no gate, no token): only its
   // client, for the request log.
   void NoteRefused(std::string peer) {
@@ -156,26 +119,43 @@ class CallBook {
     std::lock_guard<std::mutex> lock(mu_);
     images_ = n;
   }
-  void NoteQueued(double seconds) {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_seconds_ = std::max(queue_seconds_, seconds);
+  // A wait of the call's work in its model's queue (Classify: once per call; Generate: once per
+  // image, until it got a cache slot): to the observer, and the longest to the request log.
+  void Queued(double seconds) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_seconds_ = std::max(queue_seconds_, seconds);
+    }
+    if (observer_ != nullptr && model_ref_ != nullptr) observer_->OnQueued(rpc_, model_, seconds);
   }
+  // A successful call's images, with their FLOPs (the model's per image unless given), to the
+  // observer; the FLOPs back for the reply.
+  CallFlops Served(int64_t images) {
+    const double n = static_cast<double>(images);
+    return Served(images, {model_ref_->flops().executed_flops * n,
+                           model_ref_->flops().dense_equivalent_flops * n});
+  }
+  CallFlops Served(int64_t images, CallFlops flops) {
+    if (observer_ != nullptr) {
+      observer_->OnFlops(rpc_, model_, flops.executed, flops.dense_equivalent);
+      observer_->OnImages(rpc_, model_, images);
+    }
+    return flops;
+  }
+  const char* rpc() const { return rpc_; }
+  const char* protocol() const { return protocol_; }
+  const std::string& model_name() const { return model_; }
 
-  // reactor->Finish may end the call and free the reactor (and this object with it): what is
-  // needed afterwards is copied first. Any object with Finish(grpc::Status) will do (REST's
-  // replies map the code to an HTTP status).
-  template <typename Reactor>
-  void Finish(Reactor* reactor, const absl::Status& st) {
+  // Finishes the call once: `end` answers it with the status (the model named in its error
+  // details). `end` may end the call and free this object: what is needed afterwards is copied
+  // first.
+  void Finish(const absl::Status& status, const std::function<void(const absl::Status&)>& end) {
     if (finished_.exchange(true)) return;  // a barrier's error after a normal finish
-    const grpc::Status g = ToGrpcStatus(WithModel(st, model_));
-    // A refusal's RetryInfo also as gRPC's own pushback, which the clients' retry policy
-    // honours: retry at once on another replica when draining, after the delay when full.
+    const absl::Status st = WithModel(status, model_);
     const ErrorDetails d = st.ok() ? ErrorDetails{} : DetailsOf(st);
-    if (ctx_ != nullptr && d.retry_delay)
-      ctx_->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(d.retry_delay->count()));
     const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
     if (observer_ != nullptr) {
-      observer_->OnCallDone(rpc_, protocol_, model_, version_, g.error_code(), seconds);
+      observer_->OnCallDone(rpc_, protocol_, model_, version_, st.code(), seconds);
       if (!model_.empty()) {
         int64_t images;
         double queued;
@@ -184,7 +164,7 @@ class CallBook {
           images = images_;
           queued = queue_seconds_;
         }
-        observer_->OnModelCall(rpc_, model_, version_, g.ok(), seconds, images, queued);
+        observer_->OnModelCall(rpc_, model_, version_, st.ok(), seconds, images, queued);
       }
       if (!d.reason.empty()) observer_->OnRefused(rpc_, protocol_, model_, d.reason);
     }
@@ -194,7 +174,7 @@ class CallBook {
       r.protocol = protocol_;
       r.model = model_;
       r.version = version_;
-      r.code = GrpcCodeName(g.error_code());
+      r.code = CodeName(st.code());
       r.peer = peer_;
       r.request_id = request_id_;
       r.traceparent = traceparent_;
@@ -208,7 +188,7 @@ class CallBook {
     }
     const bool entered = entered_;
     Gate* gate = gate_;
-    reactor->Finish(g);
+    end(st);
     if (entered) gate->Leave();
   }
 
@@ -222,34 +202,11 @@ class CallBook {
   std::string model_, version_;  // "" until the call resolved a model
   std::shared_ptr<const ServedModel> model_ref_;
   std::string peer_, request_id_, traceparent_;
-  grpc::CallbackServerContext* ctx_ = nullptr;  // gRPC calls: set by Enter, valid until Finish
   bool entered_ = false;
   std::atomic<bool> finished_{false};
   std::mutex mu_;  // guards the two below (set from model threads)
   int64_t images_ = 0;
   double queue_seconds_ = 0;
-};
-
-// A unary call on gRPC's default reactor, with its book.
-class UnaryCall {
- public:
-  UnaryCall(Gate* gate, CallObserver* observer, RequestLog* log, grpc::CallbackServerContext* ctx,
-            const char* rpc, const char* protocol = kProtocolKrause)
-      : book_(gate, observer, log, rpc, protocol), reactor_(ctx->DefaultReactor()) {}
-
-  // Enters the gate; on refusal finishes the call and returns false.
-  bool Enter(grpc::CallbackServerContext* ctx, bool admin = false) {
-    const absl::Status st = book_.Enter(ctx, admin);
-    if (!st.ok()) Finish(st);
-    return st.ok();
-  }
-  CallBook* book() { return &book_; }
-  grpc::ServerUnaryReactor* reactor() const { return reactor_; }
-  void Finish(const absl::Status& st) { book_.Finish(reactor_, st); }
-
- private:
-  CallBook book_;
-  grpc::ServerUnaryReactor* reactor_;
 };
 
 }  // namespace krause::server

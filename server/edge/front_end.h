@@ -1,10 +1,10 @@
-// What every front end's calls share, whatever their protocol: the gate (and through it the
-// registry), the call observer (the metrics), the request log, the reply pool where replies are
+// What every front end's calls share, whatever their protocol: the gate, the registry of served
+// models, the call observer (the metrics), the request log, the reply pool where replies are
 // built off the model threads, the bound on an Inspect reply, and the tests' fault hook.
 // KrauseServer owns one and lends it to each front end (krause.v1, the Open Inference Protocol
 // over gRPC and REST); no front end reaches another's service for these.
 // Thread-safety: set up before serving, read-only afterwards (the pointees are thread-safe), but
-// for `control`, set once the models are loaded.
+// for `registry` and `control`, set once the models are loaded.
 #pragma once
 
 #include <atomic>
@@ -21,8 +21,13 @@
 
 namespace krause::server {
 
+class Registry;
+
 struct FrontEndContext {
   Gate* gate = nullptr;
+  // The served models: null while they load (the gate refuses calls until then), so a call that
+  // entered the gate finds it set. Set once (hence atomic).
+  std::atomic<const Registry*> registry{nullptr};
   // A versioned repository's model control (null: a manifest or the flat layout, fixed at
   // start-up). Set once, when the models are loaded (hence atomic).
   std::atomic<ModelControl*> control{nullptr};

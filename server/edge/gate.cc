@@ -11,7 +11,7 @@ void Gate::SetTokens(std::vector<std::string> tokens) {
 void Gate::SetAdminTokens(std::vector<std::string> tokens) {
   admin_tokens_ = std::set<std::string, std::less<>>(tokens.begin(), tokens.end());
 }
-void Gate::SetRegistry(const Registry* registry) { registry_.store(registry); }
+void Gate::SetLoaded(bool loaded) { loaded_.store(loaded); }
 void Gate::StartDraining() { draining_.store(true); }
 
 absl::Status Gate::Enter(std::optional<std::string_view> authorization, bool admin) {
@@ -36,8 +36,7 @@ absl::Status Gate::Enter(std::optional<std::string_view> authorization, bool adm
           "HTTP header)");
   }
   if (draining_.load()) return Refusal("the server is shutting down", reason::kDraining);
-  if (registry_.load() == nullptr)
-    return Refusal("the models are still loading", reason::kModelLoading);
+  if (!loaded_.load()) return Refusal("the models are still loading", reason::kModelLoading);
   std::lock_guard<std::mutex> lock(mu_);
   ++in_flight_;
   return absl::OkStatus();

@@ -19,14 +19,12 @@
 
 namespace krause::server {
 
-class Registry;
-
 class Gate {
  public:
   void SetTokens(std::vector<std::string> tokens);  // empty: no authentication
   // Tokens model control needs (they pass for serving calls too).
   void SetAdminTokens(std::vector<std::string> tokens);
-  void SetRegistry(const Registry* registry);  // null while loading
+  void SetLoaded(bool loaded);  // false while the models load
   void StartDraining();
 
   // `authorization`: the call's "authorization" metadata, if it sent one. OK and the call counts
@@ -39,12 +37,12 @@ class Gate {
   // Waits until no call is in flight or `deadline`; true when idle.
   bool WaitIdle(std::chrono::steady_clock::time_point deadline) const;
   int64_t in_flight() const;
-  const Registry* registry() const { return registry_.load(); }
+  bool loaded() const { return loaded_.load(); }
   bool draining() const { return draining_.load(); }
 
  private:
   std::set<std::string, std::less<>> tokens_, admin_tokens_;
-  std::atomic<const Registry*> registry_{nullptr};
+  std::atomic<bool> loaded_{false};
   std::atomic<bool> draining_{false};
   mutable std::mutex mu_;
   mutable std::condition_variable idle_;

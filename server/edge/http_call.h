@@ -1,13 +1,14 @@
 // What every counted HTTP call shares, whichever protocol it speaks (the Open Inference
-// Protocol's REST, oip/rest_reply.h; krause.v1 over Connect, v1/connect_http.h): the exchange it
-// answers through, the caller's X-Request-Id and traceparent (echoed on the answer, written to
-// the request log), and its entry through the gate with its bearer token.
+// Protocol's REST, oip/oip_http.h; krause.v1 over Connect, v1/connect_http.h, and its HTTP
+// generation, v1/http_generation.h): the exchange it answers through, the caller's X-Request-Id
+// and traceparent (echoed on the answer, written to the request log), and its entry through the
+// gate with its bearer token. JsonReply: a call answered with a JSON body, or an error as
+// {"error": "..."} with the HTTP status of its code (the REST APIs' shape).
 // Thread-safety: one call's object is used by one thread at a time.
 #pragma once
 
-#include <grpcpp/support/status_code_enum.h>
-
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -16,6 +17,8 @@
 #include "absl/status/status.h"
 #include "server/edge/call_book.h"
 #include "server/edge/http_server.h"
+#include "server/edge/json_text.h"
+#include "server/edge/status.h"
 
 namespace krause::server {
 
@@ -35,9 +38,9 @@ class HttpCall {
   const HttpHeaders& echo() const { return echo_; }
   // An error answer's headers: the echoed ids and, for a missing or unknown token,
   // WWW-Authenticate: Bearer.
-  HttpHeaders ErrorHeaders(grpc::StatusCode code) const {
+  HttpHeaders ErrorHeaders(absl::StatusCode code) const {
     HttpHeaders headers = echo_;
-    if (code == grpc::StatusCode::UNAUTHENTICATED)
+    if (code == absl::StatusCode::kUnauthenticated)
       headers.emplace_back("WWW-Authenticate", "Bearer");
     return headers;
   }
@@ -60,6 +63,40 @@ class HttpCall {
 
   std::shared_ptr<HttpExchange> exchange_;
   HttpHeaders echo_;
+};
+
+// {"error": message}: the REST APIs' error body.
+inline std::string ErrorJson(absl::string_view message) {
+  nlohmann::json j;
+  j["error"] = std::string(message);
+  return JsonText(j);
+}
+
+inline void SendJson(HttpExchange* ex, int status, std::string body, HttpHeaders headers = {},
+                     const char* content_type = "application/json") {
+  headers.emplace_back("Content-Type", content_type);
+  ex->Reply({status, std::move(headers), std::move(body)});
+}
+
+// One call answered with a JSON body: Finish(status) writes the reply (the success body set
+// before, or {"error": ...} with the code's HTTP status, or `override_status` when set).
+class JsonReply : public HttpCall {
+ public:
+  using HttpCall::HttpCall;
+  void Finish(const absl::Status& st) {
+    if (st.ok()) {
+      HttpHeaders headers = echo();
+      headers.insert(headers.end(), ok_headers_.begin(), ok_headers_.end());
+      SendJson(exchange(), 200, std::move(ok_body_), std::move(headers), ok_content_type_);
+      return;
+    }
+    const int http = override_status_ != 0 ? override_status_ : HttpStatus(st.code());
+    SendJson(exchange(), http, ErrorJson(st.message()), ErrorHeaders(st.code()));
+  }
+  std::string ok_body_;
+  HttpHeaders ok_headers_;                            // with the success body
+  const char* ok_content_type_ = "application/json";  // the success body's
+  int override_status_ = 0;
 };
 
 }  // namespace krause::server

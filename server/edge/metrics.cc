@@ -275,13 +275,13 @@ WorkerHooks Metrics::Hooks() {
 
 void Metrics::OnCallDone(const std::string& rpc, const std::string& protocol,
                          const std::string& model, const std::string& version,
-                         grpc::StatusCode code, double seconds) {
+                         absl::StatusCode code, double seconds) {
   requests_
       .Add({{"rpc", rpc},
             {"protocol", protocol},
             {"model", model},
             {"version", version},
-            {"code", GrpcCodeName(code)}})
+            {"code", CodeName(code)}})
       .Increment();
   latency_
       .Add({{"rpc", rpc}, {"protocol", protocol}, {"model", model}, {"version", version}},

@@ -2,8 +2,8 @@
 // `/metrics` on their own port (server/edge/http_endpoint.h, one event-loop thread). Names follow
 // Prometheus conventions (base units, _total, _seconds, _bytes); labels are model (a served model's
 // name, or "" when the request named none that exists), version (the served version, "" with no
-// model), rpc, code and (calls) protocol (krause.v1, oip-grpc, oip-rest), so cardinality is
-// bounded by the models served. Gauges of queues, sequences and
+// model), rpc, code and (calls) protocol (krause.v1, krause.v1-connect, krause.v1-http, oip-grpc,
+// oip-rest, http), so cardinality is bounded by the models served. Gauges of queues, sequences and
 // caches are read from the registry at scrape time. Thread-safety: every method may be called from
 // any thread.
 #pragma once
@@ -44,7 +44,7 @@ class Metrics : public CallObserver {
   std::string Scrape() const;
 
   void OnCallDone(const std::string& rpc, const std::string& protocol, const std::string& model,
-                  const std::string& version, grpc::StatusCode code, double seconds) override;
+                  const std::string& version, absl::StatusCode code, double seconds) override;
   void OnQueued(const std::string& rpc, const std::string& model, double seconds) override;
   void OnFlops(const std::string& rpc, const std::string& model, double executed,
                double dense) override;

@@ -15,95 +15,98 @@ ErrorDetails DetailsOf(const grpc::Status& status) {
   return d;
 }
 
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
+google::rpc::Status RpcStatusOf(const absl::Status& status) {
+  google::rpc::Status out;
   // absl::StatusCode and grpc::StatusCode share the canonical numbering 0..16.
   const int code = static_cast<int>(status.code());
-  const grpc::StatusCode g =
-      (code >= 0 && code <= 16) ? static_cast<grpc::StatusCode>(code) : grpc::StatusCode::UNKNOWN;
-  std::string message(status.message());
-  // The payloads (each a google.rpc detail, keyed by its type URL) become google.rpc.Status's
-  // details, which gRPC sends in the "grpc-status-details-bin" trailer.
-  google::rpc::Status details;
+  out.set_code(code >= 0 && code <= 16 ? code : static_cast<int>(absl::StatusCode::kUnknown));
+  out.set_message(std::string(status.message()));
+  // The payloads (each a google.rpc detail, keyed by its type URL) become its details.
   status.ForEachPayload([&](absl::string_view url, const absl::Cord& value) {
     if (url.substr(0, sizeof(kDetailTypePrefix) - 1) != kDetailTypePrefix) return;
-    google::protobuf::Any* any = details.add_details();
+    google::protobuf::Any* any = out.add_details();
     any->set_type_url(std::string(url));
     any->set_value(std::string(value));
   });
-  if (details.details_size() == 0) return grpc::Status(g, std::move(message));
-  details.set_code(static_cast<int32_t>(g));
-  details.set_message(message);
-  return grpc::Status(g, std::move(message), details.SerializeAsString());
+  return out;
 }
 
-int HttpStatus(grpc::StatusCode code) {
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  const google::rpc::Status details = RpcStatusOf(status);
+  const auto g = static_cast<grpc::StatusCode>(details.code());
+  // The details go in the "grpc-status-details-bin" trailer.
+  if (details.details_size() == 0) return grpc::Status(g, details.message());
+  return grpc::Status(g, details.message(), details.SerializeAsString());
+}
+
+int HttpStatus(absl::StatusCode code) {
   switch (code) {
-    case grpc::StatusCode::OK:
+    case absl::StatusCode::kOk:
       return 200;
-    case grpc::StatusCode::INVALID_ARGUMENT:
-    case grpc::StatusCode::FAILED_PRECONDITION:
-    case grpc::StatusCode::OUT_OF_RANGE:
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
       return 400;
-    case grpc::StatusCode::UNAUTHENTICATED:
+    case absl::StatusCode::kUnauthenticated:
       return 401;
-    case grpc::StatusCode::PERMISSION_DENIED:
+    case absl::StatusCode::kPermissionDenied:
       return 403;
-    case grpc::StatusCode::NOT_FOUND:
+    case absl::StatusCode::kNotFound:
       return 404;
-    case grpc::StatusCode::ALREADY_EXISTS:
-    case grpc::StatusCode::ABORTED:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kAborted:
       return 409;
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case absl::StatusCode::kResourceExhausted:
       return 429;
-    case grpc::StatusCode::CANCELLED:
+    case absl::StatusCode::kCancelled:
       return 499;
-    case grpc::StatusCode::UNIMPLEMENTED:
+    case absl::StatusCode::kUnimplemented:
       return 501;
-    case grpc::StatusCode::UNAVAILABLE:
+    case absl::StatusCode::kUnavailable:
       return 503;
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case absl::StatusCode::kDeadlineExceeded:
       return 504;
     default:
       return 500;
   }
 }
 
-const char* GrpcCodeName(grpc::StatusCode code) {
+const char* CodeName(absl::StatusCode code) {
   switch (code) {
-    case grpc::StatusCode::OK:
+    case absl::StatusCode::kOk:
       return "OK";
-    case grpc::StatusCode::CANCELLED:
+    case absl::StatusCode::kCancelled:
       return "CANCELLED";
-    case grpc::StatusCode::UNKNOWN:
+    case absl::StatusCode::kUnknown:
       return "UNKNOWN";
-    case grpc::StatusCode::INVALID_ARGUMENT:
+    case absl::StatusCode::kInvalidArgument:
       return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case absl::StatusCode::kDeadlineExceeded:
       return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::NOT_FOUND:
+    case absl::StatusCode::kNotFound:
       return "NOT_FOUND";
-    case grpc::StatusCode::ALREADY_EXISTS:
+    case absl::StatusCode::kAlreadyExists:
       return "ALREADY_EXISTS";
-    case grpc::StatusCode::PERMISSION_DENIED:
+    case absl::StatusCode::kPermissionDenied:
       return "PERMISSION_DENIED";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case absl::StatusCode::kResourceExhausted:
       return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::FAILED_PRECONDITION:
+    case absl::StatusCode::kFailedPrecondition:
       return "FAILED_PRECONDITION";
-    case grpc::StatusCode::ABORTED:
+    case absl::StatusCode::kAborted:
       return "ABORTED";
-    case grpc::StatusCode::OUT_OF_RANGE:
+    case absl::StatusCode::kOutOfRange:
       return "OUT_OF_RANGE";
-    case grpc::StatusCode::UNIMPLEMENTED:
+    case absl::StatusCode::kUnimplemented:
       return "UNIMPLEMENTED";
-    case grpc::StatusCode::INTERNAL:
+    case absl::StatusCode::kInternal:
       return "INTERNAL";
-    case grpc::StatusCode::UNAVAILABLE:
+    case absl::StatusCode::kUnavailable:
       return "UNAVAILABLE";
-    case grpc::StatusCode::DATA_LOSS:
+    case absl::StatusCode::kDataLoss:
       return "DATA_LOSS";
-    case grpc::StatusCode::UNAUTHENTICATED:
+    case absl::StatusCode::kUnauthenticated:
       return "UNAUTHENTICATED";
     default:
       return "UNKNOWN";

@@ -26,12 +26,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/core/defaults.h"
 
 namespace krause::server::oip {
 
-// The largest `timeout` parameter (microseconds, as Triton's) an inference or a generation
-// accepts: a day.
-inline constexpr int64_t kMaxTimeoutMicroseconds = int64_t{24} * 3600 * 1000000;
+// The largest `timeout` parameter (microseconds, as Triton's) an inference accepts.
+inline constexpr int64_t kMaxTimeoutMicroseconds = defaults::kMaxTimeoutMicroseconds;
 
 // The protocol's tensor datatypes.
 enum class DataType {

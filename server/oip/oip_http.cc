@@ -12,20 +12,18 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "server/edge/call_book.h"
+#include "server/edge/http_call.h"
 #include "server/edge/status.h"
-#include "server/oip/oip_generate.h"
 #include "server/oip/oip_infer.h"
 #include "server/oip/oip_json.h"
 #include "server/oip/oip_repository.h"
 #include "server/oip/oip_statistics.h"
-#include "server/oip/rest_reply.h"
 
 namespace krause::server {
 namespace {
 
 // The path's parts after /v2/models/: name, version (may be empty), and the action ("" for the
-// metadata, "ready", "infer", "generate", "generate_stream", "stats"); nullopt when the path is not
-// of that form.
+// metadata, "ready", "infer", "stats"); nullopt when the path is not of that form.
 struct ModelPath {
   std::string name, version, action;
 };
@@ -42,8 +40,7 @@ std::optional<ModelPath> ParseModelPath(const std::vector<absl::string_view>& pa
   }
   if (parts.size() == at) return p;
   if (parts.size() == at + 1 &&
-      (parts[at] == "ready" || parts[at] == "infer" || parts[at] == "generate" ||
-       parts[at] == "generate_stream" || parts[at] == "stats")) {
+      (parts[at] == "ready" || parts[at] == "infer" || parts[at] == "stats")) {
     p.action = std::string(parts[at]);
     return p;
   }
@@ -56,56 +53,41 @@ struct RestCall {
            std::shared_ptr<HttpExchange> exchange)
       : reply(request, std::move(exchange)),
         book(edge->gate, edge->observer, edge->request_log, rpc, kProtocolOipRest) {}
-  RestReply reply;
+  void Finish(const absl::Status& st) {
+    book.Finish(st, [this](const absl::Status& s) { reply.Finish(s); });
+  }
+  JsonReply reply;
   CallBook book;
 };
 
-// The call a refused request was for, from its path ("HTTP" when the headers were not read or
-// name no inference).
-const char* RefusedRpc(const std::string& target) {
-  const std::string path = target.substr(0, target.find('?'));
-  if (absl::EndsWith(path, "/infer")) return "ModelInfer";
-  if (absl::EndsWith(path, "/generate") || absl::EndsWith(path, "/generate_stream"))
-    return "Generate";
-  return "HTTP";
-}
-
-// A request the HTTP server answered itself (408, 413, 431, 400): counted and logged as a REST
-// call that ended with the code of its status.
-void RecordRefusal(const FrontEndContext* edge, const HttpRefusal& r) {
-  CallBook book(edge->gate, edge->observer, edge->request_log, RefusedRpc(r.target),
-                kProtocolOipRest);
-  book.NoteRefused(r.peer);
-  const absl::Status st = r.status == 408   ? absl::DeadlineExceededError(r.why)
-                          : r.status == 400 ? absl::InvalidArgumentError(r.why)
-                                            : absl::ResourceExhaustedError(r.why);  // 413, 431
-  struct Answered {  // the HTTP server has answered already
-    void Finish(const grpc::Status&) {}
-  } answered;
-  book.Finish(&answered, st);
+// The call a refused request was for, from its path ("HTTP": none named).
+const char* RefusedRpc(std::string_view path) {
+  constexpr std::string_view kInfer = "/infer";
+  const bool infer =
+      path.size() >= kInfer.size() && path.substr(path.size() - kInfer.size()) == kInfer;
+  return infer ? "ModelInfer" : nullptr;
 }
 
 }  // namespace
 
-class OipHttp::Handler {
+class OipRest::Handler {
  public:
-  Handler(const OipHttpOptions& options, const FrontEndContext* edge) : o_(options), edge_(edge) {}
+  Handler(const OipRestOptions& options, const FrontEndContext* edge) : o_(options), edge_(edge) {}
 
   // On a loop thread: answers at once, or starts the work and returns (never waits).
   void Serve(HttpRequest request, std::shared_ptr<HttpExchange> ex) {
-    if (o_.other_routes && o_.other_routes(request, ex)) return;
     const bool post = request.method == "POST";
     if (!post && request.method != "GET") return NotAllowed(ex.get(), "GET");
     const std::string path = request.target.substr(0, request.target.find('?'));
     std::vector<absl::string_view> parts = absl::StrSplit(path, '/');
     if (parts.size() > 1 && parts.back().empty()) parts.pop_back();  // a trailing slash
     if (parts.size() < 2 || parts[0] != "" || parts[1] != "v2") return NotFound(ex.get(), path);
-    const Gate& gate = *edge_->gate;
+    const Registry* registry = edge_->registry.load();
     if (parts.size() == 4 && parts[2] == "health") {
       if (post) return NotAllowed(ex.get(), "GET");
       if (parts[3] == "live") return SendJson(ex.get(), 200, R"({"live":true})");
       if (parts[3] == "ready") {
-        const bool ready = gate.registry() != nullptr && !gate.draining();
+        const bool ready = registry != nullptr && !edge_->gate->draining();
         return SendJson(ex.get(), ready ? 200 : 503,
                         ready ? R"({"ready":true})" : R"({"ready":false})");
       }
@@ -128,43 +110,34 @@ class OipHttp::Handler {
       if (post) return NotAllowed(ex.get(), "GET");
       return Call(request, ex, "ModelStatistics", [&](RestCall* call) -> absl::Status {
         if (edge_->stats == nullptr) return absl::UnimplementedError("no statistics kept");
-        auto stats = oip::StatisticsOf(*gate.registry(), *edge_->stats, mp->name, mp->version);
+        auto stats = oip::StatisticsOf(*registry, *edge_->stats, mp->name, mp->version);
         if (!stats.ok()) return stats.status();
         call->reply.ok_body_ = oip::StatisticsJson(*stats);
         return absl::OkStatus();
       });
     }
-    const bool posted_action =
-        mp->action == "infer" || mp->action == "generate" || mp->action == "generate_stream";
+    const bool posted_action = mp->action == "infer";
     if (posted_action != post) return NotAllowed(ex.get(), post ? "GET" : "POST");
     if (mp->action == "ready") {
-      if (gate.registry() == nullptr) return SendJson(ex.get(), 503, R"({"ready":false})");
-      auto m = oip::FindModel(*gate.registry(), mp->name, mp->version);
+      if (registry == nullptr) return SendJson(ex.get(), 503, R"({"ready":false})");
+      auto m = oip::FindModel(*registry, mp->name, mp->version);
       if (m.status().code() == absl::StatusCode::kUnavailable)  // unloaded by model control
         return SendJson(ex.get(), 503, R"({"ready":false})");
       if (!m.ok())
-        return SendJson(ex.get(), HttpStatus(ToGrpcStatus(m.status()).error_code()),
-                        oip::ErrorJson(m.status().message()));
-      const bool ready = !gate.draining();
+        return SendJson(ex.get(), HttpStatus(m.status().code()), ErrorJson(m.status().message()));
+      const bool ready = !edge_->gate->draining();
       return SendJson(ex.get(), ready ? 200 : 503,
                       ready ? R"({"ready":true})" : R"({"ready":false})");
     }
     if (mp->action.empty()) {
       return Call(request, ex, "ModelMetadata", [&](RestCall* call) -> absl::Status {
-        auto m = oip::FindModel(*gate.registry(), mp->name, mp->version);
+        auto m = oip::FindModel(*registry, mp->name, mp->version);
         if (!m.ok()) return m.status();
         call->book.set_model(*m);
         call->reply.ok_body_ =
-            oip::ModelMetadataJson(oip::MetadataOf(**m, gate.registry()->Versions(mp->name)));
+            oip::ModelMetadataJson(oip::MetadataOf(**m, registry->Versions(mp->name)));
         return absl::OkStatus();
       });
-    }
-    if (mp->action != "infer") {
-      HttpGenerateOptions go;
-      go.stream = mp->action == "generate_stream";
-      go.ping_ms = o_.stream_ping_ms;
-      go.deadline_ms = o_.deadline_ms;
-      return StartHttpGeneration(edge_, request, ex, mp->name, mp->version, go);
     }
     Start(request, ex, "ModelInfer", [&](const std::shared_ptr<RestCall>& call, bool* started) {
       return Infer(request, *mp, call, started);
@@ -173,14 +146,13 @@ class OipHttp::Handler {
 
  private:
   void NotAllowed(HttpExchange* ex, const char* allow) {
-    SendJson(ex, 405, oip::ErrorJson(absl::StrCat("method not allowed here; use ", allow)),
+    SendJson(ex, 405, ErrorJson(absl::StrCat("method not allowed here; use ", allow)),
              {{"Allow", allow}});
   }
 
   void NotFound(HttpExchange* ex, const std::string& path) {
-    SendJson(
-        ex, 404,
-        oip::ErrorJson(absl::StrCat("no such path: ", path.substr(0, 128),
+    SendJson(ex, 404,
+             ErrorJson(absl::StrCat("no such path: ", path.substr(0, 128),
                                     " (the APIs are under /v2 and /krause.v1.KrauseService/)")));
   }
 
@@ -194,7 +166,7 @@ class OipHttp::Handler {
     absl::Status st = call->reply.Enter(call->book, request, admin);
     bool started = false;
     if (st.ok()) st = Guarded(rpc, [&] { return body(call, &started); });
-    if (!started) call->book.Finish(&call->reply, st);
+    if (!started) call->Finish(st);
   }
 
   template <typename Body>
@@ -221,7 +193,7 @@ class OipHttp::Handler {
             auto ready = oip::ParseRepositoryIndexJson(request.body);
             if (!ready.ok()) return ready.status();
             call->reply.ok_body_ = oip::RepositoryIndexJson(
-                IndexOf(edge_->control.load(), *edge_->gate->registry(), *ready));
+                IndexOf(edge_->control.load(), *edge_->registry.load(), *ready));
             return absl::OkStatus();
           },
           /*admin=*/true);
@@ -234,9 +206,8 @@ class OipHttp::Handler {
           auto params = oip::ParseRepositoryChangeJson(request.body);
           if (!params.ok()) return params.status();
           *started = true;  // the control thread's answer finishes the call (or a refusal, now)
-          oip::StartRepositoryChange(
-              edge_->control.load(), load, model, *params,
-              [call](absl::Status st) { call->book.Finish(&call->reply, st); });
+          oip::StartRepositoryChange(edge_->control.load(), load, model, *params,
+                                     [call](absl::Status st) { call->Finish(st); });
           return absl::OkStatus();
         },
         /*admin=*/true);
@@ -256,16 +227,14 @@ class OipHttp::Handler {
     auto binary = oip::TakeBinaryOutputs(&*parsed);
     if (!binary.ok()) return binary.status();
     oip::InferContext c;
+    c.edge = edge_;
     c.book = &call->book;
-    c.observer = edge_->observer;
-    c.replies = edge_->replies;
-    c.fault = edge_->fault;
     // The call's deadline: its `timeout` parameter (StartInfer), within the server's default.
     if (o_.deadline_ms > 0)
       c.deadline = call->book.start() + std::chrono::milliseconds(o_.deadline_ms);
     c.cancelled = [call] { return call->reply.exchange()->Gone(); };
     absl::Status st =
-        oip::StartInfer(*edge_->gate->registry(), std::move(*parsed), c,
+        oip::StartInfer(*edge_->registry.load(), std::move(*parsed), c,
                         [call, binary = *std::move(binary)](absl::StatusOr<oip::InferResponse> r) {
                           if (call->reply.exchange()->Gone())
                             call->reply.override_status_ = 499;  // nobody reads it
@@ -278,39 +247,31 @@ class OipHttp::Handler {
                             }
                             call->reply.ok_body_ = std::move(body.body);
                           }
-                          call->book.Finish(&call->reply, r.status());
+                          call->Finish(r.status());
                         });
     *started = st.ok();
     return st;
   }
 
-  const OipHttpOptions o_;
+  const OipRestOptions o_;
   const FrontEndContext* const edge_;
 };
 
-absl::StatusOr<std::unique_ptr<OipHttp>> OipHttp::Start(const OipHttpOptions& options,
-                                                        const FrontEndContext* edge) {
-  if (options.request_timeout_ms < 1 || options.keep_alive_timeout_ms < 1)
-    return absl::InvalidArgumentError("the HTTP timeouts must be at least 1 ms");
-  std::unique_ptr<OipHttp> h(new OipHttp());
-  h->handler_ = std::make_unique<Handler>(options, edge);
-  HttpServerOptions so = HttpServerOptions::WithTimeouts(
-      options.address, options.threads, options.request_timeout_ms, options.keep_alive_timeout_ms);
-  so.max_body_bytes = options.max_body_bytes;
-  so.tls = options.tls;
-  so.thread_name = "krause-rest";
-  so.on_refused = [edge](const HttpRefusal& r) { RecordRefusal(edge, r); };
-  Handler* handler = h->handler_.get();
-  auto server = HttpServer::Start(so, [handler](HttpRequest r, std::shared_ptr<HttpExchange> ex) {
-    handler->Serve(std::move(r), std::move(ex));
-  });
-  if (!server.ok()) return server.status();
-  h->server_ = std::move(*server);
-  return h;
+OipRest::OipRest(const OipRestOptions& options, const FrontEndContext* edge)
+    : handler_(std::make_unique<Handler>(options, edge)) {}
+
+OipRest::~OipRest() = default;
+
+HttpRoute OipRest::Route() const {
+  HttpRoute r;
+  r.prefix = "/v2";
+  r.protocol = kProtocolOipRest;
+  r.rpc = RefusedRpc;
+  Handler* handler = handler_.get();
+  r.handler = [handler](HttpRequest request, std::shared_ptr<HttpExchange> ex) {
+    handler->Serve(std::move(request), std::move(ex));
+  };
+  return r;
 }
-
-OipHttp::~OipHttp() { server_.reset(); }  // no handler runs after this; then the handler goes
-
-int OipHttp::port() const { return server_->port(); }
 
 }  // namespace krause::server

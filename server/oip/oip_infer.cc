@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "server/core/image_input.h"
 #include "server/core/served_model.h"
+#include "server/edge/generation_collector.h"
 #include "server/edge/status.h"
 
 namespace krause::server::oip {
@@ -221,7 +222,7 @@ absl::Status Classify(const InferRequest& r, const ModelRef& m, const InferConte
   if (inputs->count("image") == 0)
     return absl::InvalidArgumentError(absl::StrCat("input image is missing: model ", m->name(),
                                                    " takes image UINT8 [n, H, W, C]"));
-  auto images = ImagesOf(*inputs->at("image"), *m, ctx.fault);
+  auto images = ImagesOf(*inputs->at("image"), *m, ctx.edge->fault);
   if (!images.ok()) return images.status();
   auto top = ClassificationOf(r, *m);
   if (!top.ok()) return top.status();
@@ -229,11 +230,10 @@ absl::Status Classify(const InferRequest& r, const ModelRef& m, const InferConte
   const bool probabilities = Wanted(r, "probabilities"), label = Wanted(r, "label");
   auto reply = [ctx, m, done, base = ResponseFor(r, *m), probabilities, label, top = *top](
                    absl::StatusOr<at::Tensor> probs, double queue_seconds) {
-    if (ctx.observer && queue_seconds > 0) ctx.observer->OnQueued(kRpc, m->name(), queue_seconds);
-    ctx.book->NoteQueued(queue_seconds);
+    if (queue_seconds > 0) ctx.book->Queued(queue_seconds);
     InferResponse out = base;
     const absl::Status st = Guarded(kRpc, [&]() -> absl::Status {
-      if (ctx.fault) ctx.fault("reply");
+      ctx.edge->Fault("reply");
       if (!probs.ok()) return probs.status();
       const int64_t rows = probs->size(0), k = probs->size(1);
       const float* p = probs->data_ptr<float>();
@@ -253,12 +253,12 @@ absl::Status Classify(const InferRequest& r, const ModelRef& m, const InferConte
           AppendBytesElement(ClassName(m->info(), TopClasses(p + i * k, k, 1)[0]), &t.data);
         out.outputs.push_back(std::move(t));
       }
-      ReportImages(ctx.observer, kRpc, *m, rows);
+      ctx.book->Served(rows);
       return absl::OkStatus();
     });
     Answer(done, st, std::move(out));
   };
-  return m->Classify(*images, LimitsOf(ctx), ctx.replies, std::move(reply));
+  return m->Classify(*images, LimitsOf(ctx), ctx.edge->replies, std::move(reply));
 }
 
 absl::Status Score(const InferRequest& r, const ModelRef& m,
@@ -269,7 +269,7 @@ absl::Status Score(const InferRequest& r, const ModelRef& m,
                                      " (images come from a request without an image input)");
       !st.ok())
     return st;
-  auto images = ImagesOf(*inputs.at("image"), *m, ctx.fault);
+  auto images = ImagesOf(*inputs.at("image"), *m, ctx.edge->fault);
   if (!images.ok()) return images.status();
   const int64_t n = images->size(0);
   std::vector<int64_t> classes;
@@ -282,17 +282,17 @@ absl::Status Score(const InferRequest& r, const ModelRef& m,
   auto reply = [ctx, m, done, base = ResponseFor(r, *m)](absl::StatusOr<std::vector<double>> bpd) {
     InferResponse out = base;
     const absl::Status st = Guarded(kRpc, [&]() -> absl::Status {
-      if (ctx.fault) ctx.fault("reply");
+      ctx.edge->Fault("reply");
       if (!bpd.ok()) return bpd.status();
       const int64_t rows = static_cast<int64_t>(bpd->size());
       out.outputs.push_back(RawOutput("bits_per_dim", DataType::kFp64, {rows}, bpd->data(),
                                       bpd->size() * sizeof(double)));
-      ReportImages(ctx.observer, kRpc, *m, rows);
+      ctx.book->Served(rows);
       return absl::OkStatus();
     });
     Answer(done, st, std::move(out));
   };
-  return m->Score(*images, std::move(classes), LimitsOf(ctx), ctx.replies, std::move(reply));
+  return m->Score(*images, std::move(classes), LimitsOf(ctx), ctx.edge->replies, std::move(reply));
 }
 
 absl::StatusOr<uint64_t> SeedParameter(const Parameter& p) {
@@ -302,6 +302,48 @@ absl::StatusOr<uint64_t> SeedParameter(const Parameter& p) {
   if (*i < 0) return absl::InvalidArgumentError(absl::StrCat("parameter seed is negative: ", *i));
   return static_cast<uint64_t>(*i);
 }
+
+// A generation answered once: the collector (edge/generation_collector.h) with the final output
+// and the images as pixels, written as the images output [n, H, W, C].
+class InferGeneration final : public GenerationCollector {
+ public:
+  InferGeneration(const InferContext& ctx, InferResponse base, InferDone done)
+      : GenerationCollector(ctx.edge, ctx.book, /*png=*/false),
+        base_(std::move(base)),
+        done_(std::move(done)) {}
+  absl::Status Start(ModelRef m, const GenerateSettings& g, Clock::time_point deadline,
+                     std::function<bool()> cancelled) {
+    return Submit(std::move(m), g, deadline, std::move(cancelled));
+  }
+
+ private:
+  void WriteChunk(GenerateStream::Chunk& c, std::vector<EncodedImage> images) override {
+    // The final output: one chunk, every image (in order) and the summary.
+    const ImageShape& s = model().info().shape;
+    const int64_t n = c.images_total, per_image = s.height * s.width * s.channels;
+    out_ = base_;
+    out_.outputs.push_back(
+        RawOutput("images", DataType::kUint8, {n, s.height, s.width, s.channels}, nullptr, 0));
+    std::string& data = out_.outputs.back().data;
+    data.assign(static_cast<size_t>(n * per_image), '\0');
+    for (const EncodedImage& im : images)
+      std::copy(im.pixels.begin(), im.pixels.end(), data.begin() + im.image * per_image);
+    WriteDone(true);
+  }
+  void EndCall(const absl::Status& st) override {
+    Answer(done_,
+           Guarded(kRpc,
+                   [&] {
+                     edge()->Fault("reply");
+                     return st;
+                   }),
+           std::move(out_));
+  }
+
+  const InferResponse base_;
+  const InferDone done_;
+  InferResponse out_;  // the answer, once the images are in
+};
 
 absl::Status Generate(const InferRequest& r, const ModelRef& m,
                       const std::map<std::string, const Tensor*>& inputs, const InferContext& ctx,
@@ -315,12 +357,13 @@ absl::Status Generate(const InferRequest& r, const ModelRef& m,
                                      "with an image input: scoring)");
       !st.ok())
     return st;
-  const ModelInfo& info = m->info();
   const auto param = [&r](const char* name) -> const Parameter* {
     const auto it = r.parameters.find(name);
     return it == r.parameters.end() ? nullptr : &it->second;
   };
-  GenerateAsk ask;
+  // The parameters' and the class_index input's names, mapped to the settings here only.
+  GenerateSettings g;
+  g.answer_once = true;
   int64_t images = -1;
   if (const Parameter* v = param("num_images")) {
     auto n = IntegerParameter("num_images", *v);
@@ -330,16 +373,15 @@ absl::Status Generate(const InferRequest& r, const ModelRef& m,
   if (inputs.count("class_index") > 0) {
     auto c = ClassesOf(*inputs.at("class_index"), *m, images);
     if (!c.ok()) return c.status();
-    ask.classes = std::move(*c);
-    images = static_cast<int64_t>(ask.classes.size());
+    g.image_classes = std::move(*c);
+    images = static_cast<int64_t>(g.image_classes.size());
   }
-  ask.images = images == -1 ? 1 : images;
-  if (absl::Status st = CheckImageCount(info, ask.images); !st.ok())
+  g.num_images = images == -1 ? 1 : images;
+  if (absl::Status st = CheckImageCount(m->info(), g.num_images); !st.ok())
     return absl::InvalidArgumentError(
-        absl::StrCat(ask.classes.empty() ? "parameter " : "input class_index: ", st.message()));
-  for (auto [name, field] : {std::pair{"temperature", &ask.temperature},
-                             {"top_p", &ask.top_p},
-                             {"guidance", &ask.guidance}}) {
+        absl::StrCat(g.image_classes.empty() ? "parameter " : "input class_index: ", st.message()));
+  for (auto [name, field] :
+       {std::pair{"temperature", &g.temperature}, {"top_p", &g.top_p}, {"guidance", &g.guidance}}) {
     if (const Parameter* v = param(name)) {
       auto x = NumberParameter(name, *v);
       if (!x.ok()) return x.status();
@@ -349,38 +391,18 @@ absl::Status Generate(const InferRequest& r, const ModelRef& m,
   if (const Parameter* v = param("top_k")) {
     auto k = IntegerParameter("top_k", *v);
     if (!k.ok()) return k.status();
-    ask.top_k = *k;
+    g.top_k = *k;
   }
   if (const Parameter* v = param("seed")) {
     auto seed = SeedParameter(*v);
     if (!seed.ok()) return seed.status();
-    ask.seed = *seed;
+    g.seed = *seed;
   }
-  auto plan = ResolveGenerate(info, std::move(ask));  // the model's defaults, as krause.v1's
-  if (!plan.ok())
-    return absl::InvalidArgumentError(absl::StrCat("parameter ", plan.status().message()));
-  ctx.book->set_images(static_cast<int64_t>(plan->images.size()));
-  const ImageShape s = info.shape;
-  const int64_t n = static_cast<int64_t>(plan->images.size());
-  auto reply = [ctx, m, done, base = ResponseFor(r, *m), s, n](absl::StatusOr<std::string> pixels) {
-    InferResponse out = base;
-    const absl::Status st = Guarded(kRpc, [&]() -> absl::Status {
-      if (ctx.fault) ctx.fault("reply");
-      if (!pixels.ok()) return pixels.status();
-      out.outputs.push_back(
-          RawOutput("images", DataType::kUint8, {n, s.height, s.width, s.channels}, nullptr, 0));
-      out.outputs.back().data = std::move(*pixels);
-      ReportImages(ctx.observer, kRpc, *m, n);
-      return absl::OkStatus();
-    });
-    Answer(done, st, std::move(out));
-  };
-  auto on_queued = [ctx, name = m->name()](double wait) {
-    ctx.book->NoteQueued(wait);
-    if (ctx.observer) ctx.observer->OnQueued(kRpc, name, wait);
-  };
-  return UnaryGeneration::Start(m, *std::move(plan), LimitsOf(ctx), ctx.book->start(), ctx.replies,
-                                std::move(on_queued), std::move(reply));
+  auto call = std::make_shared<InferGeneration>(ctx, ResponseFor(r, *m), std::move(done));
+  const absl::Status st = call->Start(m, g, ctx.deadline, ctx.cancelled);
+  if (!st.ok() && absl::IsInvalidArgument(st))  // the model's defaults, as krause.v1's
+    return absl::InvalidArgumentError(absl::StrCat("parameter ", st.message()));
+  return st;
 }
 
 }  // namespace

@@ -1,10 +1,11 @@
 // An Open Inference Protocol inference (oip.h's native types) run on the served models, for both
 // OIP front ends: the request is checked against the model's tensor contract (oip.h), then
 // converted to the same operations of the core a krause.v1 call uses (core/operations.h):
-// Classify (OIP and krause.v1 requests share batches), Score, or a generation resolved by
-// ResolveGenerate (the same defaults, and the same seed gives the same images as krause.v1's
-// Generate) and answered once by UnaryGeneration. Every check happens before
-// anything is queued; each error is InvalidArgument naming the tensor or parameter and what it
+// Classify (OIP and krause.v1 requests share batches), Score, or a generation: its parameters
+// read into the core's GenerateSettings, resolved by ResolveGenerate (the same defaults, and the
+// same seed gives the same images as krause.v1's Generate) and answered once by the generation
+// collector's final output (edge/generation_collector.h). Every check happens before anything is
+// queued; each error is InvalidArgument naming the tensor or parameter and what it
 // must be (NOT_FOUND for an unknown model or version).
 // Thread-safety: StartInfer from any thread; `done` runs on a model thread or the reply pool.
 #pragma once
@@ -17,18 +18,17 @@
 #include "server/core/registry.h"
 #include "server/core/reply_pool.h"
 #include "server/edge/call_book.h"
+#include "server/edge/front_end.h"
 #include "server/oip/oip.h"
 
 namespace krause::server::oip {
 
 // What a call brings to its inference; everything must outlive the call's `done`.
 struct InferContext {
+  const FrontEndContext* edge = nullptr;  // the reply pool, the fault hook
+  CallBook* book = nullptr;  // the call's model, images, queue waits and FLOPs (reported once)
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
-  std::function<bool()> cancelled;   // polled while queued and while generating; may be empty
-  CallBook* book = nullptr;          // the call's model, images and queue time (request log)
-  CallObserver* observer = nullptr;  // may be null
-  ReplyPool* replies = nullptr;      // where responses are built off the model threads
-  FaultHook fault;                   // tests; may be empty
+  std::function<bool()> cancelled;  // polled while queued and while generating; may be empty
 };
 
 using InferDone = std::function<void(absl::StatusOr<InferResponse>)>;

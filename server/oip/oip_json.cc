@@ -472,10 +472,4 @@ std::string ServerMetadataJson() {
   return JsonText(j);
 }
 
-std::string ErrorJson(absl::string_view message) {
-  Json j;
-  j["error"] = std::string(message);
-  return JsonText(j);
-}
-
 }  // namespace krause::server::oip

@@ -59,7 +59,5 @@ absl::StatusOr<bool> ParseRepositoryIndexJson(absl::string_view body);
 absl::StatusOr<Parameters> ParseRepositoryChangeJson(absl::string_view body);
 std::string ModelMetadataJson(const ModelMetadata& metadata);
 std::string ServerMetadataJson();
-// {"error": "<message>"}
-std::string ErrorJson(absl::string_view message);
 
 }  // namespace krause::server::oip

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "server/edge/grpc_call.h"
 #include "server/edge/status.h"
 #include "server/oip/oip_infer.h"
 #include "server/oip/oip_proto.h"
@@ -53,7 +54,7 @@ grpc::ServerUnaryReactor* RepositoryChange(const FrontEndContext* edge,
                                           load ? "RepositoryModelLoad" : "RepositoryModelUnload",
                                           kProtocolOipGrpc);
   grpc::ServerUnaryReactor* reactor = call->reactor();
-  if (!call->Enter(ctx, /*admin=*/true)) return reactor;
+  if (!call->Enter(/*admin=*/true)) return reactor;
   auto params = ParametersOf(request.parameters());
   if (!params.ok()) {
     call->Finish(params.status());
@@ -65,7 +66,9 @@ grpc::ServerUnaryReactor* RepositoryChange(const FrontEndContext* edge,
 }
 
 // The readiness probes' view: models loaded and not draining.
-bool Ready(const Gate& gate) { return gate.registry() != nullptr && !gate.draining(); }
+bool Ready(const FrontEndContext& edge) {
+  return edge.registry.load() != nullptr && !edge.gate->draining();
+}
 
 }  // namespace
 
@@ -79,25 +82,25 @@ grpc::ServerUnaryReactor* OipService::ServerLive(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* OipService::ServerReady(grpc::CallbackServerContext* ctx,
                                                   const inference::ServerReadyRequest*,
                                                   inference::ServerReadyResponse* response) {
-  response->set_ready(Ready(*edge_->gate));
+  response->set_ready(Ready(*edge_));
   return Done(ctx, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* OipService::ModelReady(grpc::CallbackServerContext* ctx,
                                                  const inference::ModelReadyRequest* request,
                                                  inference::ModelReadyResponse* response) {
-  const Gate& gate = *edge_->gate;
-  if (gate.registry() == nullptr) {  // still loading: no model is ready yet
+  const Registry* registry = edge_->registry.load();
+  if (registry == nullptr) {  // still loading: no model is ready yet
     response->set_ready(false);
     return Done(ctx, absl::OkStatus());
   }
-  auto m = oip::FindModel(*gate.registry(), request->name(), request->version());
+  auto m = oip::FindModel(*registry, request->name(), request->version());
   if (m.status().code() == absl::StatusCode::kUnavailable) {  // unloaded by model control
     response->set_ready(false);
     return Done(ctx, absl::OkStatus());
   }
   if (!m.ok()) return Done(ctx, m.status());
-  response->set_ready(!gate.draining());
+  response->set_ready(!edge_->gate->draining());
   return Done(ctx, absl::OkStatus());
 }
 
@@ -106,7 +109,7 @@ grpc::ServerUnaryReactor* OipService::ServerMetadata(grpc::CallbackServerContext
                                                      inference::ServerMetadataResponse* response) {
   UnaryCall call(edge_->gate, edge_->observer, edge_->request_log, ctx, "ServerMetadata",
                  kProtocolOipGrpc);
-  if (!call.Enter(ctx)) return call.reactor();
+  if (!call.Enter()) return call.reactor();
   response->set_name(oip::kServerName);
   response->set_version(oip::ServerVersion());
   for (const std::string& e : oip::Extensions()) response->add_extensions(e);
@@ -119,13 +122,12 @@ grpc::ServerUnaryReactor* OipService::ModelMetadata(grpc::CallbackServerContext*
                                                     inference::ModelMetadataResponse* response) {
   UnaryCall call(edge_->gate, edge_->observer, edge_->request_log, ctx, "ModelMetadata",
                  kProtocolOipGrpc);
-  if (!call.Enter(ctx)) return call.reactor();
+  if (!call.Enter()) return call.reactor();
   call.Finish(Guarded("ModelMetadata", [&]() -> absl::Status {
-    auto m = oip::FindModel(*edge_->gate->registry(), request->name(), request->version());
+    auto m = oip::FindModel(*edge_->registry.load(), request->name(), request->version());
     if (!m.ok()) return m.status();
     call.book()->set_model(*m);
-    oip::ToProto(oip::MetadataOf(**m, edge_->gate->registry()->Versions(request->name())),
-                 response);
+    oip::ToProto(oip::MetadataOf(**m, edge_->registry.load()->Versions(request->name())), response);
     return absl::OkStatus();
   }));
   return call.reactor();
@@ -137,18 +139,16 @@ grpc::ServerUnaryReactor* OipService::ModelInfer(grpc::CallbackServerContext* ct
   auto call = std::make_shared<UnaryCall>(edge_->gate, edge_->observer, edge_->request_log, ctx,
                                           "ModelInfer", kProtocolOipGrpc);
   grpc::ServerUnaryReactor* reactor = call->reactor();
-  if (!call->Enter(ctx)) return reactor;
+  if (!call->Enter()) return reactor;
   const absl::Status st = Guarded("ModelInfer", [&]() -> absl::Status {
     auto parsed = oip::FromProto(*request);
     if (!parsed.ok()) return parsed.status();
     oip::InferContext c;
+    c.edge = edge_;
+    c.book = call->book();
     c.deadline = SteadyDeadline(ctx);
     c.cancelled = [ctx] { return ctx->IsCancelled(); };
-    c.book = call->book();
-    c.observer = edge_->observer;
-    c.replies = edge_->replies;
-    c.fault = edge_->fault;
-    return oip::StartInfer(*edge_->gate->registry(), std::move(*parsed), c,
+    return oip::StartInfer(*edge_->registry.load(), std::move(*parsed), c,
                            [call, response](absl::StatusOr<oip::InferResponse> r) {
                              call->Finish(Guarded("ModelInfer", [&]() -> absl::Status {
                                if (!r.ok()) return r.status();
@@ -166,10 +166,10 @@ grpc::ServerUnaryReactor* OipService::RepositoryIndex(
     inference::RepositoryIndexResponse* response) {
   UnaryCall call(edge_->gate, edge_->observer, edge_->request_log, ctx, "RepositoryIndex",
                  kProtocolOipGrpc);
-  if (!call.Enter(ctx, /*admin=*/true)) return call.reactor();
+  if (!call.Enter(/*admin=*/true)) return call.reactor();
   call.Finish(Guarded("RepositoryIndex", [&] {
     for (const IndexEntry& e :
-         IndexOf(edge_->control.load(), *edge_->gate->registry(), request->ready())) {
+         IndexOf(edge_->control.load(), *edge_->registry.load(), request->ready())) {
       auto* m = response->add_models();
       m->set_name(e.name);
       if (e.version != 0) m->set_version(std::to_string(e.version));
@@ -198,10 +198,10 @@ grpc::ServerUnaryReactor* OipService::ModelStatistics(
     inference::ModelStatisticsResponse* response) {
   UnaryCall call(edge_->gate, edge_->observer, edge_->request_log, ctx, "ModelStatistics",
                  kProtocolOipGrpc);
-  if (!call.Enter(ctx)) return call.reactor();
+  if (!call.Enter()) return call.reactor();
   call.Finish(Guarded("ModelStatistics", [&]() -> absl::Status {
     if (edge_->stats == nullptr) return absl::UnimplementedError("no statistics kept");
-    auto stats = oip::StatisticsOf(*edge_->gate->registry(), *edge_->stats, request->name(),
+    auto stats = oip::StatisticsOf(*edge_->registry.load(), *edge_->stats, request->name(),
                                    request->version());
     if (!stats.ok()) return stats.status();
     auto set = [](const StatDuration& d, inference::StatisticDuration* out) {

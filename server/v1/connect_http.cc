@@ -34,18 +34,17 @@ const char* ContentType(Codec c) {
 }
 
 // The protocol's name of a code: the gRPC name in lower snake case, but "canceled".
-std::string ConnectCode(grpc::StatusCode code) {
-  if (code == grpc::StatusCode::CANCELLED) return "canceled";
-  return absl::AsciiStrToLower(GrpcCodeName(code));
+std::string ConnectCode(absl::StatusCode code) {
+  if (code == absl::StatusCode::kCancelled) return "canceled";
+  return absl::AsciiStrToLower(CodeName(code));
 }
 
 // The error's JSON body: code, message, and each google.rpc detail as its type and its
 // serialized bytes in base64 (unpadded, as the protocol writes them).
-std::string ErrorBody(grpc::StatusCode code, const std::string& message,
-                      const std::string& details) {
-  nlohmann::json j = {{"code", ConnectCode(code)}, {"message", message}};
-  google::rpc::Status rpc;
-  if (!details.empty() && rpc.ParseFromString(details) && rpc.details_size() > 0) {
+std::string ErrorBody(const absl::Status& st) {
+  nlohmann::json j = {{"code", ConnectCode(st.code())}, {"message", std::string(st.message())}};
+  const google::rpc::Status rpc = RpcStatusOf(st);
+  if (rpc.details_size() > 0) {
     nlohmann::json list = nlohmann::json::array();
     for (const auto& any : rpc.details()) {
       std::string value = absl::Base64Escape(any.value());
@@ -58,12 +57,11 @@ std::string ErrorBody(grpc::StatusCode code, const std::string& message,
   return JsonText(j);
 }
 
-// Answers a request refused before it became a call (not counted: no method, no codec); true.
-bool Refuse(HttpExchange* ex, int http, grpc::StatusCode code, const std::string& message,
+// Answers a request refused before it became a call (not counted: no method, no codec).
+void Refuse(HttpExchange* ex, int http, absl::StatusCode code, const std::string& message,
             HttpHeaders headers = {}) {
   headers.emplace_back("Content-Type", "application/json");
-  ex->Reply({http, std::move(headers), ErrorBody(code, message, "")});
-  return true;
+  ex->Reply({http, std::move(headers), ErrorBody(absl::Status(code, message))});
 }
 
 // One call's answer, as CallBook sees it: the response in the request's codec, or the error.
@@ -72,9 +70,9 @@ class ConnectReply : public HttpCall {
   ConnectReply(const HttpRequest& request, std::shared_ptr<HttpExchange> exchange, Codec codec)
       : HttpCall(request, std::move(exchange)), codec_(codec) {}
 
-  void Finish(const grpc::Status& st) {
+  void Finish(const absl::Status& st) {
     std::string body;
-    grpc::Status out = st;
+    absl::Status out = st;
     if (out.ok()) {
       if (codec_ == Codec::kProto) {
         body = response_->SerializeAsString();
@@ -82,8 +80,7 @@ class ConnectReply : public HttpCall {
         google::protobuf::util::JsonPrintOptions o;
         const auto printed = google::protobuf::util::MessageToJsonString(*response_, &body, o);
         if (!printed.ok())
-          out = grpc::Status(
-              grpc::StatusCode::INTERNAL,
+          out = absl::InternalError(
               absl::StrCat("the response could not be written as JSON: ", printed.ToString()));
       }
     }
@@ -93,10 +90,9 @@ class ConnectReply : public HttpCall {
       exchange()->Reply({200, std::move(headers), std::move(body)});
       return;
     }
-    HttpHeaders headers = ErrorHeaders(out.error_code());
+    HttpHeaders headers = ErrorHeaders(out.code());
     headers.emplace_back("Content-Type", "application/json");
-    exchange()->Reply({HttpStatus(out.error_code()), std::move(headers),
-                       ErrorBody(out.error_code(), out.error_message(), out.error_details())});
+    exchange()->Reply({HttpStatus(out.code()), std::move(headers), ErrorBody(out)});
   }
 
   void set_response(std::unique_ptr<google::protobuf::Message> m) { response_ = std::move(m); }
@@ -111,7 +107,9 @@ struct ConnectCall {
               std::shared_ptr<HttpExchange> exchange, Codec codec)
       : reply(request, std::move(exchange), codec),
         book(edge->gate, edge->observer, edge->request_log, rpc, kProtocolKrauseConnect) {}
-  void Finish(const absl::Status& st) { book.Finish(&reply, st); }
+  void Finish(const absl::Status& st) {
+    book.Finish(st, [this](const absl::Status& s) { reply.Finish(s); });
+  }
   ConnectReply reply;
   CallBook book;
 };
@@ -178,37 +176,54 @@ static void RunUnary(const FrontEndContext* edge, int64_t deadline_ms, const cha
   call->Finish(st);
 }
 
-bool ConnectHttp::Serve(const HttpRequest& request,
+// The call a request of `path` (under kPrefix) is: its method, when krause.v1 has it.
+const char* MethodOf(std::string_view path) {
+  const std::string_view method =
+      path.substr(std::min(path.size(), sizeof(ConnectHttp::kPrefix) - 1));
+  for (const char* m : {"ListModels", "GetModel", "Classify", "Score", "Inspect"})
+    if (method == m) return m;
+  return nullptr;
+}
+
+HttpRoute ConnectHttp::Route() const {
+  HttpRoute r;
+  r.prefix = kPrefix;
+  r.protocol = kProtocolKrauseConnect;
+  r.rpc = MethodOf;
+  r.handler = [this](HttpRequest request, std::shared_ptr<HttpExchange> ex) { Serve(request, ex); };
+  return r;
+}
+
+void ConnectHttp::Serve(const HttpRequest& request,
                         const std::shared_ptr<HttpExchange>& exchange) const {
   const std::string path = request.target.substr(0, request.target.find('?'));
-  if (!absl::StartsWith(path, kPrefix)) return false;
   const std::string method = path.substr(sizeof(kPrefix) - 1);
   HttpExchange* ex = exchange.get();
-  using C = grpc::StatusCode;
+  using C = absl::StatusCode;
   if (method == "Generate")
-    return Refuse(ex, 501, C::UNIMPLEMENTED,
+    return Refuse(ex, 501, C::kUnimplemented,
                   "Generate streams its answer: over HTTP use POST "
                   "/v2/models/{model}/generate_stream (Server-Sent Events)");
   if (method == "LoadModel" || method == "UnloadModel" || method == "RepositoryIndex")
-    return Refuse(ex, 501, C::UNIMPLEMENTED,
+    return Refuse(ex, 501, C::kUnimplemented,
                   "model control over HTTP is the repository extension: POST "
                   "/v2/repository/index, /v2/repository/models/{model}/load or /unload");
   const bool known = method == "ListModels" || method == "GetModel" || method == "Classify" ||
                      method == "Score" || method == "Inspect";
   if (!known)
     return Refuse(
-        ex, 404, C::UNIMPLEMENTED,
+        ex, 404, C::kUnimplemented,
         absl::StrCat("krause.v1.KrauseService has no method \"", method.substr(0, 64), "\""));
   if (request.method != "POST")
-    return Refuse(ex, 405, C::UNIMPLEMENTED, "a call is a POST", {{"Allow", "POST"}});
+    return Refuse(ex, 405, C::kUnimplemented, "a call is a POST", {{"Allow", "POST"}});
   const std::string_view version = request.Header("Connect-Protocol-Version");
   if (!version.empty() && version != "1")
-    return Refuse(ex, 400, C::INVALID_ARGUMENT,
+    return Refuse(ex, 400, C::kInvalidArgument,
                   "Connect-Protocol-Version: this server speaks version 1");
   const std::string_view encoding = request.Header("Content-Encoding");
   if (!encoding.empty() &&
       !absl::EqualsIgnoreCase(absl::string_view(encoding.data(), encoding.size()), "identity"))
-    return Refuse(ex, 415, C::UNIMPLEMENTED,
+    return Refuse(ex, 415, C::kUnimplemented,
                   "Content-Encoding: only identity (uncompressed bodies) is accepted",
                   {{"Accept-Encoding", "identity"}});
   std::string type(request.Header("Content-Type"));
@@ -219,7 +234,7 @@ bool ConnectHttp::Serve(const HttpRequest& request,
   } else if (type == "application/proto") {
     codec = Codec::kProto;
   } else {
-    return Refuse(ex, 415, C::UNIMPLEMENTED,
+    return Refuse(ex, 415, C::kUnimplemented,
                   "Content-Type must be application/json or application/proto",
                   {{"Accept-Post", "application/json, application/proto"}});
   }
@@ -238,7 +253,6 @@ bool ConnectHttp::Serve(const HttpRequest& request,
   else
     RunUnary<v1::InspectRequest, v1::InspectResponse>(edge_, deadline_ms_, "Inspect", StartInspect,
                                                       request, exchange, codec);
-  return true;
 }
 
 }  // namespace krause::server

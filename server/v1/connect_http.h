@@ -1,5 +1,6 @@
 // krause.v1's unary methods over HTTP, with the Connect protocol's unary calls
-// (connectrpc.com/docs/protocol), on the REST port beside the Open Inference Protocol: a browser,
+// (connectrpc.com/docs/protocol), a route on the HTTP front door (edge/http_front_door.h) beside
+// the Open Inference Protocol: a browser,
 // curl or `buf curl --protocol connect` reaches the same calls as gRPC without a gRPC stack.
 //   POST /krause.v1.KrauseService/{ListModels, GetModel, Classify, Score, Inspect}
 //   Content-Type: application/json (protobuf's JSON mapping: lowerCamelCase names, bytes as
@@ -12,7 +13,7 @@
 //    "details": [{"type": "google.rpc.BadRequest", "value": "<the message, base64>"}]}
 // The calls run unary.h's functions, as the gRPC service does, through the same gate, request log
 // and metrics (protocol "krause.v1-connect"). Generate (a server stream) is served over HTTP by
-// /v2/models/{m}/generate_stream (oip_generate.h); model control by the repository extension.
+// /v2/models/{m}/generate_stream (http_generation.h); model control by the repository extension.
 // Thread-safety: Serve runs on the HTTP loop threads; answers are written from the core's.
 #pragma once
 
@@ -20,7 +21,7 @@
 #include <memory>
 
 #include "server/edge/front_end.h"
-#include "server/edge/http_server.h"
+#include "server/edge/http_front_door.h"
 
 namespace krause::server {
 
@@ -34,11 +35,13 @@ class ConnectHttp {
   // The path prefix of the calls served here.
   static constexpr char kPrefix[] = "/krause.v1.KrauseService/";
 
-  // A request whose path starts with kPrefix: answered (now, or when its work is done), true.
-  // Any other: nothing done, false.
-  bool Serve(const HttpRequest& request, const std::shared_ptr<HttpExchange>& exchange) const;
+  // The route of the paths under kPrefix; this object must outlive the front door.
+  HttpRoute Route() const;
 
  private:
+  // A request whose path starts with kPrefix: answered now, or when its work is done.
+  void Serve(const HttpRequest& request, const std::shared_ptr<HttpExchange>& exchange) const;
+
   const FrontEndContext* const edge_;
   const int64_t deadline_ms_;
 };

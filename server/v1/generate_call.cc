@@ -10,15 +10,14 @@ namespace krause::server {
 grpc::ServerWriteReactor<v1::GenerateResponse>* GenerateCall::Start(
     const FrontEndContext* edge, grpc::CallbackServerContext* ctx,
     const v1::GenerateRequest* request) {
-  std::shared_ptr<GenerateCall> call(new GenerateCall(edge));
+  std::shared_ptr<GenerateCall> call(new GenerateCall(edge, ctx));
   call->self_ = call;
-  absl::Status st = call->book().Enter(ctx);
+  absl::Status st = EnterGrpc(call->book(), ctx);
   if (st.ok()) {
-    st = Guarded("Generate", [&] {
-      return call->Submit(
-          request->model(), request->version(),
-          [&](const ServedModel& m) { return ParseGenerate(*request, m, edge->fault); },
-          SteadyDeadline(ctx));
+    st = Guarded("Generate", [&]() -> absl::Status {
+      auto settings = SettingsOf(*request);
+      if (!settings.ok()) return settings.status();
+      return call->Submit(request->model(), request->version(), *settings, SteadyDeadline(ctx));
     });
   }
   if (!st.ok()) call->FinishCall(st);

@@ -2,8 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include <cstring>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/edge/status.h"
@@ -17,23 +15,7 @@ absl::StatusOr<at::Tensor> DecodeImage(const v1::Image& image, const std::string
       return DecodePngImage(image.png(), field + ".png", bounds);
     case v1::Image::kRaw: {
       const v1::RawImage& r = image.raw();
-      if (r.channels() != 1 && r.channels() != 3)
-        return InvalidField(
-            field + ".raw.channels",
-            absl::StrCat(field, ".raw.channels must be 1 or 3, got ", r.channels()));
-      absl::Status st = CheckImageBounds(r.height(), r.width(), r.channels(), field, bounds);
-      if (!st.ok()) return st;
-      const int64_t want = int64_t{r.height()} * r.width() * r.channels();
-      if (static_cast<int64_t>(r.pixels().size()) != want)
-        return InvalidField(
-            field + ".raw.pixels",
-            absl::StrCat(field, ".raw.pixels has ", r.pixels().size(),
-                         " bytes but height*width*channels = ",
-                         ImageSizeText(r.height(), r.width(), r.channels()), " = ", want));
-      at::Tensor t =
-          at::empty({int64_t{r.height()}, int64_t{r.width()}, int64_t{r.channels()}}, at::kByte);
-      std::memcpy(t.data_ptr<uint8_t>(), r.pixels().data(), static_cast<size_t>(want));
-      return t;
+      return DecodeRawImage(r.pixels(), r.height(), r.width(), r.channels(), field, bounds);
     }
     default:
       return InvalidField(field, absl::StrCat(field, " has neither png nor raw data"));

@@ -12,48 +12,38 @@
 
 namespace krause::server {
 
-absl::StatusOr<ParsedGenerate> ParseGenerate(const v1::GenerateRequest& req, const ServedModel& m,
-                                             const FaultHook& fault) {
-  ParsedGenerate out;
-  const ModelInfo& info = m.info();
-  GenerateAsk ask;
-  ask.images = req.num_images() == 0 ? 1 : req.num_images();
-  // Before the prompt is decoded (ResolveGenerate checks it again, for every front end).
-  if (absl::Status st = CheckImageCount(info, ask.images); !st.ok()) return st;
-  auto stream = ResolveStreamParams(
-      req.update_interval_ms(),
-      req.has_stream_rows() ? std::optional<bool>(req.stream_rows()) : std::nullopt);
-  if (!stream.ok()) return stream.status();
-  out.stream = *stream;
+absl::StatusOr<GenerateSettings> SettingsOf(const v1::GenerateRequest& req) {
+  GenerateSettings g;
+  g.num_images = req.num_images();
+  if (req.has_seed()) g.seed = req.seed();
+  if (req.has_temperature()) g.temperature = req.temperature();
+  if (req.has_top_p()) g.top_p = req.top_p();
+  if (req.has_top_k()) g.top_k = req.top_k();
+  if (req.has_guidance()) g.guidance = req.guidance();
+  if (req.condition_case() == v1::GenerateRequest::kLabel) g.label = req.label();
+  if (req.condition_case() == v1::GenerateRequest::kClassIndex) g.class_index = req.class_index();
   if (req.has_prompt()) {
-    if (fault) fault("decode");
-    auto t =
-        DecodeImage(req.prompt(), "prompt", ImageBounds{info.shape, m.name(), /*prompt=*/true});
-    if (!t.ok()) return t.status();
-    auto kept = PromptRows(*t, req.prompt_rows(), info);
-    if (!kept.ok()) return kept.status();
-    ask.prompt = *std::move(kept);
-  } else if (req.prompt_rows() != 0) {
-    return InvalidField("prompt_rows", absl::StrCat("prompt_rows is ", req.prompt_rows(),
-                                                    " but there is no prompt"));
+    const v1::Image& p = req.prompt();
+    RequestImage im;
+    if (p.data_case() == v1::Image::kPng) {
+      im.bytes = p.png();
+      g.prompt_field = "prompt.png";
+    } else if (p.data_case() == v1::Image::kRaw) {
+      im.png = false;
+      im.bytes = p.raw().pixels();
+      im.height = p.raw().height();
+      im.width = p.raw().width();
+      im.channels = p.raw().channels();
+    } else {
+      return InvalidField("prompt", "prompt has neither png nor raw data");
+    }
+    g.prompt = std::move(im);
   }
-  if (req.condition_case() != v1::GenerateRequest::CONDITION_NOT_SET) {
-    const bool by_name = req.condition_case() == v1::GenerateRequest::kLabel;
-    auto cls =
-        m.ClassRow(by_name, req.label(), req.class_index(), by_name ? "label" : "class_index");
-    if (!cls.ok()) return cls.status();
-    ask.classes.assign(static_cast<size_t>(ask.images), *cls);
-  }
-  if (req.has_temperature()) ask.temperature = req.temperature();
-  if (req.has_top_p()) ask.top_p = req.top_p();
-  if (req.has_top_k()) ask.top_k = req.top_k();
-  if (req.has_guidance()) ask.guidance = req.guidance();
-  if (req.has_seed()) ask.seed = req.seed();
-  ask.first_image = req.first_image();
-  auto plan = ResolveGenerate(info, std::move(ask));
-  if (!plan.ok()) return plan.status();
-  out.plan = *std::move(plan);
-  return out;
+  g.prompt_rows = req.prompt_rows();
+  g.first_image = req.first_image();
+  g.update_interval_ms = req.update_interval_ms();
+  if (req.has_stream_rows()) g.stream_rows = req.stream_rows();
+  return g;
 }
 
 absl::StatusOr<at::Tensor> DecodeImages(const google::protobuf::RepeatedPtrField<v1::Image>& images,

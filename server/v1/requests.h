@@ -15,18 +15,16 @@
 
 #include "absl/status/statusor.h"
 #include "krause/v1/krause.pb.h"
-#include "model/engine/decode_engine.h"
+#include "server/core/generate_settings.h"
 #include "server/core/operations.h"
 #include "server/core/served_model.h"
 
 namespace krause::server {
 
-// Reads, in this order: num_images (0: 1), update_interval_ms, the prompt and prompt_rows, the
-// class (label or class_index); then ResolveGenerate (operations.h) applies the model's defaults
-// and checks the sampling settings and guidance, and takes the seed (the request's, or a random
-// one).
-absl::StatusOr<ParsedGenerate> ParseGenerate(const v1::GenerateRequest& request,
-                                             const ServedModel& model, const FaultHook& fault);
+// A Generate request's settings (core/generate_settings.h), each krause.v1 field mapped to its
+// setting here and nowhere else; ResolveGenerate (operations.h) checks them against the model.
+// InvalidArgument only for a prompt Image with neither png nor raw data.
+absl::StatusOr<GenerateSettings> SettingsOf(const v1::GenerateRequest& request);
 
 // A Classify or Score request's images as [n, H, W, C] uint8: 1 to the model's per-request
 // limit, each of the model's exact shape.

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "server/core/errors.h"
+#include "server/edge/grpc_call.h"
 #include "server/edge/status.h"
 #include "server/v1/generate_call.h"
 
@@ -61,7 +62,7 @@ grpc::ServerUnaryReactor* KrauseService::Unary(
   auto call =
       std::make_shared<UnaryCall>(edge_->gate, edge_->observer, edge_->request_log, ctx, rpc);
   grpc::ServerUnaryReactor* reactor = call->reactor();
-  if (!call->Enter(ctx)) return reactor;
+  if (!call->Enter()) return reactor;
   const UnaryCallContext c{edge_, call->book(), LimitsOf(ctx)};
   const absl::Status st = Guarded(rpc, [&] {
     return start(c, request, response, [call](absl::Status s) { call->Finish(s); });

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/edge/grpc_call.h"
 #include "server/edge/status.h"
 #include "server/v1/service.h"
 
@@ -46,7 +47,7 @@ grpc::ServerUnaryReactor* ControlCall(
     const char* rpc, Entries* entries,
     const std::function<void(ModelControl*, ModelControl::Done)>& start) {
   grpc::ServerUnaryReactor* reactor = call->reactor();
-  if (!call->Enter(ctx, /*admin=*/true)) return reactor;
+  if (!call->Enter(/*admin=*/true)) return reactor;
   if (control == nullptr) {
     call->Finish(NoModelControl(rpc));
     return reactor;
@@ -89,9 +90,9 @@ grpc::ServerUnaryReactor* KrauseService::RepositoryIndex(grpc::CallbackServerCon
                                                          const v1::RepositoryIndexRequest* request,
                                                          v1::RepositoryIndexResponse* response) {
   UnaryCall call(edge_->gate, edge_->observer, edge_->request_log, ctx, "RepositoryIndex");
-  if (!call.Enter(ctx, /*admin=*/true)) return call.reactor();
+  if (!call.Enter(/*admin=*/true)) return call.reactor();
   call.Finish(Guarded("RepositoryIndex", [&] {
-    Fill(IndexOf(edge_->control.load(), *edge_->gate->registry(), request->ready_only()),
+    Fill(IndexOf(edge_->control.load(), *edge_->registry.load(), request->ready_only()),
          response->mutable_models());
     return absl::OkStatus();
   }));

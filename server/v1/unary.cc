@@ -25,7 +25,7 @@ struct ResolvedCall {
 absl::StatusOr<ResolvedCall> ResolveImageCall(
     const UnaryCallContext& c, ModelKind kind, const std::string& model, const std::string& version,
     const google::protobuf::RepeatedPtrField<v1::Image>& images) {
-  auto found = c.edge->gate->registry()->Find(model, kind, version);
+  auto found = c.edge->registry.load()->Find(model, kind, version);
   if (!found.ok()) return found.status();
   c.book->set_model(*found);
   c.book->set_images(images.size());
@@ -112,7 +112,7 @@ void FillInspectResponse(const Inspection& in, const ServedModel& m, v1::Inspect
 
 absl::Status StartListModels(const UnaryCallContext& c, const v1::ListModelsRequest&,
                              v1::ListModelsResponse* response, UnaryDone done) {
-  for (const auto& m : c.edge->gate->registry()->models())
+  for (const auto& m : c.edge->registry.load()->models())
     *response->add_models() = ToProto(m->info());
   done(absl::OkStatus());
   return absl::OkStatus();
@@ -121,7 +121,7 @@ absl::Status StartListModels(const UnaryCallContext& c, const v1::ListModelsRequ
 absl::Status StartGetModel(const UnaryCallContext& c, const v1::GetModelRequest& request,
                            v1::ModelInfo* response, UnaryDone done) {
   if (request.name().empty()) return InvalidField("name", "name is required");
-  auto m = c.edge->gate->registry()->FindAny(request.name(), request.version());
+  auto m = c.edge->registry.load()->FindAny(request.name(), request.version());
   if (!m.ok()) return m.status();
   c.book->set_model(*m);
   *response = ToProto((*m)->info());
@@ -141,16 +141,14 @@ absl::Status StartClassify(const UnaryCallContext& c, const v1::ClassifyRequest&
   CallBook* book = c.book;
   auto finish = [edge, book, response, top_k, full, m, done = std::move(done)](
                     absl::StatusOr<at::Tensor> probs, double queue_seconds) {
-    if (edge->observer && queue_seconds > 0)
-      edge->observer->OnQueued("Classify", m->name(), queue_seconds);
-    book->NoteQueued(queue_seconds);
+    if (queue_seconds > 0) book->Queued(queue_seconds);
     done(Guarded("Classify", [&]() -> absl::Status {
       edge->Fault("reply");
       if (!probs.ok()) return probs.status();
       response->set_model(m->name());
       response->set_model_version(std::to_string(m->info().version));
       FillClassifyResponse(*probs, top_k, full, m->info(), response);
-      const CallFlops f = ReportImages(edge->observer, "Classify", *m, probs->size(0));
+      const CallFlops f = book->Served(probs->size(0));
       response->set_flops_executed(f.executed);
       response->set_flops_dense_equivalent(f.dense_equivalent);
       return absl::OkStatus();
@@ -168,7 +166,8 @@ absl::Status StartScore(const UnaryCallContext& c, const v1::ScoreRequest& reque
   auto classes = ScoreClasses(request, *m, r->images.size(0));
   if (!classes.ok()) return classes.status();
   const FrontEndContext* edge = c.edge;
-  auto finish = [edge, response, m,
+  CallBook* book = c.book;
+  auto finish = [edge, book, response, m,
                  done = std::move(done)](const absl::StatusOr<std::vector<double>>& bpd) {
     done(Guarded("Score", [&]() -> absl::Status {
       edge->Fault("reply");
@@ -176,8 +175,7 @@ absl::Status StartScore(const UnaryCallContext& c, const v1::ScoreRequest& reque
       response->set_model(m->name());
       response->set_model_version(std::to_string(m->info().version));
       FillScoreResponse(*bpd, m->ScoredPerImage(), response);
-      const CallFlops f =
-          ReportImages(edge->observer, "Score", *m, static_cast<int64_t>(bpd->size()));
+      const CallFlops f = book->Served(static_cast<int64_t>(bpd->size()));
       response->set_flops_executed(f.executed);
       response->set_flops_dense_equivalent(f.dense_equivalent);
       return absl::OkStatus();
@@ -188,7 +186,7 @@ absl::Status StartScore(const UnaryCallContext& c, const v1::ScoreRequest& reque
 
 absl::Status StartInspect(const UnaryCallContext& c, const v1::InspectRequest& request,
                           v1::InspectResponse* response, UnaryDone done) {
-  const Registry& registry = *c.edge->gate->registry();
+  const Registry& registry = *c.edge->registry.load();
   // Any classifier or generator; the default classifier when the name is empty.
   auto found = request.model().empty()
                    ? registry.Find("", ModelKind::kClassifier, request.version())

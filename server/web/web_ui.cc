@@ -83,4 +83,19 @@ bool WebUi::Serve(const HttpRequest& request, const std::shared_ptr<HttpExchange
   return true;
 }
 
+std::vector<HttpRoute> WebUi::Routes() const {
+  std::vector<HttpRoute> out;
+  for (const auto& [path, exact] : {std::pair{"/", true}, {"/index.html", true}, {"/ui/", false}}) {
+    HttpRoute r;
+    r.prefix = path;
+    r.exact = exact;
+    r.protocol = "web";
+    r.handler = [this](HttpRequest request, std::shared_ptr<HttpExchange> ex) {
+      Serve(request, ex);
+    };
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 }  // namespace krause::server

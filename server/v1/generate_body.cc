@@ -1,4 +1,4 @@
-#include "server/oip/oip_generate_body.h"
+#include "server/v1/generate_body.h"
 
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -7,11 +7,11 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/core/defaults.h"
 #include "server/core/errors.h"
 #include "server/edge/json_text.h"
-#include "server/oip/oip.h"
 
-namespace krause::server::oip {
+namespace krause::server {
 namespace {
 
 using Json = nlohmann::json;
@@ -48,7 +48,7 @@ absl::StatusOr<double> Number(const Json& j, const char* field) {
 
 }  // namespace
 
-absl::StatusOr<GenerateBody> ParseGenerateBody(std::string_view text) {
+absl::StatusOr<GenerateSettings> ParseGenerateBody(std::string_view text) {
   Json doc = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded())
     return absl::InvalidArgumentError("the body is not valid JSON (send a JSON object)");
@@ -68,7 +68,8 @@ absl::StatusOr<GenerateBody> ParseGenerateBody(std::string_view text) {
       fields[pname] = pvalue;
     }
   }
-  GenerateBody b;
+  GenerateSettings b;
+  b.prompt_field = "prompt_png";
   for (const auto& [name, v] : fields.items()) {
     const char* f = name.c_str();
     if (name == "num_images") {
@@ -105,7 +106,9 @@ absl::StatusOr<GenerateBody> ParseGenerateBody(std::string_view text) {
       }
       std::string png;
       if (!absl::Base64Unescape(s, &png)) return Bad(f, "is not valid base64");
-      b.prompt_png = std::move(png);
+      RequestImage im;
+      im.bytes = std::move(png);
+      b.prompt = std::move(im);
     } else if (name == "prompt_rows") {
       auto r = IntegerIn(v, f, 0, std::numeric_limits<int32_t>::max());
       if (!r.ok()) return r.status();
@@ -122,7 +125,7 @@ absl::StatusOr<GenerateBody> ParseGenerateBody(std::string_view text) {
       if (!s.ok()) return s.status();
       b.first_image = *s;
     } else if (name == "timeout") {
-      auto t = IntegerIn(v, f, 0, kMaxTimeoutMicroseconds);
+      auto t = IntegerIn(v, f, 0, defaults::kMaxTimeoutMicroseconds);
       if (!t.ok()) return t.status();
       b.timeout_us = *t;
     } else {
@@ -138,4 +141,4 @@ absl::StatusOr<GenerateBody> ParseGenerateBody(std::string_view text) {
   return b;
 }
 
-}  // namespace krause::server::oip
+}  // namespace krause::server

@@ -1,4 +1,4 @@
-#include "server/edge/streamed_generation.h"
+#include "server/edge/generation_collector.h"
 
 #include <ATen/ATen.h>
 
@@ -11,46 +11,51 @@
 
 namespace krause::server {
 
-StreamedGeneration::StreamedGeneration(const FrontEndContext* edge, const char* protocol)
-    : edge_(edge), book_(edge->gate, edge->observer, edge->request_log, "Generate", protocol) {}
-
-absl::Status StreamedGeneration::Submit(
-    const std::string& name, const std::string& version,
-    const std::function<absl::StatusOr<ParsedGenerate>(const ServedModel&)>& parse,
-    Clock::time_point deadline) {
-  auto found = edge_->gate->registry()->Find(name, ModelKind::kGenerator, version);
+absl::Status GenerationCollector::Submit(const std::string& name, const std::string& version,
+                                         const GenerateSettings& settings,
+                                         Clock::time_point deadline) {
+  const Registry* registry = edge_->registry.load();
+  auto found = registry->Find(name, ModelKind::kGenerator, version);
   if (!found.ok()) return found.status();
-  model_ = found->get();  // the book holds the reference
-  book_.set_model(*found);
-  auto parsed = parse(*model_);
-  if (!parsed.ok()) return parsed.status();
-  GeneratePlan& plan = parsed->plan;
-  const int64_t images = static_cast<int64_t>(plan.images.size());
+  return Submit(*std::move(found), settings, deadline);
+}
+
+absl::Status GenerationCollector::Submit(ModelRef model, const GenerateSettings& settings,
+                                         Clock::time_point deadline,
+                                         std::function<bool()> cancelled) {
+  model_ = model.get();  // the book holds the reference
+  book_->set_model(std::move(model));
+  auto plan = ResolveGenerate(settings, *model_, edge_->fault);
+  if (!plan.ok()) return plan.status();
+  plan_ = *std::move(plan);
+  cancelled_ = std::move(cancelled);
+  const int64_t images = static_cast<int64_t>(plan_.images.size());
   GenerateStream::Options so;
   so.shape = model_->info().shape;
   so.images = images;
-  so.prompt = plan.images.front().prompt;
-  so.seed = plan.seed;
-  so.first_image = plan.first_image;
-  so.passes = plan.passes;
+  so.prompt = plan_.images.front().prompt;
+  so.seed = plan_.seed;
+  so.first_image = plan_.first_image;
+  so.passes = plan_.passes;
   so.cost = model_->flops();
-  so.start = book_.start();
+  so.start = book_->start();
   so.deadline = deadline;
-  so.interval = parsed->stream.interval;
-  so.stream_rows = parsed->stream.rows;
+  if (plan_.timeout.count() > 0) so.deadline = std::min(deadline, so.start + plan_.timeout);
+  so.interval = plan_.interval;
+  so.output = plan_.output;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stream_.emplace(std::move(so));
   }
-  book_.set_images(images);
+  book_->set_images(images);
   // The engine's own checks (a prompt too long for the model, guidance on an engine with one
   // cache slot) name the request field they are about.
-  const absl::Status st = model_->Generate(std::move(plan.images), shared_from_this());
+  const absl::Status st = model_->Generate(std::move(plan_.images), shared_from_this());
   if (!absl::IsInvalidArgument(st)) return st;
   return WithField(st, absl::StartsWith(st.message(), "guidance") ? "guidance" : "prompt_rows");
 }
 
-void StreamedGeneration::OnUpdate(const CallUpdate& u) {
+void GenerationCollector::OnUpdate(const CallUpdate& u) {
   std::vector<double> waits;  // each newly admitted image's wait for its slot
   bool stop, post;
   {
@@ -65,13 +70,19 @@ void StreamedGeneration::OnUpdate(const CallUpdate& u) {
     // (one at a time; a write in flight flushes again when done).
     post = s.ShouldPostFlush(u.now);
   }
-  if (CallObserver* obs = edge_->observer)
-    for (double w : waits) obs->OnQueued("Generate", model_->name(), w);
+  for (double w : waits) book_->Queued(w);
+  // A caller that cannot say it left is asked (once it said so, the images are stopping).
+  if (cancelled_ && !gone_polled_ && cancelled_()) {
+    gone_polled_ = true;
+    std::lock_guard<std::mutex> lock(mu_);
+    stream_->ClientCancelled();
+    stop = true;
+  }
   if (stop) StopImages();
   if (post) edge_->replies->Post([self = shared_from_this()] { self->Flush(); });
 }
 
-void StreamedGeneration::WriteDone(bool ok) {
+void GenerationCollector::WriteDone(bool ok) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stream_->WriteDone(ok);
@@ -79,7 +90,7 @@ void StreamedGeneration::WriteDone(bool ok) {
   Flush();
 }
 
-void StreamedGeneration::ClientGone() {
+void GenerationCollector::ClientGone() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!stream_) return;  // finished before anything was submitted
@@ -88,18 +99,11 @@ void StreamedGeneration::ClientGone() {
   StopImages();
 }
 
-void StreamedGeneration::StopImages() { model_->CancelGeneration(this); }
+void GenerationCollector::StopImages() { model_->CancelGeneration(this); }
 
-void StreamedGeneration::FinishCall(const absl::Status& st) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stream_) book_.NoteQueued(stream_->max_queued_seconds());
-  }
-  Ender ender{this};
-  book_.Finish(&ender, st);
-}
+void GenerationCollector::FinishCall(const absl::Status& st) { EndCall(st); }
 
-void StreamedGeneration::Flush() {
+void GenerationCollector::Flush() {
   const absl::Status st = Guarded("Generate", [&] {
     FlushOnce();
     return absl::OkStatus();
@@ -117,7 +121,7 @@ void StreamedGeneration::Flush() {
   FinishCall(st);
 }
 
-void StreamedGeneration::FlushOnce() {
+void GenerationCollector::FlushOnce() {
   edge_->Fault("flush");
   GenerateStream::Action a;
   {
@@ -130,22 +134,24 @@ void StreamedGeneration::FlushOnce() {
   }
   if (a.kind != GenerateStream::Action::kWrite) return;
   GenerateStream::Chunk& c = a.chunk;
-  if (CallObserver* obs = edge_->observer) {
+  CallObserver* obs = edge_->observer;
+  if (obs != nullptr && plan_.output != GenerateOutput::kFinal)
     obs->OnStreamChunk(model_->name(), c.first, c.seconds_since_previous);
-    if (c.has_summary) {
-      obs->OnFlops("Generate", model_->name(), c.summary.flops_executed,
-                   c.summary.flops_dense_equivalent);
-      obs->OnImages("Generate", model_->name(), c.summary.images);
-    }
-  }
+  if (c.has_summary)
+    book_->Served(c.summary.images, {c.summary.flops_executed, c.summary.flops_dense_equivalent});
   std::vector<EncodedImage> images = Encode(c);
   WriteChunk(c, std::move(images));
 }
 
-std::vector<StreamedGeneration::EncodedImage> StreamedGeneration::Encode(GenerateStream::Chunk& c) {
+std::vector<GenerationCollector::EncodedImage> GenerationCollector::Encode(
+    GenerateStream::Chunk& c) {
   std::vector<EncodedImage> out;
   const ImageShape& shape = model_->info().shape;
   for (GenerateStream::FinishedImage& im : c.images) {
+    if (!png_) {
+      out.push_back({im.image, im.seed, "", std::move(im.pixels)});
+      continue;
+    }
     const at::Tensor hwc =
         at::from_blob(im.pixels.data(), {shape.height, shape.width, shape.channels}, at::kByte);
     auto png = EncodePng(hwc);
@@ -155,7 +161,7 @@ std::vector<StreamedGeneration::EncodedImage> StreamedGeneration::Encode(Generat
                                                                        png.status().message())));
       continue;
     }
-    out.push_back({im.image, im.seed, std::move(*png)});
+    out.push_back({im.image, im.seed, std::move(*png), {}});
   }
   return out;
 }

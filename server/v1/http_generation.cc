@@ -1,4 +1,4 @@
-#include "server/oip/oip_generate.h"
+#include "server/v1/http_generation.h"
 
 #include <algorithm>
 #include <atomic>
@@ -6,65 +6,23 @@
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "server/core/errors.h"
-#include "server/core/image_input.h"
+#include "server/edge/generation_collector.h"
+#include "server/edge/http_call.h"
 #include "server/edge/json_text.h"
 #include "server/edge/status.h"
-#include "server/edge/streamed_generation.h"
-#include "server/oip/rest_reply.h"
+#include "server/v1/generate_body.h"
 
 namespace krause::server {
-namespace oip {
-
-absl::StatusOr<ParsedGenerate> ResolveGenerateBody(const GenerateBody& b, const ServedModel& m,
-                                                   const FaultHook& fault) {
-  // The order of krause.v1's ParseGenerate, so that a request wrong in two ways gets the same
-  // error on both front ends.
-  const ModelInfo& info = m.info();
-  GenerateAsk ask;
-  ask.images = b.num_images == 0 ? 1 : b.num_images;
-  if (absl::Status st = CheckImageCount(info, ask.images); !st.ok()) return st;
-  ParsedGenerate out;
-  auto stream = ResolveStreamParams(b.update_interval_ms, b.stream_rows);
-  if (!stream.ok()) return stream.status();
-  out.stream = *stream;
-  if (b.prompt_png) {
-    if (fault) fault("decode");
-    auto t = DecodePngImage(*b.prompt_png, "prompt_png",
-                            ImageBounds{info.shape, m.name(), /*prompt=*/true});
-    if (!t.ok()) return t.status();
-    auto kept = PromptRows(*t, b.prompt_rows, info);
-    if (!kept.ok()) return kept.status();
-    ask.prompt = *std::move(kept);
-  } else if (b.prompt_rows != 0) {
-    return InvalidField("prompt_rows", absl::StrCat("prompt_rows is ", b.prompt_rows,
-                                                    " but there is no prompt_png"));
-  }
-  if (b.label || b.class_index) {
-    auto cls = m.ClassRow(b.label.has_value(), b.label.value_or(""), b.class_index.value_or(0),
-                          b.label ? "label" : "class_index");
-    if (!cls.ok()) return cls.status();
-    ask.classes.assign(static_cast<size_t>(ask.images), *cls);
-  }
-  ask.temperature = b.temperature;
-  ask.top_p = b.top_p;
-  ask.top_k = b.top_k;
-  ask.guidance = b.guidance;
-  ask.seed = b.seed;
-  ask.first_image = b.first_image;
-  auto plan = ResolveGenerate(info, std::move(ask));
-  if (!plan.ok()) return plan.status();
-  out.plan = *std::move(plan);
-  return out;
-}
-
-}  // namespace oip
 
 namespace {
 
@@ -73,46 +31,60 @@ using Json = nlohmann::ordered_json;
 
 std::string Event(const Json& j) { return absl::StrCat("data: ", JsonText(j), "\n\n"); }
 
-// One generation over HTTP: a StreamedGeneration whose chunks become Server-Sent Events (or,
-// for /generate, parts of one JSON document written at the end).
-class HttpGeneration final : public StreamedGeneration {
+// A path of the route: /v2/models/{name}[/versions/{v}]/{generate, generate_stream}; nullopt
+// when it is not of that form.
+struct GeneratePath {
+  std::string name, version;
+  bool stream = false;
+};
+std::optional<GeneratePath> ParseGeneratePath(std::string_view path) {
+  std::vector<std::string> parts = absl::StrSplit(std::string(path), '/');
+  // "", "v2", "models", name, [versions, v], action
+  if (parts.size() != 5 && parts.size() != 7) return std::nullopt;
+  if (parts[0] != "" || parts[1] != "v2" || parts[2] != "models" || parts[3].empty())
+    return std::nullopt;
+  GeneratePath p;
+  p.name = std::string(parts[3]);
+  if (parts.size() == 7) {
+    if (parts[4] != "versions" || parts[5].empty()) return std::nullopt;
+    p.version = std::string(parts[5]);
+  }
+  p.stream = parts.back() == "generate_stream";
+  return p;
+}
+
+// One generation over HTTP: the collector whose chunks become Server-Sent Events (or, for
+// /generate, its final output written as one JSON document).
+class HttpGeneration final : public GenerationCollector {
  public:
   HttpGeneration(const FrontEndContext* edge, const HttpRequest& request,
-                 std::shared_ptr<HttpExchange> exchange, const HttpGenerateOptions& options)
-      : StreamedGeneration(edge, kProtocolOipRest),
+                 std::shared_ptr<HttpExchange> exchange, const HttpGenerationOptions& options,
+                 bool stream)
+      : GenerationCollector(edge, &book_),
+        book_(edge->gate, edge->observer, edge->request_log, "Generate", kProtocolKrauseHttp),
         o_(options),
+        stream_(stream),
         reply_(request, std::move(exchange)) {}
 
-  void Run(const HttpRequest& request, const std::string& name, const std::string& version) {
+  void Run(const HttpRequest& request, const GeneratePath& path) {
     absl::Status st = reply_.Enter(book(), request);
-    if (st.ok()) st = Guarded("Generate", [&] { return Begin(request, name, version); });
+    if (st.ok()) st = Guarded("Generate", [&] { return Begin(request, path); });
     if (!st.ok()) FinishCall(st);
   }
 
  private:
-  absl::Status Begin(const HttpRequest& request, const std::string& name,
-                     const std::string& version) {
-    auto body = oip::ParseGenerateBody(request.body);
-    if (!body.ok()) return body.status();
+  absl::Status Begin(const HttpRequest& request, const GeneratePath& path) {
+    auto settings = ParseGenerateBody(request.body);
+    if (!settings.ok()) return settings.status();
+    settings->answer_once = !stream_;  // /generate: one document, images and no rows
     Clock::time_point deadline = Clock::time_point::max();
     if (o_.deadline_ms > 0) deadline = book().start() + std::chrono::milliseconds(o_.deadline_ms);
-    if (body->timeout_us > 0)
-      deadline = std::min(deadline, book().start() + std::chrono::microseconds(body->timeout_us));
     // A client that leaves stops the images (the exchange runs this on a loop thread).
-    std::weak_ptr<StreamedGeneration> weak = weak_from_this();
+    std::weak_ptr<GenerationCollector> weak = weak_from_this();
     reply_.exchange()->OnGone([weak] {
       if (auto self = weak.lock()) static_cast<HttpGeneration*>(self.get())->ClientGone();
     });
-    return Submit(
-        name, version,
-        [&](const ServedModel& m) -> absl::StatusOr<ParsedGenerate> {
-          auto parsed = oip::ResolveGenerateBody(*body, m, edge()->fault);
-          if (!parsed.ok()) return parsed.status();
-          if (!o_.stream) parsed->stream.rows = false;  // one document: images, no rows
-          passes_ = parsed->plan.passes;
-          return parsed;
-        },
-        deadline);
+    return Submit(path.name, path.version, *settings, deadline);
   }
 
   // The fields every event of the call names, as JSON text: "model_name":..,"model_version":..
@@ -128,7 +100,7 @@ class HttpGeneration final : public StreamedGeneration {
 
   void WriteChunk(GenerateStream::Chunk& c, std::vector<EncodedImage> images) override {
     const ModelInfo& info = model().info();
-    const double n = static_cast<double>(passes_);
+    const double n = static_cast<double>(plan().passes);
     std::string out;
     Json start;
     if (c.first) {
@@ -141,9 +113,9 @@ class HttpGeneration final : public StreamedGeneration {
                {"height", info.shape.height},
                {"width", info.shape.width},
                {"channels", info.shape.channels}};
-      if (o_.stream) out += Event(start);
+      if (stream_) out += Event(start);
     }
-    if (o_.stream && !c.rows.empty()) {
+    if (stream_ && !c.rows.empty()) {
       const int64_t row_bytes = info.shape.width * info.shape.channels;
       for (const GenerateStream::Rows& r : c.rows) {
         for (int64_t i = 0; i < r.num_rows; ++i) {
@@ -157,7 +129,7 @@ class HttpGeneration final : public StreamedGeneration {
           out += "]}\n\n";
         }
       }
-    } else if (o_.stream) {
+    } else if (stream_) {
       out += Event({{"type", "progress"},
                     {"pixels_done", c.pixels_done},
                     {"pixels_total", c.pixels_total},
@@ -174,7 +146,7 @@ class HttpGeneration final : public StreamedGeneration {
                 {"png", absl::Base64Escape(im.png)},
                 {"flops_executed", model().flops().executed_flops * n},
                 {"flops_dense_equivalent", model().flops().dense_equivalent_flops * n}};
-      if (o_.stream) {
+      if (stream_) {
         out += Event(j);
       } else {
         j.erase("type");
@@ -196,14 +168,14 @@ class HttpGeneration final : public StreamedGeneration {
                    {"seed", s.seed},
                    {"flops_executed", s.flops_executed},
                    {"flops_dense_equivalent", s.flops_dense_equivalent}};
-      if (o_.stream) {
+      if (stream_) {
         out += Event(done);
       } else {
         done.erase("type");
         document_.update(done);
       }
     }
-    if (!o_.stream) {
+    if (!stream_) {
       if (c.first) {
         start.erase("type");
         document_.update(start);
@@ -225,44 +197,69 @@ class HttpGeneration final : public StreamedGeneration {
     WriteDone(!ex->Gone() && ex->Backlog() <= o_.max_backlog_bytes);
   }
 
-  void EndCall(const grpc::Status& st) override {
-    HttpExchange* ex = reply_.exchange();
-    if (!started_.load()) {  // nothing sent yet: a plain answer
-      if (st.ok()) {
-        document_["images"] = std::move(document_images_);
-        reply_.ok_body_ = JsonText(document_);
-      } else if (ex->Gone()) {
-        reply_.override_status_ = 499;  // nobody reads it
+  void EndCall(const absl::Status& status) override {
+    book_.Finish(status, [this](const absl::Status& st) {
+      HttpExchange* ex = reply_.exchange();
+      if (!started_.load()) {  // nothing sent yet: a plain answer
+        if (st.ok()) {
+          document_["images"] = std::move(document_images_);
+          reply_.ok_body_ = JsonText(document_);
+        } else if (ex->Gone()) {
+          reply_.override_status_ = 499;  // nobody reads it
+        }
+        reply_.Finish(st);
+        return;
       }
-      reply_.Finish(st);
-      return;
-    }
-    if (!st.ok()) {
-      Json e = {{"type", "error"},
-                {"error", st.error_message()},
-                {"code", GrpcCodeName(st.error_code())},
-                {"status", HttpStatus(st.error_code())}};
-      ex->Send(absl::StrCat("event: error\n", Event(e)));
-    }
-    ex->End();
+      if (!st.ok()) {
+        Json e = {{"type", "error"},
+                  {"error", std::string(st.message())},
+                  {"code", CodeName(st.code())},
+                  {"status", HttpStatus(st.code())}};
+        ex->Send(absl::StrCat("event: error\n", Event(e)));
+      }
+      ex->End();
+    });
   }
 
-  const HttpGenerateOptions o_;
-  RestReply reply_;
-  int64_t passes_ = 1;
+  CallBook book_;
+  const HttpGenerationOptions o_;
+  const bool stream_;
+  JsonReply reply_;
   std::atomic<bool> started_{false};  // the stream's head was sent
   std::string model_fields_;          // the reply pool's, one flush at a time
   Json document_ = Json::object();    // /generate: the answer, built chunk by chunk
   std::vector<Json> document_images_;
 };
 
+// The call a refused request of the route was for.
+const char* GenerateRpc(std::string_view) { return "Generate"; }
+
 }  // namespace
 
-void StartHttpGeneration(const FrontEndContext* edge, const HttpRequest& request,
-                         std::shared_ptr<HttpExchange> exchange, const std::string& name,
-                         const std::string& version, const HttpGenerateOptions& options) {
-  auto call = std::make_shared<HttpGeneration>(edge, request, std::move(exchange), options);
-  call->Run(request, name, version);
+HttpRoute HttpGenerationRoute(const FrontEndContext* edge, const HttpGenerationOptions& options) {
+  HttpRoute r;
+  r.prefix = "/v2/models/";
+  r.last_segments = {"generate", "generate_stream"};
+  r.protocol = kProtocolKrauseHttp;
+  r.rpc = GenerateRpc;
+  r.handler = [edge, options](HttpRequest request, std::shared_ptr<HttpExchange> ex) {
+    const std::string_view target = request.target;
+    const std::optional<GeneratePath> path = ParseGeneratePath(target.substr(0, target.find('?')));
+    if (!path) {
+      SendJson(ex.get(), 404,
+               ErrorJson(absl::StrCat("no such path: ", std::string(target.substr(0, 128)),
+                                      " (a generation is POST /v2/models/{model}[/versions/{v}]/"
+                                      "generate or /generate_stream)")));
+      return;
+    }
+    if (request.method != "POST") {
+      SendJson(ex.get(), 405, ErrorJson("method not allowed here; use POST"), {{"Allow", "POST"}});
+      return;
+    }
+    auto call = std::make_shared<HttpGeneration>(edge, request, ex, options, path->stream);
+    call->Run(request, *path);
+  };
+  return r;
 }
 
 }  // namespace krause::server
