@@ -22,8 +22,11 @@
 // also scrapes the server's /metrics before and after and reports the server's view (FLOP savings,
 // batch sizes). SIGINT or SIGTERM ends the load early: no new calls, the ones in flight finish, the
 // report covers what was measured.
+//
+// This file reads the flags, makes the channels and the images, and runs the loop; the calls are
+// loadgen.h's LoadGen through one driver a protocol (loadgen_drivers.h: loadgen_krause.cc,
+// loadgen_oip.cc, loadgen_http.cc), the report is loadgen_report.cc's.
 #include <grpcpp/grpcpp.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -31,9 +34,6 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
-#include <fstream>
-#include <iostream>
-#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -48,12 +48,13 @@
 #include "client/connection.h"
 #include "client/http_get.h"
 #include "client/http_load.h"
-#include "client/resume.h"
+#include "client/loadgen.h"
+#include "client/loadgen_drivers.h"
+#include "client/loadgen_report.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "krause/v1/krause.grpc.pb.h"
 #include "model/data/idx.h"
 #include "model/util/help.h"
-#include "server/edge/status.h"
 #include "server/v1/raw_image.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051",
@@ -108,370 +109,28 @@ ABSL_FLAG(bool, progress, true, "progress line with ETA on stderr");
 namespace {
 
 namespace v1 = krause::v1;
-using Clock = std::chrono::steady_clock;
-using nlohmann::json;
-
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+using krause::loadgen::Clock;
+using krause::loadgen::Seconds;
 
 // SIGINT / SIGTERM: stop starting calls, let those in flight end, report what was measured.
 std::atomic<bool> g_interrupted{false};
 void OnSignal(int) { g_interrupted.store(true); }
 
-struct Stats {
-  std::mutex mu;
-  std::map<std::string, std::vector<double>> latency;  // rpc -> seconds (OK calls)
-  std::vector<double> first_chunk, first_pixel, chunk_gap;
-  std::map<std::string, std::map<std::string, int64_t>> codes;  // rpc -> code -> calls
-  int64_t images = 0;
-  int64_t measured_done = 0;
-  // --resume: breaks survived, calls made to continue them, rows sampled again.
-  int64_t resumed_streams = 0, resume_calls = 0, rows_recomputed = 0;
-  Clock::time_point last_done{};           // when the last measured call ended
-  std::vector<std::string> error_samples;  // --protocol http: the first distinct errors
-};
-
-json Percentiles(std::vector<double> v) {
-  if (v.empty()) return json::object();
-  std::sort(v.begin(), v.end());
-  auto q = [&](double p) {
-    const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())));
-    return v[i];
-  };
-  double sum = 0;
-  for (double x : v) sum += x;
-  return {{"count", v.size()}, {"mean", sum / v.size()}, {"p50", q(0.50)}, {"p90", q(0.90)},
-          {"p95", q(0.95)},    {"p99", q(0.99)},         {"max", v.back()}};
+// The flags the calls are built from.
+krause::loadgen::LoadOptions LoadOptionsFromFlags() {
+  krause::loadgen::LoadOptions o;
+  o.workload = absl::GetFlag(FLAGS_workload);
+  o.mix_classify = absl::GetFlag(FLAGS_mix_classify);
+  o.classify_model = absl::GetFlag(FLAGS_classify_model);
+  o.generate_model = absl::GetFlag(FLAGS_generate_model);
+  o.images_per_request = absl::GetFlag(FLAGS_images_per_request);
+  o.prompt_rows = absl::GetFlag(FLAGS_prompt_rows);
+  o.update_interval_ms = absl::GetFlag(FLAGS_update_interval_ms);
+  o.generate_images = absl::GetFlag(FLAGS_generate_images);
+  o.resume = absl::GetFlag(FLAGS_resume);
+  o.http_binary = absl::GetFlag(FLAGS_http_binary);
+  return o;
 }
-
-class LoadGen {
- public:
-  LoadGen(std::vector<std::unique_ptr<v1::KrauseService::Stub>> stubs,
-          std::vector<std::unique_ptr<inference::GRPCInferenceService::Stub>> oip_stubs,
-          std::unique_ptr<krause::client::HttpLoadClient> http,
-          krause::client::ConnectionOptions conn, std::vector<v1::Image> images)
-      : stubs_(std::move(stubs)),
-        oip_stubs_(std::move(oip_stubs)),
-        http_(std::move(http)),
-        conn_(std::move(conn)),
-        images_(std::move(images)) {}
-
-  // Starts one call; `done` runs when it ends (on a gRPC thread).
-  void Issue(bool measured, std::function<void()> done) {
-    in_flight_.fetch_add(1);
-    const uint64_t n = counter_.fetch_add(1);
-    auto& stub = *stubs_[n % stubs_.size()];
-    const std::string w = absl::GetFlag(FLAGS_workload);
-    bool classify = w == "classify";
-    if (w == "mix") {
-      std::lock_guard<std::mutex> l(rng_mu_);
-      classify =
-          std::uniform_real_distribution<double>(0, 1)(rng_) < absl::GetFlag(FLAGS_mix_classify);
-    }
-    const int k = std::max(1, absl::GetFlag(FLAGS_images_per_request));
-    if (!oip_stubs_.empty()) {
-      const char* what = w == "score" ? "score" : classify ? "classify" : "generate";
-      IssueOip(*oip_stubs_[n % oip_stubs_.size()], n, what, k, measured, std::move(done));
-      return;
-    }
-    if (http_) {
-      IssueHttp(n, classify, k, measured, std::move(done));
-      return;
-    }
-    if (w == "getmodel") {  // the RPC floor: a call that runs no model
-      v1::GetModelRequest req;
-      req.set_name(model_name_);
-      Unary<v1::ModelInfo>("GetModel", std::move(req), 0, measured, std::move(done),
-                           [&stub](auto&&... a) { stub.async()->GetModel(a...); });
-      return;
-    }
-    if (w == "score") {
-      v1::ScoreRequest req;
-      req.set_model(absl::GetFlag(FLAGS_generate_model));
-      for (int i = 0; i < k; ++i) *req.add_images() = images_[(n * k + i) % images_.size()];
-      Unary<v1::ScoreResponse>("Score", std::move(req), k, measured, std::move(done),
-                               [&stub](auto&&... a) { stub.async()->Score(a...); });
-      return;
-    }
-    if (classify) {
-      v1::ClassifyRequest req;
-      req.set_model(absl::GetFlag(FLAGS_classify_model));
-      req.set_top_k(1);
-      for (int i = 0; i < k; ++i) *req.add_images() = images_[(n * k + i) % images_.size()];
-      Unary<v1::ClassifyResponse>("Classify", std::move(req), k, measured, std::move(done),
-                                  [&stub](auto&&... a) { stub.async()->Classify(a...); });
-    } else {
-      const v1::Image* prompt = w == "complete" ? &images_[n % images_.size()] : nullptr;
-      if (absl::GetFlag(FLAGS_resume)) {
-        ResumedGenerate(stub, n, measured, prompt, std::move(done));
-      } else {
-        new GenerateCall(this, stub, n, measured, prompt, std::move(done));
-      }
-    }
-  }
-
-  // The workload's call as the Open Inference Protocol's ModelInfer: images as one raw UINT8
-  // [k, H, W, C] input, generation as parameters (num_images, a seed per call).
-  void IssueOip(inference::GRPCInferenceService::Stub& stub, uint64_t n, const std::string& what,
-                int k, bool measured, std::function<void()> done) {
-    inference::ModelInferRequest req;
-    int64_t images = k;
-    if (what == "generate") {
-      const std::string m = absl::GetFlag(FLAGS_generate_model);
-      req.set_model_name(m.empty() ? "karm-fmnist" : m);
-      images = std::max(1, absl::GetFlag(FLAGS_generate_images));
-      (*req.mutable_parameters())["num_images"].set_int64_param(images);
-      (*req.mutable_parameters())["seed"].set_uint64_param(n);
-    } else {
-      const std::string m = what == "score" ? absl::GetFlag(FLAGS_generate_model) : model_name_;
-      req.set_model_name(m.empty() ? "karm-fmnist" : m);
-      const v1::RawImage& first = images_[(n * k) % images_.size()].raw();
-      auto* in = req.add_inputs();
-      in->set_name("image");
-      in->set_datatype("UINT8");
-      for (int64_t d :
-           {int64_t{k}, int64_t{first.height()}, int64_t{first.width()}, int64_t{first.channels()}})
-        in->add_shape(d);
-      std::string* raw = req.add_raw_input_contents();
-      for (int i = 0; i < k; ++i) *raw += images_[(n * k + i) % images_.size()].raw().pixels();
-    }
-    Unary<inference::ModelInferResponse>("ModelInfer", std::move(req), images, measured,
-                                         std::move(done),
-                                         [&stub](auto&&... a) { stub.async()->ModelInfer(a...); });
-  }
-
-  // The workload's call over HTTP: classify as the REST infer (the images as one UINT8 JSON
-  // tensor), generate as generate_stream (the same seeds as krause.v1's calls).
-  void IssueHttp(uint64_t n, bool classify, int k, bool measured, std::function<void()> done) {
-    std::string path, body;
-    int64_t images = k;
-    int64_t json_length = -1;
-    if (classify) {
-      path = "/v2/models/" + model_name_ + "/infer";
-      const v1::RawImage& first = images_[(n * k) % images_.size()].raw();
-      const std::string head =
-          absl::StrCat(R"({"inputs":[{"name":"image","datatype":"UINT8",)", R"("shape":[)", k, ",",
-                       first.height(), ",", first.width(), ",", first.channels(), "]");
-      if (absl::GetFlag(FLAGS_http_binary)) {  // the JSON, then the pixels as they are
-        std::string pixels;
-        for (int i = 0; i < k; ++i) pixels += images_[(n * k + i) % images_.size()].raw().pixels();
-        body = absl::StrCat(head, R"(,"parameters":{"binary_data_size":)", pixels.size(),
-                            R"(}}],"parameters":{"binary_data_output":true}})");
-        json_length = static_cast<int64_t>(body.size());
-        body += pixels;
-      } else {
-        body = absl::StrCat(head, R"(,"data":[)");
-        for (int i = 0; i < k; ++i) {
-          for (unsigned char px : images_[(n * k + i) % images_.size()].raw().pixels()) {
-            absl::StrAppend(&body, static_cast<int>(px), ",");
-          }
-        }
-        body.back() = ']';
-        body += "}]}";
-      }
-    } else {
-      const std::string m = absl::GetFlag(FLAGS_generate_model);
-      path = "/v2/models/" + (m.empty() ? std::string("karm-fmnist") : m) + "/generate_stream";
-      const v1::GenerateRequest req = GenerateRequest(n, nullptr);
-      images = req.num_images();
-      body = json{{"num_images", req.num_images()},
-                  {"seed", req.seed()},
-                  {"update_interval_ms", req.update_interval_ms()}}
-                 .dump();
-    }
-    const char* rpc = classify ? "ModelInfer" : "Generate";
-    http_->Post(
-        path, std::move(body),
-        [this, rpc, classify, images, measured,
-         done = std::move(done)](krause::client::HttpCallResult r) {
-          Record(rpc, measured, r.code, r.seconds, r.code == "OK" ? images : 0);
-          if (measured && r.code == "OK" && !classify) {
-            std::lock_guard<std::mutex> l(stats_.mu);
-            if (r.first_event >= 0) stats_.first_chunk.push_back(r.first_event);
-            if (r.first_pixel >= 0) stats_.first_pixel.push_back(r.first_pixel);
-            stats_.chunk_gap.insert(stats_.chunk_gap.end(), r.gaps.begin(), r.gaps.end());
-          }
-          if (measured && r.code != "OK") NoteError(r.error);
-          done();  // before the count drops (see Unary)
-          in_flight_.fetch_sub(1);
-        },
-        json_length);
-  }
-
-  // The first few distinct errors, for the report (what an HTTP status alone does not say).
-  void NoteError(const std::string& what) {
-    std::lock_guard<std::mutex> l(stats_.mu);
-    if (stats_.error_samples.size() < 5 &&
-        std::find(stats_.error_samples.begin(), stats_.error_samples.end(), what) ==
-            stats_.error_samples.end())
-      stats_.error_samples.push_back(what);
-  }
-
-  // One asynchronous unary call of `req`, started by `start(ctx, req, resp, callback)` (the
-  // stub's async method); when it ends it is recorded under `rpc`, with `images` counted if OK.
-  template <typename Resp, typename Req, typename Start>
-  void Unary(const char* rpc, Req req, int64_t images, bool measured, std::function<void()> done,
-             Start start) {
-    struct Call {
-      grpc::ClientContext ctx;
-      Req req;
-      Resp resp;
-      Clock::time_point start;
-    };
-    auto* c = new Call;
-    krause::client::PrepareContext(conn_, &c->ctx);
-    c->req = std::move(req);
-    c->start = Clock::now();
-    start(&c->ctx, &c->req, &c->resp,
-          std::function<void(grpc::Status)>(
-              [this, c, rpc, images, measured, done = std::move(done)](grpc::Status st) {
-                Record(rpc, measured, st, Seconds(Clock::now() - c->start), st.ok() ? images : 0);
-                delete c;
-                // `done` first: once in_flight_ reads 0 the main thread may return and destroy
-                // what `done` refers to.
-                done();
-                in_flight_.fetch_sub(1);
-              }));
-  }
-
-  void Record(const char* rpc, bool measured, const grpc::Status& st, double seconds,
-              int64_t images) {
-    Record(rpc, measured, krause::server::GrpcCodeName(st.error_code()), seconds, images);
-  }
-  void Record(const char* rpc, bool measured, const std::string& code, double seconds,
-              int64_t images) {
-    if (!measured) return;
-    std::lock_guard<std::mutex> l(stats_.mu);
-    stats_.codes[rpc][code] += 1;
-    if (code == "OK") {
-      stats_.latency[rpc].push_back(seconds);
-      stats_.images += images;
-    }
-    ++stats_.measured_done;
-    stats_.last_done = Clock::now();
-  }
-
-  // --resume: the call through client::ResumingGenerate, read on a thread of its own.
-  void ResumedGenerate(v1::KrauseService::Stub& stub, uint64_t n, bool measured,
-                       const v1::Image* prompt, std::function<void()> done) {
-    std::thread([this, &stub, n, measured, req = GenerateRequest(n, prompt),
-                 done = std::move(done)] {
-      krause::client::ResumeOptions ro;
-      ro.deadline_seconds = conn_.timeout_seconds;
-      const Clock::time_point start = Clock::now();
-      krause::client::ResumingGenerate call(&stub, conn_, req, ro);
-      v1::GenerateResponse m;
-      double first = -1, first_pixel = -1;
-      while (call.Read(&m)) {
-        if (first < 0) first = Seconds(Clock::now() - start);
-        if (first_pixel < 0 && m.progress().pixels_done() > 0)
-          first_pixel = Seconds(Clock::now() - start);
-      }
-      const grpc::Status st = call.Finish();
-      const krause::client::ResumeStats rs = call.stats();
-      Record("Generate", measured, st, Seconds(Clock::now() - start),
-             st.ok() ? req.num_images() : 0);
-      if (measured) {
-        std::lock_guard<std::mutex> l(stats_.mu);
-        stats_.resumed_streams += static_cast<int64_t>(rs.breaks.size());
-        stats_.resume_calls += rs.resumed_calls;
-        stats_.rows_recomputed += rs.rows_recomputed;
-        if (st.ok() && first >= 0) stats_.first_chunk.push_back(first);
-        if (st.ok() && first_pixel >= 0) stats_.first_pixel.push_back(first_pixel);
-      }
-      done();  // before the count drops (see Unary)
-      in_flight_.fetch_sub(1);
-    }).detach();
-  }
-
-  static v1::GenerateRequest GenerateRequest(uint64_t n, const v1::Image* prompt) {
-    v1::GenerateRequest req;
-    req.set_model(absl::GetFlag(FLAGS_generate_model));
-    req.set_num_images(static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_generate_images))));
-    req.set_seed(n * 1000);
-    req.set_update_interval_ms(static_cast<uint32_t>(absl::GetFlag(FLAGS_update_interval_ms)));
-    if (prompt != nullptr) {
-      *req.mutable_prompt() = *prompt;
-      req.set_prompt_rows(static_cast<uint32_t>(absl::GetFlag(FLAGS_prompt_rows)));
-    }
-    return req;
-  }
-
-  Stats& stats() { return stats_; }
-  int64_t in_flight() const { return in_flight_.load(); }
-
- private:
-  class GenerateCall : public grpc::ClientReadReactor<v1::GenerateResponse> {
-   public:
-    GenerateCall(LoadGen* g, v1::KrauseService::Stub& stub, uint64_t n, bool measured,
-                 const v1::Image* prompt, std::function<void()> done)
-        : g_(g), measured_(measured), done_(std::move(done)) {
-      krause::client::PrepareContext(g->conn_, &ctx_);
-      req_ = GenerateRequest(n, prompt);
-      start_ = last_ = Clock::now();
-      stub.async()->Generate(&ctx_, &req_, this);
-      StartRead(&msg_);
-      StartCall();
-    }
-    void OnReadDone(bool ok) override {
-      if (!ok) return;
-      const Clock::time_point now = Clock::now();
-      if (chunks_++ == 0) first_ = Seconds(now - start_);
-      // Gaps between the chunks of a running stream: from the first message with pixels on
-      // (before it, the images wait for a cache slot; that wait is the first pixel's time).
-      const bool has_pixels = msg_.progress().pixels_done() > 0 || msg_.images_size() > 0;
-      if (running_) {
-        gaps_.push_back(Seconds(now - last_));
-      } else if (has_pixels) {
-        running_ = true;
-        first_pixel_ = Seconds(now - start_);
-      }
-      last_ = now;
-      StartRead(&msg_);
-    }
-    void OnDone(const grpc::Status& st) override {
-      g_->Record("Generate", measured_, st, Seconds(Clock::now() - start_),
-                 st.ok() ? req_.num_images() : 0);
-      if (measured_ && st.ok()) {
-        std::lock_guard<std::mutex> l(g_->stats_.mu);
-        if (chunks_ > 0) g_->stats_.first_chunk.push_back(first_);
-        if (running_) g_->stats_.first_pixel.push_back(first_pixel_);
-        g_->stats_.chunk_gap.insert(g_->stats_.chunk_gap.end(), gaps_.begin(), gaps_.end());
-      }
-      LoadGen* g = g_;
-      auto done = std::move(done_);
-      delete this;
-      done();  // before the count drops (see Unary)
-      g->in_flight_.fetch_sub(1);
-    }
-
-   private:
-    LoadGen* g_;
-    bool measured_;
-    std::function<void()> done_;
-    grpc::ClientContext ctx_;
-    v1::GenerateRequest req_;
-    v1::GenerateResponse msg_;
-    Clock::time_point start_, last_;
-    double first_ = 0, first_pixel_ = 0;
-    int chunks_ = 0;
-    bool running_ = false;
-    std::vector<double> gaps_;
-  };
-
-  std::vector<std::unique_ptr<v1::KrauseService::Stub>> stubs_;
-  std::vector<std::unique_ptr<inference::GRPCInferenceService::Stub>> oip_stubs_;  // --protocol oip
-  std::unique_ptr<krause::client::HttpLoadClient> http_;  // --protocol http
-  krause::client::ConnectionOptions conn_;
-  std::vector<v1::Image> images_;
-  std::string model_name_ = absl::GetFlag(FLAGS_classify_model).empty()
-                                ? "krause-vit-fmnist"
-                                : absl::GetFlag(FLAGS_classify_model);
-  std::atomic<uint64_t> counter_{0};
-  std::atomic<int64_t> in_flight_{0};
-  std::mutex rng_mu_;
-  std::mt19937_64 rng_{12345};
-  Stats stats_;
-};
 
 // The shape of the images a model takes, as GetModel reports it.
 struct ImageShape {
@@ -523,38 +182,6 @@ std::vector<v1::Image> LoadImages(const ImageShape& shape) {
     out.push_back(krause::server::RawImageProto(shape.height, shape.width, shape.channels, px));
   }
   return out;
-}
-
-// The server's view from two scrapes: FLOPs and batch sizes over the run.
-json ServerView(const std::string& before, const std::string& after) {
-  using krause::client::PrometheusSum;
-  auto delta = [&](const std::string& name, const std::map<std::string, std::string>& l = {}) {
-    return PrometheusSum(after, name, l) - PrometheusSum(before, name, l);
-  };
-  json j;
-  const double ex = delta("krause_flops_executed_total"),
-               de = delta("krause_flops_dense_equivalent_total");
-  j["flops_executed"] = ex;
-  j["flops_dense_equivalent"] = de;
-  j["flop_saving"] = de > 0 ? 1 - ex / de : 0.0;
-  const double cb = delta("krause_classify_batch_images_count");
-  j["classify_batches"] = cb;
-  j["classify_mean_batch_images"] = cb > 0 ? delta("krause_classify_batch_images_sum") / cb : 0.0;
-  const double ds = delta("krause_decode_batch_sequences_count");
-  j["decode_steps"] = ds;
-  j["decode_mean_batch_sequences"] = ds > 0 ? delta("krause_decode_batch_sequences_sum") / ds : 0.0;
-  j["generated_pixels"] = delta("krause_generated_pixels_total");
-  // Where a Classify call's time went inside the server (means over the run): the whole call,
-  // waiting for its batch, and the batch's forward.
-  auto mean = [&](const std::string& name, const std::map<std::string, std::string>& l) {
-    const double n = delta(name + "_count", l);
-    return n > 0 ? delta(name + "_sum", l) / n : 0.0;
-  };
-  j["classify_call_mean_seconds"] = mean("krause_request_duration_seconds", {{"rpc", "Classify"}});
-  j["classify_queue_mean_seconds"] = mean("krause_queue_duration_seconds", {{"rpc", "Classify"}});
-  j["classify_batch_compute_mean_seconds"] =
-      mean("krause_compute_duration_seconds", {{"work", "classify_batch"}});
-  return j;
 }
 
 }  // namespace
@@ -643,7 +270,14 @@ int main(int argc, char** argv) {
     }
     shape = *s;
   }
-  LoadGen gen(std::move(stubs), std::move(oip_stubs), std::move(http), conn, LoadImages(shape));
+  krause::loadgen::LoadGen gen(LoadOptionsFromFlags(), conn, LoadImages(shape));
+  if (protocol == "oip") {
+    gen.SetDriver(krause::loadgen::MakeOipDriver(&gen, std::move(oip_stubs)));
+  } else if (protocol == "http") {
+    gen.SetDriver(krause::loadgen::MakeHttpDriver(&gen, std::move(http)));
+  } else {
+    gen.SetDriver(krause::loadgen::MakeKrauseDriver(&gen, std::move(stubs)));
+  }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   const double warmup = absl::GetFlag(FLAGS_warmup), duration = absl::GetFlag(FLAGS_duration);
@@ -740,103 +374,27 @@ int main(int argc, char** argv) {
   }
   const double measured_seconds = Seconds(measured_end - measure_from);
 
-  json report;
-  report["config"] = {
-      {"server", protocol == "http" ? absl::GetFlag(FLAGS_http_server) : conn.server},
-      {"protocol", protocol},
-      {"mode", mode},
-      {"workload", workload},
-      {"concurrency", absl::GetFlag(FLAGS_concurrency)},
-      {"rate", absl::GetFlag(FLAGS_rate)},
-      {"arrivals", absl::GetFlag(FLAGS_arrivals)},
-      {"channels", absl::GetFlag(FLAGS_channels)},
-      {"images_per_request", absl::GetFlag(FLAGS_images_per_request)},
-      {"generate_images", absl::GetFlag(FLAGS_generate_images)},
-      {"classify_model", absl::GetFlag(FLAGS_classify_model)},
-      {"generate_model", absl::GetFlag(FLAGS_generate_model)},
-      {"warmup_seconds", warmup}};
-  Stats& s = gen.stats();
-  int64_t calls = 0;
-  for (auto& [rpc, codes] : s.codes) {
-    for (auto& [code, n] : codes) calls += n;
-    report["errors_by_code"][rpc] = codes;
-    report["latency_seconds"][rpc] = Percentiles(s.latency[rpc]);
-  }
-  report["measured_seconds"] = measured_seconds;
-  // The load generator's own CPU time over the whole run (it shares the cores with the server).
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  const double cpu = static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
-                     1e-6 * static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
-  report["cpu_seconds"] = cpu;
-  report["wall_seconds"] = Seconds(Clock::now() - t0);
-  report["calls"] = calls;
-  report["calls_per_second"] = calls / measured_seconds;
-  report["images_per_second"] = s.images / measured_seconds;
-  report["generate_first_chunk_seconds"] = Percentiles(s.first_chunk);
-  report["generate_first_pixel_seconds"] = Percentiles(s.first_pixel);
-  report["generate_chunk_gap_seconds"] = Percentiles(s.chunk_gap);
-  if (!s.error_samples.empty()) report["error_samples"] = s.error_samples;
-  if (absl::GetFlag(FLAGS_resume)) {
-    report["resumed_streams"] = s.resumed_streams;
-    report["resume_calls"] = s.resume_calls;
-    report["rows_recomputed"] = s.rows_recomputed;
-  }
-  if (!metrics.empty()) {
-    auto after = krause::client::HttpGet(metrics, "/metrics");
-    if (after.ok()) report["server"] = ServerView(before, *after);
-  }
-
-  std::printf("%s loop, %s, %.1f s measured: %lld calls, %.2f calls/s, %.2f images/s\n",
-              mode.c_str(), workload.c_str(), measured_seconds, static_cast<long long>(calls),
-              calls / measured_seconds, s.images / measured_seconds);
-  std::printf("  load generator CPU: %.2f s over %.2f s of wall time\n", cpu,
-              report["wall_seconds"].get<double>());
-  for (auto& [rpc, p] : report["latency_seconds"].items()) {
-    if (p.empty()) continue;
-    std::printf("  %-9s latency ms: p50 %.1f  p90 %.1f  p95 %.1f  p99 %.1f  max %.1f\n",
-                rpc.c_str(), 1e3 * p["p50"].get<double>(), 1e3 * p["p90"].get<double>(),
-                1e3 * p["p95"].get<double>(), 1e3 * p["p99"].get<double>(),
-                1e3 * p["max"].get<double>());
-  }
-  if (!s.first_chunk.empty()) {
-    const json& f = report["generate_first_chunk_seconds"];
-    const json& g = report["generate_chunk_gap_seconds"];
-    const json& fp = report["generate_first_pixel_seconds"];
-    std::printf(
-        "  Generate  first chunk ms: p50 %.1f p99 %.1f; first pixels ms: p50 %.1f p99 %.1f; "
-        "gaps of running streams ms: p50 %.1f p99 %.1f\n",
-        1e3 * f["p50"].get<double>(), 1e3 * f["p99"].get<double>(),
-        fp.empty() ? 0.0 : 1e3 * fp["p50"].get<double>(),
-        fp.empty() ? 0.0 : 1e3 * fp["p99"].get<double>(),
-        g.empty() ? 0.0 : 1e3 * g["p50"].get<double>(),
-        g.empty() ? 0.0 : 1e3 * g["p99"].get<double>());
-  }
-  for (auto& [rpc, codes] : s.codes)
-    for (auto& [code, n] : codes)
-      std::printf("  %s %s: %lld\n", rpc.c_str(), code.c_str(), static_cast<long long>(n));
-  for (const std::string& e : s.error_samples) std::printf("  error: %s\n", e.c_str());
-  if (absl::GetFlag(FLAGS_resume))
-    std::printf("  Generate  resumed streams: %lld (on %lld calls), rows recomputed: %lld\n",
-                static_cast<long long>(s.resumed_streams), static_cast<long long>(s.resume_calls),
-                static_cast<long long>(s.rows_recomputed));
-  if (report.contains("server")) {
-    const json& v = report["server"];
-    std::printf(
-        "  server: FLOP saving %.1f%%, mean classify batch %.2f images, mean decode batch %.2f "
-        "sequences\n",
-        100 * v["flop_saving"].get<double>(), v["classify_mean_batch_images"].get<double>(),
-        v["decode_mean_batch_sequences"].get<double>());
-  }
-  const std::string out = absl::GetFlag(FLAGS_json);
-  if (out == "-") {
-    std::cout << report.dump(2) << "\n";
-  } else if (!out.empty()) {
-    std::ofstream(out) << report.dump(2) << "\n";
-  }
-  int64_t failures = 0;
-  for (auto& [rpc, codes] : s.codes)
-    for (auto& [code, n] : codes)
-      if (code != "OK") failures += n;
-  return failures > 0 ? 3 : 0;
+  krause::loadgen::ReportInput in;
+  in.config = {{"server", protocol == "http" ? absl::GetFlag(FLAGS_http_server) : conn.server},
+               {"protocol", protocol},
+               {"mode", mode},
+               {"workload", workload},
+               {"concurrency", absl::GetFlag(FLAGS_concurrency)},
+               {"rate", absl::GetFlag(FLAGS_rate)},
+               {"arrivals", absl::GetFlag(FLAGS_arrivals)},
+               {"channels", absl::GetFlag(FLAGS_channels)},
+               {"images_per_request", absl::GetFlag(FLAGS_images_per_request)},
+               {"generate_images", absl::GetFlag(FLAGS_generate_images)},
+               {"classify_model", absl::GetFlag(FLAGS_classify_model)},
+               {"generate_model", absl::GetFlag(FLAGS_generate_model)},
+               {"warmup_seconds", warmup}};
+  in.mode = mode;
+  in.workload = workload;
+  in.start = t0;
+  in.measured_seconds = measured_seconds;
+  in.resume = absl::GetFlag(FLAGS_resume);
+  in.metrics = metrics;
+  in.metrics_before = before;
+  in.json_path = absl::GetFlag(FLAGS_json);
+  return krause::loadgen::Report(in, gen.stats());
 }
