@@ -2,6 +2,7 @@
 // value is missing.
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -21,6 +22,22 @@ class ArgWalker {
       std::exit(2);
     }
     return argv_[++i_];
+  }
+  // The flags the kernel and attention benchmarks share: --help or -h (prints `help`, exits 0),
+  // --json FILE and --reps N (at least 1). True when the current flag is one of them (consumed).
+  bool Common(void (*help)(), std::string* json_path, int* reps) {
+    const std::string a = flag();
+    if (a == "--help" || a == "-h") {
+      help();
+      std::exit(0);
+    } else if (a == "--json") {
+      *json_path = Value();
+    } else if (a == "--reps") {
+      *reps = std::max(1, std::atoi(Value()));
+    } else {
+      return false;
+    }
+    return true;
   }
 
  private:

@@ -27,7 +27,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <string>
@@ -38,6 +37,7 @@
 #include "bench/args.h"
 #include "bench/counting_allocator.h"
 #include "bench/progress.h"
+#include "bench/timing.h"
 #include "model/attention/cpu_kernels.h"
 #include "model/attention/decode.h"
 #include "model/attention/krause_attention.h"
@@ -72,16 +72,10 @@ void PrintHelp() {
 
 bool ParseOptions(int argc, char** argv, Options* o) {
   for (ArgWalker args(argc, argv); args.Next();) {
+    if (args.Common(PrintHelp, &o->json_path, &o->reps)) continue;
     const std::string a = args.flag();
-    if (a == "--help" || a == "-h") {
-      PrintHelp();
-      std::exit(0);
-    } else if (a == "--quick") {
+    if (a == "--quick") {
       o->quick = true;
-    } else if (a == "--json") {
-      o->json_path = args.Value();
-    } else if (a == "--reps") {
-      o->reps = std::max(1, std::atoi(args.Value()));
     } else if (a == "--threads") {
       o->threads = std::atoi(args.Value());
     } else if (a == "--filter") {
@@ -127,21 +121,9 @@ void Measure(const std::function<void()>& fn, int reps, Record* r) {
   CountingAllocator& alloc = CountingAllocator::Install();
   const int64_t before = alloc.in_use();
   alloc.ResetPeak();
-  auto t0 = Clock::now();
-  fn();
-  const double first = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double first = SecondsOf(fn);
   r->peak_extra_bytes = alloc.peak() - before;
-  std::vector<double> times;
-  if (first > 2.0 || reps == 0) {
-    times.push_back(first);
-  } else {
-    for (int i = 0; i < reps; ++i) {
-      t0 = Clock::now();
-      fn();
-      times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-  }
-  std::sort(times.begin(), times.end());
+  const std::vector<double> times = RunsAfterWarmUp(fn, reps, first);
   r->seconds = times[times.size() / 2];
   r->runs = static_cast<int>(times.size());
 }
@@ -416,13 +398,9 @@ int Main(int argc, char** argv) {
     }
   }
   if (!o.json_path.empty()) {
-    std::ofstream js(o.json_path);
-    js << "[\n";
-    for (size_t i = 0; i < records.size(); ++i) {
-      js << "  " << ToJson(records[i], threads) << (i + 1 < records.size() ? ",\n" : "\n");
-    }
-    js << "]\n";
-    std::printf("\nwrote %zu records to %s\n", records.size(), o.json_path.c_str());
+    std::vector<std::string> json;
+    for (const Record& r : records) json.push_back(ToJson(r, threads));
+    WriteJsonRecords(o.json_path, json);
   }
   return 0;
 }

@@ -16,19 +16,21 @@
 // (ParameterStore::RoundLinear; methods step_w16, integ_w16, full_w16), and the KARM once more
 // over bf16 ring caches (step_bf16e, integ_bf16e, full_bf16).
 // Ratios come from one run. --json writes one record per measurement.
+//
+// This file: the flags and the measurements; the timing in generate_steps.cc, the report in
+// generate_report.cc (generate_bench.h).
+#include "bench/generate_bench.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -46,8 +48,6 @@
 namespace krause::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 struct Options {
   std::string json_path;
   bool quick = false;
@@ -57,212 +57,6 @@ struct Options {
   // --repeat_step CONFIG,ATTENTION,S,POSITION,STEPS: only that decode step, STEPS times.
   std::string repeat_step;
 };
-
-struct Record {
-  std::string model, attention, image, method;
-  int64_t streams = 0, position = -1;
-  double images_per_second = 0, step_seconds = 0;
-  int64_t kv_bytes_per_sequence = 0;
-  std::string device = "cpu";
-};
-
-std::string ToJson(const Record& r) {
-  return absl::StrFormat(
-      "{\"model\":\"%s\",\"attention\":\"%s\",\"image\":\"%s\",\"streams\":%d,\"method\":\"%s\","
-      "\"images_per_second\":%.6g,\"step_seconds\":%.6g,\"position\":%d,\"kv_bytes_per_sequence\":%"
-      "d,\"device\":\"%s\"}",
-      r.model, r.attention, r.image, r.streams, r.method, r.images_per_second, r.step_seconds,
-      r.position, r.kv_bytes_per_sequence, r.device);
-}
-
-PixelModelConfig PaperConfig(const std::string& which, const std::string& attention) {
-  PixelModelConfig c;
-  c.attention = ParseAttentionKind(attention).value();
-  c.start_token = true;
-  if (which == "mnist") {
-    c.height = c.width_px = 28;
-    c.channels = 1;
-    c.d_model = 256;
-    c.depth = 12;
-    c.heads = 8;
-    c.window = 128;
-    c.top_k = 96;
-  } else {
-    c.height = c.width_px = 32;
-    c.channels = 3;
-    c.d_model = 512;
-    c.depth = 16;
-    c.heads = 8;
-    c.window = 256;
-    c.top_k = 192;
-  }
-  return c;
-}
-
-// The per-position step records: eager, graphed (CUDA), graphed over a bf16 cache (CUDA), eager
-// over a bf16 cache (a KARM on the CPU), eager with bf16 linear weights (the CPU).
-struct StepMethod {
-  const char* method;
-  const char* label;
-};
-constexpr StepMethod kStepMethods[] = {{"step", ""},
-                                       {"step_graph", "graphed "},
-                                       {"step_bf16", "graphed bf16-cache "},
-                                       {"step_bf16e", "bf16-cache "},
-                                       {"step_w16", "bf16-weights "}};
-
-bool IsStepMethod(const std::string& method) {
-  for (const StepMethod& m : kStepMethods)
-    if (method == m.method) return true;
-  return false;
-}
-
-using StepFn = std::function<at::Tensor(const at::Tensor& u, const at::Tensor& positions,
-                                        const at::Tensor& slots)>;
-
-// Median time of one decode step of S sequences at `position`, caches filled with random
-// history (what the step reads; its cost does not depend on the values). The first `warmup`
-// steps are not timed (a graphed step captures at its second).
-double StepSeconds(const StepFn& step, int64_t s, int64_t position, int reps, int warmup = 1) {
-  const at::Tensor u = at::randint(0, 256, {s}, at::kLong);
-  const at::Tensor pos = at::full({s}, position, at::kLong);
-  const at::Tensor slots = at::arange(s, at::kLong);
-  std::vector<double> t;
-  for (int r = 0; r < reps + warmup; ++r) {
-    const auto t0 = Clock::now();
-    // Logits back on the host, as the engine needs them (waits for a GPU).
-    (void)step(u, pos, slots).cpu();
-    if (r >= warmup) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-// Seconds to generate a whole image of n subpixels: the step times at the sampled positions,
-// interpolated linearly over every position 0..n-1.
-double IntegratedSeconds(const std::vector<int64_t>& positions, const std::vector<double>& times) {
-  double total = 0;
-  for (size_t i = 0; i + 1 < positions.size(); ++i) {
-    const int64_t span = positions[i + 1] - positions[i];
-    total += span * (times[i] + times[i + 1]) / 2;
-  }
-  return total + times.back();
-}
-
-// Bytes read and written per second by a device-to-device copy of 2 x 2 GiB (median of 5, after
-// a warm-up): what this device's memory gives a plain streaming kernel, measured in the same run
-// as the decode steps it is compared with.
-double CopyBytesPerSecond(const at::Device& device) {
-  const int64_t floats = int64_t{512} << 20;  // 2 GiB
-  at::Tensor src = at::ones({floats}, at::TensorOptions().dtype(at::kFloat).device(device));
-  at::Tensor dst = at::empty_like(src);
-  std::vector<double> t;
-  for (int r = 0; r < 6; ++r) {
-    (void)dst[0].item<float>();  // the stream is idle
-    const auto t0 = Clock::now();
-    dst.copy_(src);
-    (void)dst[floats - 1].item<float>();  // waits for the copy
-    if (r > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return 2.0 * static_cast<double>(floats) * 4 / t[t.size() / 2];
-}
-
-// The CPU's memory read bandwidth, measured in the same run: ATen's vectorised, multithreaded sum
-// of 1 GiB of floats (far over the caches), median of 5 after a warm-up; bytes read per second.
-double CpuReadBytesPerSecond() {
-  const int64_t floats = int64_t{256} << 20;  // 1 GiB
-  const at::Tensor src = at::ones({floats}, at::kFloat);
-  std::vector<double> t;
-  for (int r = 0; r < 6; ++r) {
-    const auto t0 = Clock::now();
-    (void)src.sum().item<float>();
-    if (r > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return static_cast<double>(floats) * 4 / t[t.size() / 2];
-}
-
-void FillRandom(const PixelModelConfig& c, PixelKvCache* cache) {
-  at::NoGradGuard g;
-  for (int64_t l = 0; l < c.depth; ++l) {
-    // Krause {keys_t, values, bias}: the biases are the keys'; softmax {keys, values}.
-    std::vector<at::Tensor> storage = cache->layer(l).Storage();
-    storage[0].normal_();
-    storage[1].normal_();
-    if (cache->kind() == AttentionKind::kKrause) {
-      storage[2].copy_(-0.5 * storage[0].pow(2).sum(2));
-    }
-  }
-}
-
-// Images/s of S sequences generated end to end by the engine (its caches in `cache_dtype`).
-double FullRun(const PixelModel& m, int64_t s, at::ScalarType cache_dtype = at::kFloat) {
-  EngineOptions options{s, 0};
-  options.cache_dtype = cache_dtype;
-  auto engine = DecodeEngine::Create(&m, options);
-  if (!engine.ok()) {
-    std::fprintf(stderr, "\nengine: %s\n", engine.status().ToString().c_str());
-    std::exit(1);
-  }
-  int64_t done = 0;
-  const auto t0 = Clock::now();
-  for (int64_t i = 0; i < s; ++i) {
-    GenerationRequest r;
-    r.sampling.seed = static_cast<uint64_t>(i);
-    if (!(*engine)->Submit(std::move(r)).ok()) std::exit(1);
-  }
-  for (const auto& [id, f] : RunUntilIdle(engine->get())) done += f.status.ok();
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (done != s) std::exit(1);
-  return s / secs;
-}
-
-// --repeat_step: one decode step of the engine's kind (packed on the CPU) over caches of random
-// history, repeated; prints the median step time. Everything else the bench does is left out, so
-// that a profiler sees the step alone.
-int RepeatStep(const std::string& spec, const std::string& device_name) {
-  const std::vector<std::string> f = absl::StrSplit(spec, ',');
-  int64_t s = 0, position = 0, steps = 0;
-  if ((f.size() != 5 && f.size() != 6) || (f[0] != "mnist" && f[0] != "cifar") ||
-      (f[1] != "krause" && f[1] != "softmax") || !absl::SimpleAtoi(f[2], &s) || s < 1 ||
-      !absl::SimpleAtoi(f[3], &position) || position < 0 || !absl::SimpleAtoi(f[4], &steps) ||
-      steps < 1 || (f.size() == 6 && f[5] != "float32" && f[5] != "bfloat16")) {
-    std::fprintf(stderr,
-                 "--repeat_step: CONFIG (mnist|cifar),ATTENTION (krause|softmax),S,POSITION,STEPS"
-                 "[,CACHE (float32|bfloat16)]\n");
-    return 2;
-  }
-  const at::ScalarType cache_dtype =
-      f.size() == 6 && f[5] == "bfloat16" ? at::kBFloat16 : at::kFloat;
-  const PixelModelConfig c = PaperConfig(f[0], f[1]);
-  if (position >= c.seq_len()) {
-    std::fprintf(stderr, "--repeat_step: position must be < %lld\n",
-                 static_cast<long long>(c.seq_len()));
-    return 2;
-  }
-  const at::Device device(device_name);
-  auto model = PixelModel::Create(c, 1);
-  if (!model.ok()) return 1;
-  model->parameters().To(device);
-  const PixelDecodeWeights packed = PackForDecode(*model);
-  auto cache = PixelKvCache::Create(c, s, device, cache_dtype);
-  if (!cache.ok()) {
-    std::fprintf(stderr, "--repeat_step: %s\n", cache.status().ToString().c_str());
-    return 1;
-  }
-  FillRandom(c, &*cache);
-  const double t = StepSeconds(
-      [&](const at::Tensor& u, const at::Tensor& pos, const at::Tensor& sl) {
-        return model->DecodeStep(u, pos, sl, &*cache, &packed);
-      },
-      s, position, static_cast<int>(steps));
-  std::printf("%s %s S=%lld position %lld%s: %.3f ms per step (median of %lld)\n", f[0].c_str(),
-              f[1].c_str(), static_cast<long long>(s), static_cast<long long>(position),
-              cache_dtype == at::kBFloat16 ? " (bf16 cache)" : "", t * 1e3,
-              static_cast<long long>(steps));
-  return 0;
-}
 
 int Main(int argc, char** argv) {
   Options o;
@@ -483,143 +277,8 @@ int Main(int argc, char** argv) {
   }
 
   for (Record& r : records) r.device = device.str();
-  std::printf("\ndevice: %s\n%-6s %-5s %-9s %4s %-11s %10s %12s %14s\n", device.str().c_str(),
-              "config", "model", "image", "S", "method", "images/s", "ms/step", "KV bytes/seq");
-  for (const Record& r : records) {
-    if (IsStepMethod(r.method)) continue;
-    std::printf("%-6s %-5s %-9s %4lld %-11s %10.3f %12.3f %14lld\n", r.model.c_str(),
-                r.attention.c_str(), r.image.c_str(), static_cast<long long>(r.streams),
-                r.method.c_str(), r.images_per_second, r.step_seconds * 1e3,
-                static_cast<long long>(r.kv_bytes_per_sequence));
-  }
-  auto find = [&](const std::string& model, const std::string& att, int64_t s,
-                  const std::string& method, int64_t pos = -1) -> const Record* {
-    for (const Record& r : records)
-      if (r.model == model && r.attention == att && r.streams == s && r.method == method &&
-          r.position == pos)
-        return &r;
-    return nullptr;
-  };
-  std::printf("\nStep time against position (ms):\n");
-  for (const std::string& which : configs) {
-    for (const char* att : {"KARM", "ARM"}) {
-      for (int64_t s : streams) {
-        for (const StepMethod& m : kStepMethods) {
-          std::string line = absl::StrFormat("  %-6s %-5s S=%-3d %s", which, att, s, m.label);
-          bool any = false;
-          for (const Record& r : records)
-            if (r.model == which && r.attention == att && r.streams == s && r.method == m.method) {
-              line += absl::StrFormat(" %d:%.2f", r.position, r.step_seconds * 1e3);
-              any = true;
-            }
-          if (any) std::printf("%s\n", line.c_str());
-        }
-      }
-    }
-  }
-  std::printf("\nRatios (same run):\n");
-  for (const std::string& which : configs) {
-    for (int64_t s : streams) {
-      // numerator model, method; denominator model, method; what the ratio is.
-      struct Ratio {
-        const char *model, *method, *over_model, *over_method, *label;
-      };
-      for (const Ratio& q :
-           {Ratio{"KARM", "integrated", "ARM", "integrated", "KARM / ARM images/s (integrated)"},
-            Ratio{"KARM", "full", "ARM", "full", "KARM / ARM images/s (full run)"},
-            Ratio{"KARM", "integ_graph", "KARM", "integrated",
-                  "KARM CUDA graph / eager images/s (integrated)"},
-            Ratio{"KARM", "integ_graph", "ARM", "integrated",
-                  "KARM (CUDA graph) / ARM images/s (integrated)"},
-            Ratio{"KARM", "integ_bf16", "KARM", "integ_graph",
-                  "KARM bf16 / fp32 cache images/s (graphed)"},
-            Ratio{"KARM", "integ_bf16", "ARM", "integrated",
-                  "KARM (graphed, bf16 cache) / ARM images/s (integrated)"},
-            Ratio{"KARM", "integ_bf16e", "KARM", "integrated",
-                  "KARM bf16 / fp32 cache images/s (integrated)"},
-            Ratio{"KARM", "integ_bf16e", "ARM", "integrated",
-                  "KARM (bf16 cache) / ARM images/s (integrated)"},
-            Ratio{"KARM", "full_bf16", "ARM", "full",
-                  "KARM (bf16 cache) / ARM images/s (full run)"},
-            Ratio{"KARM", "full_bf16", "KARM", "full",
-                  "KARM bf16 / fp32 cache images/s (full run)"},
-            Ratio{"KARM", "integ_w16", "KARM", "integrated",
-                  "KARM bf16 / fp32 weights images/s (integrated)"},
-            Ratio{"ARM", "integ_w16", "ARM", "integrated",
-                  "ARM bf16 / fp32 weights images/s (integrated)"},
-            Ratio{"KARM", "full_w16", "KARM", "full",
-                  "KARM bf16 / fp32 weights images/s (full run)"},
-            Ratio{"ARM", "full_w16", "ARM", "full", "ARM bf16 / fp32 weights images/s (full run)"},
-            Ratio{"KARM", "integ_w16", "ARM", "integ_w16",
-                  "KARM / ARM images/s (integrated, bf16 weights)"},
-            Ratio{"KARM", "full_w16", "ARM", "full_w16",
-                  "KARM / ARM images/s (full run, bf16 weights)"}}) {
-        const Record* x = find(which, q.model, s, q.method);
-        const Record* y = find(which, q.over_model, s, q.over_method);
-        if (x && y)
-          std::printf("  %-6s S=%-3lld %s: %.2fx\n", which.c_str(), static_cast<long long>(s),
-                      q.label, x->images_per_second / y->images_per_second);
-      }
-      for (const char* att : {"KARM", "ARM"}) {
-        const Record* f = find(which, att, s, "full");
-        const Record* i = find(which, att, s, "integrated");
-        if (f && i)
-          std::printf("  %-6s S=%-3lld %-4s integrated / full images/s: %.3f (method check)\n",
-                      which.c_str(), static_cast<long long>(s), att,
-                      i->images_per_second / f->images_per_second);
-      }
-    }
-    for (const char* att : {"KARM", "ARM"}) {
-      const Record* one = find(which, att, 1, "integrated");
-      const Record* many = find(which, att, streams.back(), "integrated");
-      if (one && many)
-        std::printf("  %-6s %-4s images/s with S=%lld vs S=1: %.2fx\n", which.c_str(), att,
-                    static_cast<long long>(streams.back()),
-                    many->images_per_second / one->images_per_second);
-    }
-    // What one decode step must read at its last position: every sequence's whole cache (the
-    // ring for KARM, the full prefix for ARM) and the weights once; per second of step time.
-    for (const char* att : {"KARM", "ARM"}) {
-      for (int64_t s : streams) {
-        for (const StepMethod& m : kStepMethods) {
-          const Record* last = nullptr;
-          for (const Record& r : records)
-            if (r.model == which && r.attention == att && r.streams == s && r.method == m.method)
-              last = &r;
-          if (last == nullptr) continue;
-          const std::string weights = std::string(m.method) == "step_w16" ? "w16" : "";
-          const double bytes = static_cast<double>(s) * last->kv_bytes_per_sequence +
-                               param_bytes[which + att + weights];
-          const double bps = bytes / last->step_seconds;
-          std::printf("  %-6s %-4s S=%-3lld %sstep at position %lld reads %.1f MB: %.1f GB/s",
-                      which.c_str(), att, static_cast<long long>(s), m.label,
-                      static_cast<long long>(last->position), bytes / 1e6, bps / 1e9);
-          if (copy_bps > 0) {
-            std::printf(" (%.0f%% of the %s %.0f GB/s)", 100 * bps / copy_bps,
-                        device.is_cuda() ? "device copy's" : "CPU's measured read bandwidth,",
-                        copy_bps / 1e9);
-          }
-          std::printf("\n");
-        }
-      }
-    }
-    if (which == "cifar") {
-      for (int64_t s : streams) {
-        const Record* a = find(which, "KARM", s, "step", 300);
-        const Record* b = find(which, "KARM", s, "step", 3000);
-        if (a && b)
-          std::printf("  cifar  KARM S=%-3lld step time at 3000 / at 300: %.3f\n",
-                      static_cast<long long>(s), b->step_seconds / a->step_seconds);
-      }
-    }
-  }
-  if (!o.json_path.empty()) {
-    std::ofstream js(o.json_path);
-    js << "[\n";
-    for (size_t i = 0; i < records.size(); ++i)
-      js << "  " << ToJson(records[i]) << (i + 1 < records.size() ? ",\n" : "\n");
-    js << "]\n";
-  }
+  PrintReport(records, configs, streams, param_bytes, copy_bps, device);
+  if (!o.json_path.empty()) WriteJson(o.json_path, records);
   return 0;
 }
 

@@ -13,10 +13,8 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <string>
 #include <tuple>
@@ -26,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/args.h"
 #include "bench/progress.h"
+#include "bench/timing.h"
 #include "model/attention/cpu_kernels.h"
 #include "model/attention/cpu_scratch.h"
 #include "model/util/huge_pages.h"
@@ -37,8 +36,6 @@
 
 namespace krause::bench {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 struct Options {
   std::string json_path;
@@ -61,16 +58,8 @@ void PrintHelp() {
 
 bool ParseOptions(int argc, char** argv, Options* o) {
   for (ArgWalker args(argc, argv); args.Next();) {
-    const std::string a = args.flag();
-    if (a == "--help" || a == "-h") {
-      PrintHelp();
-      std::exit(0);
-    } else if (a == "--json") {
-      o->json_path = args.Value();
-    } else if (a == "--reps") {
-      o->reps = std::max(1, std::atoi(args.Value()));
-    } else {
-      std::fprintf(stderr, "unknown argument %s (see --help)\n", a.c_str());
+    if (!args.Common(PrintHelp, &o->json_path, &o->reps)) {
+      std::fprintf(stderr, "unknown argument %s (see --help)\n", args.flag().c_str());
       return false;
     }
   }
@@ -82,20 +71,7 @@ constexpr int64_t kW = 128, kK = 96, kD = 32, kPosition = 700;  // the MNIST con
 // Seconds of one call of fn: a warm-up call (the only sample when it takes over 2 s), then `reps`
 // timed calls; their median.
 double MedianSeconds(const std::function<void()>& fn, int reps) {
-  auto t0 = Clock::now();
-  fn();
-  const double first = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::vector<double> times;
-  if (first > 2.0 || reps == 0) {
-    times.push_back(first);
-  } else {
-    for (int i = 0; i < reps; ++i) {
-      t0 = Clock::now();
-      fn();
-      times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-  }
-  std::sort(times.begin(), times.end());
+  const std::vector<double> times = RunsAfterWarmUp(fn, reps, SecondsOf(fn));
   return times[times.size() / 2];
 }
 
@@ -329,14 +305,7 @@ int Main(int argc, char** argv) {
   }
   cpu::SetCpuKernelsForTesting(nullptr);
   progress.Step("the step's linears");
-  if (!o.json_path.empty()) {
-    std::ofstream js(o.json_path);
-    js << "[\n";
-    for (size_t i = 0; i < json.size(); ++i)
-      js << "  " << json[i] << (i + 1 < json.size() ? ",\n" : "\n");
-    js << "]\n";
-    std::printf("\nwrote %zu records to %s\n", json.size(), o.json_path.c_str());
-  }
+  if (!o.json_path.empty()) WriteJsonRecords(o.json_path, json);
   return 0;
 }
 

@@ -52,8 +52,7 @@ absl::StatusOr<ClassChoice> ChosenClass();
 absl::StatusOr<std::vector<int64_t>> ScoreIndices(size_t n);
 
 int List(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_json);
-int Health(const std::shared_ptr<grpc::Channel>& channel, const ConnectionOptions& o,
-           bool as_json);
+int Health(const std::shared_ptr<grpc::Channel>& channel, const ConnectionOptions& o, bool as_json);
 int Classify(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_json,
              const std::vector<std::string>& files);
 int Score(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_json,

@@ -41,7 +41,7 @@ torch_flags=(-isystem "$TORCH_INCLUDE/torch/csrc/api/include")
 m=0
 for f in model/attention/cuda/dispatch_cuda.cc model/attention/krause_attention.cc model/attention/decode.cc \
   model/engine/device_context.cc model/engine/decode_graphs.cc tests/attention_cuda_test.cc \
-  tests/engine_cuda_test.cc \
+  tests/attention_cuda_edge_test.cc tests/attention_cuda_decode_test.cc tests/engine_cuda_test.cc \
   bench/attention_gpu_bench.cc; do
   "${CXX:-c++}" -std=c++17 -fsyntax-only -Wall -Werror -DKRAUSE_WITH_CUDA -I. -Itests -I"$out/stub" \
     "${torch_flags[@]}" -idirafter "$CUDA_HOME/include" "$f"

@@ -141,7 +141,8 @@ grep -o -E -- '-gencode[ ;=][^ ;]*' "$LOGS/configure.log" "$BUILD/CMakeCache.txt
 
 # The GPU tests fail (instead of skipping) if LibTorch cannot see the GPU.
 export KRAUSE_REQUIRE_CUDA=1
-gpu_targets=(krause-check attention_cuda_test engine_cuda_test)
+gpu_targets=(krause-check attention_cuda_test attention_cuda_edge_test attention_cuda_decode_test
+  engine_cuda_test)
 gpu_build_rc=- gpu_rc=- san_rc=- kcheck_rc=-
 if [ "$WITH_CUDA" = ON ]; then
   phase 300 "build gpu tests" build-gpu-tests.log cmake --build "$BUILD" -j "$(nproc)" -- -k 0 \

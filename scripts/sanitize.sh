@@ -19,9 +19,13 @@ start=$(date +%s)
 if [ "${1:-}" = "--thread" ]; then
   shift
   BUILD_DIR=${BUILD_DIR:-build-tsan}
-  tests=(threads_test decode_engine_test cpu_decoder_test scheduling_test reply_pool_test
-         generator_worker_test server_e2e_test server_hardening_test server_metrics_test
-         model_control_test http_server_test http_generate_test connect_http_test)
+  tests=(threads_test decode_engine_test decode_engine_conditional_test decode_engine_resume_test
+         cpu_decoder_test cpu_decoder_prefill_test cpu_kernels_test scheduling_test reply_pool_test
+         generator_worker_test server_e2e_test server_generate_test server_inspect_test
+         server_classes_test server_access_test server_shutdown_test server_start_test
+         server_hardening_test server_metrics_test model_control_test
+         model_control_repository_test http_server_test http_server_tls_test http_generate_test
+         connect_http_test)
   BUILD_DIR="$BUILD_DIR" BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} TARGETS="${tests[*]}" \
     CMAKE_ARGS="-DKRAUSE_TSAN=ON -DKRAUSE_BUILD_BENCH=OFF ${CMAKE_ARGS:-}" scripts/build.sh
   built=$(date +%s)

@@ -1,140 +1,38 @@
 // The event-driven HTTP server (server/edge/http_server.h) over real loopback sockets, with a
-// plain blocking client: answers now and later, keep-alive, every limit (408 for slow headers and
-// bodies, 413 before the body is sent, 431, idle connections closed quietly), streamed answers
-// (chunked on HTTP/1.1, to the connection's end on 1.0), a client leaving while its request waits
-// or streams, many idle connections beside a request on two loop threads, and exchanges that
-// outlive the server; HTTPS (a plain-HTTP client gets no answer; with a client CA, a client
-// without a certificate gets none either). No outcome is decided by sleeping: every wait is for an
-// event, with a cap.
+// plain blocking client (http_server_test.h): answers now and later, keep-alive, every limit (408
+// for slow headers and bodies, 413 before the body is sent, 431, idle connections closed
+// quietly), streamed answers (chunked on HTTP/1.1, to the connection's end on 1.0), a client
+// leaving while its request waits or streams, many idle connections beside a request on two loop
+// threads, and exchanges that outlive the server. HTTPS: http_server_tls_test.cc. No outcome is
+// decided by sleeping: every wait is for an event, with a cap.
 #include "server/edge/http_server.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <condition_variable>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <future>
+#include <memory>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "https_client.h"
+#include "http_server_test.h"
 
 namespace krause::server {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-int Connect(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  return fd;
-}
-
-void SendAll(int fd, const std::string& data) {
-  size_t sent = 0;
-  while (sent < data.size()) {
-    const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-    ASSERT_GT(n, 0);
-    sent += static_cast<size_t>(n);
-  }
-}
-
-// Reads until `done(text)` holds, the peer closes, or 20 s pass; returns what was read.
-template <typename Done>
-std::string ReadUntil(int fd, Done done, bool* closed = nullptr) {
-  std::string text;
-  const auto end = Clock::now() + std::chrono::seconds(20);
-  if (closed) *closed = false;
-  while (!done(text) && Clock::now() < end) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    char buf[4096];
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) {
-      if (closed) *closed = true;
-      break;
-    }
-    text.append(buf, static_cast<size_t>(n));
-  }
-  return text;
-}
-
-// One whole response with a Content-Length body.
-std::string ReadResponse(int fd) {
-  return ReadUntil(fd, [](const std::string& t) {
-    const size_t head = t.find("\r\n\r\n");
-    if (head == std::string::npos) return false;
-    const size_t at = t.find("Content-Length: ");
-    if (at == std::string::npos || at > head) return true;
-    return t.size() >= head + 4 + std::stoul(t.substr(at + 16));
-  });
-}
-
-std::string Body(const std::string& response) {
-  const size_t head = response.find("\r\n\r\n");
-  return head == std::string::npos ? "" : response.substr(head + 4);
-}
-
-// Decodes a chunked body (after the head); "" with *complete false if it has not ended.
-std::string Dechunk(const std::string& body, bool* complete) {
-  std::string out;
-  size_t at = 0;
-  *complete = false;
-  while (true) {
-    const size_t eol = body.find("\r\n", at);
-    if (eol == std::string::npos) return out;
-    const size_t size = std::stoul(body.substr(at, eol - at), nullptr, 16);
-    if (size == 0) {
-      *complete = body.size() >= eol + 4;
-      return out;
-    }
-    if (body.size() < eol + 2 + size + 2) return out;
-    out += body.substr(eol + 2, size);
-    at = eol + 2 + size + 2;
-  }
-}
-
-bool WaitFor(const std::function<bool()>& cond) {
-  const auto end = Clock::now() + std::chrono::seconds(20);
-  while (!cond()) {
-    if (Clock::now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
-
-HttpServerOptions Loopback() {
-  HttpServerOptions o;
-  o.address = "127.0.0.1:0";
-  o.threads = 2;
-  return o;
-}
-
-std::unique_ptr<HttpServer> StartOrDie(const HttpServerOptions& o, HttpHandler h) {
-  auto s = HttpServer::Start(o, std::move(h));
-  EXPECT_TRUE(s.ok()) << s.status();
-  return s.ok() ? std::move(*s) : nullptr;
-}
-
-HttpHandler Echo() {
-  return [](HttpRequest r, std::shared_ptr<HttpExchange> ex) {
-    ex->Reply({200, {{"Content-Type", "text/plain"}}, r.method + " " + r.target + " " + r.body});
-  };
-}
+using http_testing::Body;
+using http_testing::Connect;
+using http_testing::Dechunk;
+using http_testing::Echo;
+using http_testing::Loopback;
+using http_testing::ReadResponse;
+using http_testing::ReadUntil;
+using http_testing::SendAll;
+using http_testing::StartOrDie;
+using http_testing::WaitFor;
 
 TEST(HttpServer, AnswersAndKeepsTheConnectionForTheNextRequest) {
   auto server = StartOrDie(Loopback(), Echo());
@@ -504,77 +402,6 @@ TEST(HttpServer, BadAddressesAreRefused) {
   o = Loopback();
   o.threads = 0;
   EXPECT_EQ(HttpServer::Start(o, Echo()).status().code(), absl::StatusCode::kInvalidArgument);
-}
-
-// Throw-away certificates (tests/make_test_certs.sh) in a fresh folder.
-class HttpsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/krause-https-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    const std::string script = std::string(KRAUSE_SOURCE_DIR) + "/tests/make_test_certs.sh";
-    ASSERT_EQ(std::system(("sh " + script + " " + dir_).c_str()), 0) << "openssl failed";
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string Read(const std::string& name) {
-    std::ifstream f(dir_ + "/" + name);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  }
-  HttpServerOptions Tls(bool client_ca) {
-    HttpServerOptions o = Loopback();
-    o.tls = HttpTls{Read("server.pem"), Read("server.key"), client_ca ? Read("ca.pem") : ""};
-    return o;
-  }
-  std::string Path(const std::string& name) { return dir_ + "/" + name; }
-  std::string dir_;
-};
-
-TEST_F(HttpsTest, ServesHttpsAndNoAnswerToPlainHttp) {
-  int handled = 0;
-  auto server = StartOrDie(Tls(false), [&](HttpRequest r, std::shared_ptr<HttpExchange> ex) {
-    ++handled;
-    ex->Reply({200, {}, "over tls " + r.target});
-  });
-  const auto r = testing::HttpsRequest(
-      server->port(), "GET /a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", Path("ca.pem"));
-  ASSERT_TRUE(r.handshake_ok) << r.error;
-  EXPECT_NE(r.received.find("HTTP/1.1 200"), std::string::npos) << r.received;
-  EXPECT_EQ(Body(r.received), "over tls /a");
-  // Plain HTTP (a token in it, as a careless client sends one): closed without any answer, and
-  // no handler sees it.
-  const int fd = Connect(server->port());
-  SendAll(fd, "GET /b HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\n\r\n");
-  bool closed = false;
-  const std::string got = ReadUntil(
-      fd, [](const std::string&) { return false; }, &closed);
-  close(fd);
-  EXPECT_TRUE(closed);
-  EXPECT_EQ(got.find("HTTP/"), std::string::npos) << got;
-  EXPECT_EQ(handled, 1);
-}
-
-TEST_F(HttpsTest, MutualTlsRefusesAClientWithoutACertificate) {
-  auto server = StartOrDie(Tls(true), [](HttpRequest r, std::shared_ptr<HttpExchange> ex) {
-    ex->Reply({200, {}, "hello"});
-  });
-  const std::string get = "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-  const auto without = testing::HttpsRequest(server->port(), get, Path("ca.pem"));
-  EXPECT_EQ(without.received.find("HTTP/"), std::string::npos) << without.received;
-  const auto with = testing::HttpsRequest(server->port(), get, Path("ca.pem"), Path("client.pem"),
-                                          Path("client.key"));
-  ASSERT_TRUE(with.handshake_ok) << with.error;
-  EXPECT_EQ(Body(with.received), "hello") << with.received;
-}
-
-TEST_F(HttpsTest, ABadCertificateIsRefusedAtStart) {
-  HttpServerOptions o = Tls(false);
-  o.tls->key_pem = "not a key";
-  auto s = HttpServer::Start(o, Echo());
-  ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.status().message().find("TLS key"), std::string::npos) << s.status();
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The end-to-end tests' fixture: an in-process krause-server on loopback ports over the tiny
 // models (server_fixture.h), the worker states the tests wait for, a Generate call run to its
-// end, and raw HTTP over a loopback socket.
+// end, raw request images, and raw HTTP over a loopback socket.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -95,6 +95,9 @@ inline at::Tensor RandomImages(int64_t n, int64_t h, int64_t w, int64_t c, uint6
   at::Generator gen = at::detail::createCPUGenerator(seed);
   return at::randint(0, 256, {n, h, w, c}, gen, at::kLong).to(at::kByte);
 }
+
+// A request image of the raw kind (no PNG) from an [H, W, C] uint8 tensor.
+inline v1::Image RawImage(const at::Tensor& hwc) { return server::EncodeRawImage(hwc); }
 
 inline Stream RunGenerate(v1::KrauseService::Stub& stub, const v1::GenerateRequest& req,
                           double timeout_s = 0, const std::string& token = "") {

@@ -1,0 +1,157 @@
+// End-to-end tests of who may call krause-server and what it records (in process, on loopback
+// ports; server_test.h): bearer tokens, the request log's line per call with the caller's ids
+// sent back, and TLS with and without client certificates.
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "server_test.h"
+#include "test_util.h"
+
+namespace krause::testing {
+namespace {
+
+TEST_F(ServerTest, TokenAuthentication) {
+  server_->Shutdown();
+  WriteText(models_.dir + "/tokens", "# tokens\nsecret-one\n\nsecret-two\n");
+  server::ServerOptions o = LoopbackOptions(models_.manifest);
+  o.auth_tokens_file = models_.dir + "/tokens";
+  StartServer(o);
+  auto call = [&](const std::string& token) {
+    grpc::ClientContext ctx;
+    if (!token.empty()) ctx.AddMetadata("authorization", token);
+    v1::ListModelsResponse r;
+    return stub_->ListModels(&ctx, {}, &r).error_code();
+  };
+  EXPECT_EQ(call(""), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call("Bearer wrong"), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call("secret-one"), grpc::StatusCode::UNAUTHENTICATED);  // no "Bearer "
+  EXPECT_EQ(call("Bearer secret-one"), grpc::StatusCode::OK);
+  EXPECT_EQ(call("Bearer secret-two"), grpc::StatusCode::OK);
+  // The scheme is case-insensitive, the token is not.
+  EXPECT_EQ(call("bearer secret-one"), grpc::StatusCode::OK);
+  EXPECT_EQ(call("BEARER secret-two"), grpc::StatusCode::OK);
+  EXPECT_EQ(call("bearer SECRET-ONE"), grpc::StatusCode::UNAUTHENTICATED);
+  // Streams too, and nothing ran: no slot was taken.
+  v1::GenerateRequest req;
+  EXPECT_EQ(RunGenerate(*stub_, req, 0, "bad").status.error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(RunGenerate(*stub_, req, 0, "secret-two").status.error_code(), grpc::StatusCode::OK);
+  // Health needs no token.
+  auto ch = client::MakeChannel(conn_);
+  auto health = grpc::health::v1::Health::NewStub(*ch);
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckResponse r;
+  EXPECT_TRUE(health->Check(&ctx, {}, &r).ok());
+}
+
+TEST_F(ServerTest, RequestLogHasALinePerCallAndTheCallersIdsComeBack) {
+  server_->Shutdown();
+  const std::string log = models_.dir + "/requests.jsonl";
+  server::ServerOptions o = LoopbackOptions(models_.manifest);
+  o.request_log = log;
+  StartServer(o);
+  // Classify with a request id: echoed in the initial metadata.
+  {
+    v1::ClassifyRequest req;
+    req.set_model("vit");
+    *req.add_images() = RawImage(RandomImages(1, 8, 8, 1, 4)[0]);
+    *req.add_images() = RawImage(RandomImages(1, 8, 8, 1, 5)[0]);
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("x-request-id", "req-42");
+    v1::ClassifyResponse r;
+    ASSERT_TRUE(stub_->Classify(&ctx, req, &r).ok());
+    const auto& md = ctx.GetServerInitialMetadata();
+    const auto it = md.find("x-request-id");
+    ASSERT_NE(it, md.end());
+    EXPECT_EQ(std::string(it->second.data(), it->second.size()), "req-42");
+  }
+  // Generate with a traceparent, and a call for an unknown model.
+  const std::string trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+  {
+    v1::GenerateRequest req;
+    req.set_model("karm");
+    req.set_num_images(2);
+    req.set_seed(1);
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("traceparent", trace);
+    auto reader = stub_->Generate(&ctx, req);
+    v1::GenerateResponse m;
+    while (reader->Read(&m)) {
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+    const auto& md = ctx.GetServerInitialMetadata();
+    ASSERT_NE(md.find("traceparent"), md.end());
+  }
+  {
+    v1::GetModelRequest g;
+    g.set_name("nope");
+    grpc::ClientContext ctx;
+    v1::ModelInfo info;
+    EXPECT_EQ(stub_->GetModel(&ctx, g, &info).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  server_->Shutdown();  // every line written
+  std::ifstream in(log);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["rpc"], "Classify");
+  EXPECT_EQ(lines[0]["model"], "vit");
+  EXPECT_EQ(lines[0]["code"], "OK");
+  EXPECT_EQ(lines[0]["images"], 2);
+  EXPECT_EQ(lines[0]["request_id"], "req-42");
+  EXPECT_FALSE(lines[0].contains("traceparent"));
+  EXPECT_GE(lines[0]["seconds"].get<double>(), lines[0]["queue_seconds"].get<double>());
+  EXPECT_EQ(lines[1]["rpc"], "Generate");
+  EXPECT_EQ(lines[1]["model"], "karm");
+  EXPECT_EQ(lines[1]["images"], 2);
+  EXPECT_EQ(lines[1]["traceparent"], trace);
+  EXPECT_EQ(lines[2]["rpc"], "GetModel");
+  EXPECT_EQ(lines[2]["code"], "NOT_FOUND");
+  for (const auto& l : lines)
+    EXPECT_NE(l["peer"].get<std::string>().find("127.0.0.1"), std::string::npos);
+}
+
+TEST_F(ServerTest, TlsAndMutualTls) {
+  server_->Shutdown();
+  const std::string certs = models_.dir + "/certs";
+  std::filesystem::create_directories(certs);
+  const std::string script = std::string(KRAUSE_SOURCE_DIR) + "/tests/make_test_certs.sh";
+  ASSERT_EQ(std::system(("sh " + script + " " + certs).c_str()), 0) << "openssl failed";
+  server::ServerOptions o = LoopbackOptions(models_.manifest);
+  o.tls_cert = certs + "/server.pem";
+  o.tls_key = certs + "/server.key";
+  StartServer(o);
+  auto list = [&](const client::ConnectionOptions& c) {
+    auto stub = Stub(c);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::ListModelsResponse r;
+    return stub->ListModels(&ctx, {}, &r).error_code();
+  };
+  client::ConnectionOptions tls = conn_;
+  tls.tls_ca = certs + "/ca.pem";
+  tls.server = "localhost:" + std::to_string(server_->port());
+  EXPECT_EQ(list(tls), grpc::StatusCode::OK);
+  // A failed handshake is UNAVAILABLE (the transport never came up), and the server stays up.
+  EXPECT_EQ(list(conn_), grpc::StatusCode::UNAVAILABLE) << "plaintext to a TLS server";
+  EXPECT_EQ(list(tls), grpc::StatusCode::OK);
+  server_->Shutdown();
+
+  o.tls_client_ca = certs + "/ca.pem";
+  StartServer(o);
+  tls.server = "localhost:" + std::to_string(server_->port());
+  EXPECT_EQ(list(tls), grpc::StatusCode::UNAVAILABLE) << "mutual TLS without a client certificate";
+  client::ConnectionOptions mtls = tls;
+  mtls.tls_cert = certs + "/client.pem";
+  mtls.tls_key = certs + "/client.key";
+  EXPECT_EQ(list(mtls), grpc::StatusCode::OK);
+}
+
+}  // namespace
+}  // namespace krause::testing
