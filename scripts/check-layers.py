@@ -5,7 +5,7 @@ Each file under model/ belongs to one layer (the table below, longest path prefi
 may include headers of its own layer and of the layers below it only. The table must agree with
 model/CMakeLists.txt: every source a krause_<layer> library compiles belongs to that layer, and
 each library's PUBLIC krause_* dependencies are exactly the layer's direct dependencies. server/
-is five libraries by role with the direction core <- edge <- {v1, oip, web} <- server (the
+is six libraries by role with the direction core <- edge <- {v1, oip, openai, web} <- server (the
 assembly): server/core/ knows no protocol (no gRPC, HTTP, Prometheus or generated protobuf
 header), the front ends (and the web page) never include each other, and the core may use every
 model layer but the trainer.
@@ -49,6 +49,7 @@ FILES = {
     "server/edge/": "server_edge",
     "server/v1/": "server_v1",
     "server/oip/": "server_oip",
+    "server/openai/": "server_openai",
     "server/web/": "server_web",
     "server/": "server",
     "client/": "client",
@@ -66,8 +67,9 @@ DEPS = {
     "server_edge": ["server_core"],
     "server_v1": ["server_edge"],
     "server_oip": ["server_edge"],
+    "server_openai": ["server_edge"],
     "server_web": ["server_edge"],
-    "server": ["server_v1", "server_oip", "server_web"],
+    "server": ["server_v1", "server_oip", "server_openai", "server_web"],
     "client": ["util"],
 }
 # Headers of other layers a layer may include one by one (the clients link these LibTorch-free

@@ -241,7 +241,8 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
     go.ping_ms = options.http_stream_ping_ms;
     go.deadline_ms = deadline_ms;
     std::vector<HttpRoute> routes = {s->oip_rest_->Route(), HttpGenerationRoute(&s->edge_, go),
-                                     s->connect_->Route()};
+                                     s->connect_->Route(),
+                                     OpenAiRoute(&s->edge_, {deadline_ms, go.ping_ms})};
     if (s->web_ui_)
       for (HttpRoute& r : s->web_ui_->Routes()) routes.push_back(std::move(r));
     auto http = HttpFrontDoor::Start(ho, std::move(routes), &s->edge_);

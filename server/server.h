@@ -1,7 +1,8 @@
 // KrauseServer: the gRPC server with KrauseService, the Open Inference Protocol's
 // GRPCInferenceService (oip_service.h), health and reflection, and the HTTP port's front door
 // (edge/http_front_door.h) with its routes: the Open Inference Protocol's REST API (oip_http.h),
-// krause.v1 over Connect and its generation over HTTP (v1/), the web page. Start() listens at
+// krause.v1 over Connect and its generation over HTTP (v1/), OpenAI's Images API (openai/), the
+// web page. Start() listens at
 // once with health NOT_SERVING, loads the models, then turns SERVING. Shutdown() drains:
 // NOT_SERVING, new calls refused with UNAVAILABLE, in-flight calls get `drain_seconds` to
 // finish, then the rest are cancelled (UNAVAILABLE "shutting down") and the server stops.
@@ -22,6 +23,7 @@
 #include "server/edge/metrics.h"
 #include "server/oip/oip_http.h"
 #include "server/oip/oip_service.h"
+#include "server/openai/openai_http.h"
 #include "server/v1/connect_http.h"
 #include "server/v1/http_generation.h"
 #include "server/v1/service.h"

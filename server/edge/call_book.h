@@ -37,6 +37,7 @@ inline constexpr char kProtocolOipGrpc[] = "oip-grpc";
 inline constexpr char kProtocolOipRest[] = "oip-rest";
 inline constexpr char kProtocolKrauseConnect[] = "krause.v1-connect";  // krause.v1 over Connect
 inline constexpr char kProtocolKrauseHttp[] = "krause.v1-http";        // its generation over HTTP
+inline constexpr char kProtocolOpenAi[] = "openai";                    // OpenAI's Images API
 inline constexpr char kProtocolHttp[] =
     "http";  // a request the HTTP server refused, no front end's
 
