@@ -65,6 +65,23 @@ class HttpCall {
   HttpHeaders echo_;
 };
 
+// Starts a call's answer as Server-Sent Events: 200, the echoed ids, no caching or proxy
+// buffering, a `: ping` comment after `ping_ms` without events (so proxies keep it open).
+inline void StartEventStream(const HttpCall& call, int ping_ms) {
+  HttpHeaders headers = call.echo();
+  headers.emplace_back("Content-Type", "text/event-stream");
+  headers.emplace_back("Cache-Control", "no-cache");
+  headers.emplace_back("X-Accel-Buffering", "no");
+  call.exchange()->StartStream(200, std::move(headers), {": ping\n\n", ping_ms});
+}
+
+// After a piece of a stream was sent: whether the client keeps up. The HTTP server writes in
+// order and drops a client that stops reading (its write timeout); one that reads too slowly
+// for the stream (more than `max_backlog` bytes behind) is dropped by the caller.
+inline bool KeepsUp(const HttpExchange& ex, int64_t max_backlog) {
+  return !ex.Gone() && ex.Backlog() <= max_backlog;
+}
+
 // {"error": message}: the REST APIs' error body.
 inline std::string ErrorJson(absl::string_view message) {
   nlohmann::json j;

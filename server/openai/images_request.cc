@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/core/errors.h"
+#include "server/edge/json_fields.h"
 #include "server/edge/json_text.h"
 
 namespace krause::server::openai {
@@ -17,38 +18,15 @@ namespace {
 
 using Json = nlohmann::json;
 
-absl::Status Bad(const std::string& param, const std::string& what) {
-  return InvalidField(param, absl::StrCat(param, " ", what));
-}
-
-absl::StatusOr<std::string> String(const Json& j, const std::string& param) {
-  if (!j.is_string()) return Bad(param, "must be a string");
-  return j.get<std::string>();
-}
-
-absl::StatusOr<int64_t> IntegerIn(const Json& j, const std::string& param, int64_t lo, int64_t hi) {
-  if (!j.is_number_integer() && !j.is_number_unsigned()) return Bad(param, "must be an integer");
-  if (j.is_number_unsigned() && j.get<uint64_t>() > static_cast<uint64_t>(hi))
-    return Bad(param, absl::StrCat("must be in [", lo, ", ", hi, "], got ", JsonText(j)));
-  const int64_t v = j.get<int64_t>();
-  if (v < lo || v > hi) return Bad(param, absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
-  return v;
-}
-
-absl::StatusOr<double> Number(const Json& j, const std::string& param) {
-  if (!j.is_number()) return Bad(param, "must be a number");
-  return j.get<double>();
-}
-
 // One of `allowed`; `why` says what the others would need.
 absl::Status OneOf(const Json& j, const std::string& param,
                    std::initializer_list<const char*> allowed, const std::string& why) {
   if (j.is_null()) return absl::OkStatus();  // the SDKs send null for "unset"
-  auto s = String(j, param);
+  auto s = JsonString(j, param);
   if (!s.ok()) return s.status();
   for (const char* a : allowed)
     if (*s == a) return absl::OkStatus();
-  return Bad(param, absl::StrCat("\"", s->substr(0, 64), "\" is not supported here: ", why));
+  return BadField(param, absl::StrCat("\"", s->substr(0, 64), "\" is not supported here: ", why));
 }
 
 }  // namespace
@@ -66,22 +44,22 @@ absl::StatusOr<ImagesRequest> ParseImagesRequest(std::string_view text) {
     absl::Status st;
     if (name == "model") {
       if (v.is_null()) continue;
-      auto s = String(v, param);
+      auto s = JsonString(v, param);
       if (!s.ok()) return s.status();
       r.model = *s;
     } else if (name == "prompt") {
-      auto s = String(v, param);
+      auto s = JsonString(v, param);
       if (!s.ok()) return s.status();
       r.prompt = *s;
       has_prompt = true;
     } else if (name == "n") {
       if (v.is_null()) continue;
-      auto n = IntegerIn(v, param, 1, std::numeric_limits<int32_t>::max());
+      auto n = JsonIntegerIn(v, param, 1, std::numeric_limits<int32_t>::max());
       if (!n.ok()) return n.status();
       r.n = *n;
     } else if (name == "size") {
       if (v.is_null()) continue;
-      auto s = String(v, param);
+      auto s = JsonString(v, param);
       if (!s.ok()) return s.status();
       r.size = *s;
     } else if (name == "response_format") {
@@ -97,24 +75,25 @@ absl::StatusOr<ImagesRequest> ParseImagesRequest(std::string_view text) {
       continue;  // accepted and unused
     } else if (name == "stream") {
       if (v.is_null()) continue;
-      if (!v.is_boolean()) return Bad(param, "must be true or false");
+      if (!v.is_boolean()) return BadField(param, "must be true or false");
       r.stream = v.get<bool>();
     } else if (name == "partial_images") {
       if (v.is_null()) continue;
-      auto p = IntegerIn(v, param, 0, 3);
+      auto p = JsonIntegerIn(v, param, 0, 3);
       if (!p.ok()) return p.status();
       r.partial_images = *p;
     } else if (name == "seed") {
-      if (!v.is_number_unsigned()) return Bad(param, "must be an integer >= 0");
-      r.settings.seed = v.get<uint64_t>();
+      auto seed = JsonUnsigned(v, param);
+      if (!seed.ok()) return seed.status();
+      r.settings.seed = *seed;
     } else if (name == "temperature" || name == "top_p" || name == "guidance") {
-      auto x = Number(v, param);
+      auto x = JsonNumber(v, param);
       if (!x.ok()) return x.status();
       (name == "temperature" ? r.settings.temperature
        : name == "top_p"     ? r.settings.top_p
                              : r.settings.guidance) = *x;
     } else if (name == "top_k") {
-      auto k = IntegerIn(v, param, 0, std::numeric_limits<int32_t>::max());
+      auto k = JsonIntegerIn(v, param, 0, std::numeric_limits<int32_t>::max());
       if (!k.ok()) return k.status();
       r.settings.top_k = *k;
     } else {
@@ -128,8 +107,8 @@ absl::StatusOr<ImagesRequest> ParseImagesRequest(std::string_view text) {
     if (!st.ok()) return st;
   }
   if (!has_prompt)
-    return Bad("prompt", "is required: a class of the model (its label or index), or \"\"");
-  if (r.partial_images > 0 && !r.stream) return Bad("partial_images", "needs stream: true");
+    return BadField("prompt", "is required: a class of the model (its label or index), or \"\"");
+  if (r.partial_images > 0 && !r.stream) return BadField("partial_images", "needs stream: true");
   return r;
 }
 
@@ -137,18 +116,19 @@ absl::StatusOr<GenerateSettings> SettingsFor(const ImagesRequest& r, const Model
   GenerateSettings g = r.settings;
   g.answer_once = true;
   if (r.n < 1 || r.n > m.max_images_per_request)
-    return Bad("n", absl::StrCat("must be in [1, ", m.max_images_per_request, "] for model ",
-                                 m.name, ", got ", r.n));
+    return BadField("n", absl::StrCat("must be in [1, ", m.max_images_per_request, "] for model ",
+                                      m.name, ", got ", r.n));
   g.num_images = r.n;
   const std::string own = absl::StrCat(m.shape.width, "x", m.shape.height);
   if (r.size != "auto" && r.size != own)
-    return Bad("size", absl::StrCat("is \"", r.size.substr(0, 32), "\" but model ", m.name,
-                                    " draws ", own, " images: send \"", own, "\" or \"auto\""));
+    return BadField(
+        "size", absl::StrCat("is \"", r.size.substr(0, 32), "\" but model ", m.name, " draws ", own,
+                             " images: send \"", own, "\" or \"auto\""));
   const std::string prompt(absl::StripAsciiWhitespace(r.prompt));
   if (prompt.empty()) return g;  // unconditional
   if (m.classes == 0)
-    return Bad("prompt",
-               absl::StrCat("names a class, but model ", m.name, " is unconditional: send \"\""));
+    return BadField("prompt", absl::StrCat("names a class, but model ", m.name,
+                                           " is unconditional: send \"\""));
   for (size_t i = 0; i < m.labels.size(); ++i) {
     if (absl::EqualsIgnoreCase(m.labels[i], prompt)) {
       g.class_index = static_cast<int64_t>(i);
@@ -160,11 +140,12 @@ absl::StatusOr<GenerateSettings> SettingsFor(const ImagesRequest& r, const Model
     g.class_index = index;
     return g;
   }
-  return Bad("prompt",
-             absl::StrCat("\"", prompt.substr(0, 64), "\" is not a class of model ", m.name,
-                          m.labels.empty()
-                              ? absl::StrCat("; give an index in [0, ", m.classes, ")")
-                              : absl::StrCat("; its classes are ", absl::StrJoin(m.labels, ", "))));
+  return BadField(
+      "prompt",
+      absl::StrCat("\"", prompt.substr(0, 64), "\" is not a class of model ", m.name,
+                   m.labels.empty()
+                       ? absl::StrCat("; give an index in [0, ", m.classes, ")")
+                       : absl::StrCat("; its classes are ", absl::StrJoin(m.labels, ", "))));
 }
 
 }  // namespace krause::server::openai

@@ -228,15 +228,9 @@ class ImagesGeneration final : public GenerationCollector {
                         {"seed", im.seed}});
     }
     HttpExchange* ex = reply_.exchange();
-    if (!started_.exchange(true)) {
-      HttpHeaders headers = reply_.echo();
-      headers.emplace_back("Content-Type", "text/event-stream");
-      headers.emplace_back("Cache-Control", "no-cache");
-      headers.emplace_back("X-Accel-Buffering", "no");
-      ex->StartStream(200, std::move(headers), {": ping\n\n", o_.ping_ms});
-    }
+    if (!started_.exchange(true)) StartEventStream(reply_, o_.ping_ms);
     if (!out.empty()) ex->Send(std::move(out));
-    WriteDone(!ex->Gone() && ex->Backlog() <= o_.max_backlog_bytes);
+    WriteDone(KeepsUp(*ex, o_.max_backlog_bytes));
   }
 
   void EndCall(const absl::Status& status) override {

@@ -9,42 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "server/core/defaults.h"
 #include "server/core/errors.h"
+#include "server/edge/json_fields.h"
 #include "server/edge/json_text.h"
 
 namespace krause::server {
 namespace {
 
 using Json = nlohmann::json;
-
-absl::Status Bad(absl::string_view field, absl::string_view what) {
-  return InvalidField(field, absl::StrCat(field, " ", what));
-}
-
-// A JSON integer in [lo, hi].
-absl::StatusOr<int64_t> IntegerIn(const Json& j, const char* field, int64_t lo, int64_t hi) {
-  if (j.is_number_unsigned()) {
-    const uint64_t u = j.get<uint64_t>();
-    if (u <= static_cast<uint64_t>(hi) && static_cast<int64_t>(u) >= lo)
-      return static_cast<int64_t>(u);
-  } else if (j.is_number_integer()) {
-    const int64_t v = j.get<int64_t>();
-    if (v >= lo && v <= hi) return v;
-  } else {
-    return Bad(field, "must be an integer");
-  }
-  return Bad(field, absl::StrCat("must be in [", lo, ", ", hi, "], got ", JsonText(j)));
-}
-
-absl::StatusOr<uint64_t> Unsigned(const Json& j, const char* field) {
-  if (j.is_number_unsigned()) return j.get<uint64_t>();
-  if (j.is_number_integer()) return Bad(field, absl::StrCat("must be >= 0, got ", JsonText(j)));
-  return Bad(field, "must be an integer");
-}
-
-absl::StatusOr<double> Number(const Json& j, const char* field) {
-  if (!j.is_number()) return Bad(field, "must be a number");
-  return j.get<double>();
-}
 
 }  // namespace
 
@@ -61,10 +32,10 @@ absl::StatusOr<GenerateSettings> ParseGenerateBody(std::string_view text) {
       fields[name] = value;
       continue;
     }
-    if (!value.is_object()) return Bad("parameters", "must be an object");
+    if (!value.is_object()) return BadField("parameters", "must be an object");
     for (auto& [pname, pvalue] : value.items()) {
       if (doc.contains(pname))
-        return Bad(pname.substr(0, 64), "is given twice (at the top and in parameters)");
+        return BadField(pname.substr(0, 64), "is given twice (at the top and in parameters)");
       fields[pname] = pvalue;
     }
   }
@@ -73,59 +44,59 @@ absl::StatusOr<GenerateSettings> ParseGenerateBody(std::string_view text) {
   for (const auto& [name, v] : fields.items()) {
     const char* f = name.c_str();
     if (name == "num_images") {
-      auto n = IntegerIn(v, f, 0, std::numeric_limits<int32_t>::max());
+      auto n = JsonIntegerIn(v, f, 0, std::numeric_limits<int32_t>::max());
       if (!n.ok()) return n.status();
       b.num_images = *n;
     } else if (name == "seed") {
-      auto s = Unsigned(v, f);
+      auto s = JsonUnsigned(v, f);
       if (!s.ok()) return s.status();
       b.seed = *s;
     } else if (name == "temperature" || name == "top_p" || name == "guidance") {
-      auto x = Number(v, f);
+      auto x = JsonNumber(v, f);
       if (!x.ok()) return x.status();
       (name == "temperature" ? b.temperature : name == "top_p" ? b.top_p : b.guidance) = *x;
     } else if (name == "top_k") {
-      auto k = IntegerIn(v, f, 0, std::numeric_limits<int32_t>::max());
+      auto k = JsonIntegerIn(v, f, 0, std::numeric_limits<int32_t>::max());
       if (!k.ok()) return k.status();
       b.top_k = *k;
     } else if (name == "label") {
-      if (!v.is_string()) return Bad(f, "must be a string (one of the model's labels)");
+      if (!v.is_string()) return BadField(f, "must be a string (one of the model's labels)");
       b.label = v.get<std::string>();
     } else if (name == "class_index") {
-      auto c = IntegerIn(v, f, 0, std::numeric_limits<int32_t>::max());
+      auto c = JsonIntegerIn(v, f, 0, std::numeric_limits<int32_t>::max());
       if (!c.ok()) return c.status();
       b.class_index = *c;
     } else if (name == "prompt_png") {
-      if (!v.is_string()) return Bad(f, "must be a string (a base64 PNG)");
+      if (!v.is_string()) return BadField(f, "must be a string (a base64 PNG)");
       absl::string_view s = v.get_ref<const std::string&>();
       if (absl::StartsWith(s, "data:")) {  // a data: URL, as a browser's canvas gives it
         const size_t comma = s.find(',');
         if (comma == absl::string_view::npos || !absl::StrContains(s.substr(0, comma), ";base64"))
-          return Bad(f, "is a data: URL but not a base64 one");
+          return BadField(f, "is a data: URL but not a base64 one");
         s.remove_prefix(comma + 1);
       }
       std::string png;
-      if (!absl::Base64Unescape(s, &png)) return Bad(f, "is not valid base64");
+      if (!absl::Base64Unescape(s, &png)) return BadField(f, "is not valid base64");
       RequestImage im;
       im.bytes = std::move(png);
       b.prompt = std::move(im);
     } else if (name == "prompt_rows") {
-      auto r = IntegerIn(v, f, 0, std::numeric_limits<int32_t>::max());
+      auto r = JsonIntegerIn(v, f, 0, std::numeric_limits<int32_t>::max());
       if (!r.ok()) return r.status();
       b.prompt_rows = *r;
     } else if (name == "update_interval_ms") {
-      auto r = IntegerIn(v, f, 0, std::numeric_limits<int32_t>::max());
+      auto r = JsonIntegerIn(v, f, 0, std::numeric_limits<int32_t>::max());
       if (!r.ok()) return r.status();
       b.update_interval_ms = *r;
     } else if (name == "stream_rows") {
-      if (!v.is_boolean()) return Bad(f, "must be true or false");
+      if (!v.is_boolean()) return BadField(f, "must be true or false");
       b.stream_rows = v.get<bool>();
     } else if (name == "first_image") {
-      auto s = Unsigned(v, f);
+      auto s = JsonUnsigned(v, f);
       if (!s.ok()) return s.status();
       b.first_image = *s;
     } else if (name == "timeout") {
-      auto t = IntegerIn(v, f, 0, defaults::kMaxTimeoutMicroseconds);
+      auto t = JsonIntegerIn(v, f, 0, defaults::kMaxTimeoutMicroseconds);
       if (!t.ok()) return t.status();
       b.timeout_us = *t;
     } else {
@@ -137,7 +108,8 @@ absl::StatusOr<GenerateSettings> ParseGenerateBody(std::string_view text) {
                        "update_interval_ms, stream_rows, first_image, timeout"));
     }
   }
-  if (b.label && b.class_index) return Bad("label", "and class_index: give at most one of the two");
+  if (b.label && b.class_index)
+    return BadField("label", "and class_index: give at most one of the two");
   return b;
 }
 

@@ -184,17 +184,9 @@ class HttpGeneration final : public GenerationCollector {
       return;
     }
     HttpExchange* ex = reply_.exchange();
-    if (!started_.exchange(true)) {
-      HttpHeaders headers = reply_.echo();
-      headers.emplace_back("Content-Type", "text/event-stream");
-      headers.emplace_back("Cache-Control", "no-cache");
-      headers.emplace_back("X-Accel-Buffering", "no");
-      ex->StartStream(200, std::move(headers), {": ping\n\n", o_.ping_ms});
-    }
+    if (!started_.exchange(true)) StartEventStream(reply_, o_.ping_ms);
     ex->Send(std::move(out));
-    // The HTTP server writes in order and drops a client that stops reading (its write
-    // timeout); one that reads too slowly for the stream is dropped here.
-    WriteDone(!ex->Gone() && ex->Backlog() <= o_.max_backlog_bytes);
+    WriteDone(KeepsUp(*ex, o_.max_backlog_bytes));  // a client too slow for the stream is dropped
   }
 
   void EndCall(const absl::Status& status) override {
