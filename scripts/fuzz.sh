@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The libFuzzer targets of fuzz/ (PNG decoding, request images, safetensors, the manifest, the
-# Open Inference Protocol's JSON tensors, the HTTP generation's body): builds
+# Open Inference Protocol's JSON tensors, the HTTP generation's body, OpenAI's image request): builds
 # them with clang-14, ASan and UBSan in build-fuzz/ and runs each for SECONDS (default 60) from the
 # seed corpus in fuzz/corpus/ (new inputs go to a temporary folder; the committed corpus is not
 # changed). A crash, a sanitizer report, a leak, an input over 10 s or over 2 GB of memory fails
@@ -17,7 +17,7 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKRAUSE_FUZZ=ON -DKRAUSE_BUILD_TESTS=OFF \
   -DKRAUSE_BUILD_BENCH=OFF -DKRAUSE_USE_PCH=OFF -DKRAUSE_WITH_CUDA=OFF > "$BUILD/configure.log" 2>&1 ||
   { cat "$BUILD/configure.log" >&2; exit 1; }
-targets=(png image safetensors manifest oip_json generate_body)
+targets=(png image safetensors manifest oip_json generate_body images_request)
 ninja -C "$BUILD" $(printf 'fuzz_%s ' "${targets[@]}")
 echo "fuzz: built in $(( $(date +%s) - start )) s; ${EACH} s per target"
 mkdir -p "$BUILD/artifacts"

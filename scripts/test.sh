@@ -11,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/build.sh
+scripts/install-node-deps.sh
 BUILD_DIR=${BUILD_DIR:-build}
 (cd "$BUILD_DIR" && ctest --output-on-failure -j "$(nproc)" --timeout 900 "$@")
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
