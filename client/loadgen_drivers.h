@@ -25,8 +25,10 @@ std::unique_ptr<Driver> MakeOipDriver(
     LoadGen* gen, std::vector<std::unique_ptr<inference::GRPCInferenceService::Stub>> stubs);
 
 // HTTP: classify as the REST infer (JSON tensors, or binary tensor data with --http_binary),
-// generate as generate_stream (Server-Sent Events, with the stream's figures).
+// generate as generate_stream (Server-Sent Events, with the stream's figures); with `openai`,
+// generate as OpenAI's POST /v1/images/generations (one JSON answer; the same images).
 std::unique_ptr<Driver> MakeHttpDriver(LoadGen* gen,
-                                       std::unique_ptr<krause::client::HttpLoadClient> http);
+                                       std::unique_ptr<krause::client::HttpLoadClient> http,
+                                       bool openai = false);
 
 }  // namespace krause::loadgen

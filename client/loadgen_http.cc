@@ -1,6 +1,7 @@
-// krause-loadgen's HTTP driver (--protocol http, loadgen_drivers.h): classify as the REST infer
-// (the images as one UINT8 JSON tensor, or with --http_binary as binary tensor data), generate as
-// generate_stream (Server-Sent Events; the same seeds as krause.v1's calls), over the kept-alive
+// krause-loadgen's HTTP driver (--protocol http and openai, loadgen_drivers.h): classify as the
+// REST infer (the images as one UINT8 JSON tensor, or with --http_binary as binary tensor data),
+// generate as generate_stream (Server-Sent Events; the same seeds as krause.v1's calls) or, for
+// openai, as POST /v1/images/generations (the same seeds, one JSON answer), over the kept-alive
 // connections of client/http_load.h.
 #include <nlohmann/json.hpp>
 
@@ -12,8 +13,8 @@ namespace {
 
 class HttpDriver : public Driver {
  public:
-  HttpDriver(LoadGen* gen, std::unique_ptr<krause::client::HttpLoadClient> http)
-      : gen_(gen), http_(std::move(http)) {}
+  HttpDriver(LoadGen* gen, std::unique_ptr<krause::client::HttpLoadClient> http, bool openai)
+      : gen_(gen), http_(std::move(http)), openai_(openai) {}
 
   void Issue(uint64_t n, bool classify, int k, bool measured, std::function<void()> done) override {
     std::string path, body;
@@ -44,13 +45,22 @@ class HttpDriver : public Driver {
       }
     } else {
       const std::string& m = gen_->options().generate_model;
-      path = "/v2/models/" + (m.empty() ? std::string("karm-fmnist") : m) + "/generate_stream";
+      const std::string model = m.empty() ? std::string("karm-fmnist") : m;
       const v1::GenerateRequest req = gen_->GenerateRequest(n, nullptr);
       images = req.num_images();
-      body = nlohmann::json{{"num_images", req.num_images()},
-                            {"seed", req.seed()},
-                            {"update_interval_ms", req.update_interval_ms()}}
-                 .dump();
+      if (openai_) {
+        path = "/v1/images/generations";
+        body =
+            nlohmann::json{
+                {"model", model}, {"prompt", ""}, {"n", req.num_images()}, {"seed", req.seed()}}
+                .dump();
+      } else {
+        path = "/v2/models/" + model + "/generate_stream";
+        body = nlohmann::json{{"num_images", req.num_images()},
+                              {"seed", req.seed()},
+                              {"update_interval_ms", req.update_interval_ms()}}
+                   .dump();
+      }
     }
     const char* rpc = classify ? "ModelInfer" : "Generate";
     http_->Post(
@@ -74,13 +84,15 @@ class HttpDriver : public Driver {
  private:
   LoadGen* gen_;
   std::unique_ptr<krause::client::HttpLoadClient> http_;
+  const bool openai_;
 };
 
 }  // namespace
 
 std::unique_ptr<Driver> MakeHttpDriver(LoadGen* gen,
-                                       std::unique_ptr<krause::client::HttpLoadClient> http) {
-  return std::make_unique<HttpDriver>(gen, std::move(http));
+                                       std::unique_ptr<krause::client::HttpLoadClient> http,
+                                       bool openai) {
+  return std::make_unique<HttpDriver>(gen, std::move(http), openai);
 }
 
 }  // namespace krause::loadgen

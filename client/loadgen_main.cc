@@ -70,9 +70,11 @@ ABSL_FLAG(bool, resume, false,
 ABSL_FLAG(std::string, token, "", "bearer token");
 ABSL_FLAG(std::string, tls_ca, "", "PEM roots to verify the server with (enables TLS)");
 ABSL_FLAG(std::string, protocol, "krause",
-          "krause (krause.v1), oip (the Open Inference Protocol's ModelInfer over gRPC) or http "
-          "(REST infer and generate_stream on --http_server; plain HTTP)");
-ABSL_FLAG(std::string, http_server, "localhost:8000", "--protocol http: the REST port, host:port");
+          "krause (krause.v1), oip (the Open Inference Protocol's ModelInfer over gRPC), http "
+          "(REST infer and generate_stream on --http_server; plain HTTP) or openai (generate as "
+          "OpenAI's POST /v1/images/generations on --http_server)");
+ABSL_FLAG(std::string, http_server, "localhost:8000",
+          "--protocol http or openai: the REST port, host:port");
 ABSL_FLAG(bool, http_binary, false,
           "--protocol http, classify: the images and the outputs as binary tensor data (the "
           "Open Inference Protocol's binary tensor data extension, tritonclient.http's default) "
@@ -210,18 +212,21 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string protocol = absl::GetFlag(FLAGS_protocol);
-  if ((protocol != "krause" && protocol != "oip" && protocol != "http") ||
+  const bool over_http = protocol == "http" || protocol == "openai";
+  if ((protocol != "krause" && protocol != "oip" && !over_http) ||
       (protocol == "oip" && workload != "classify" && workload != "score" &&
        workload != "generate" && workload != "mix") ||
       (protocol == "http" && workload != "classify" && workload != "generate" &&
-       workload != "mix")) {
+       workload != "mix") ||
+      (protocol == "openai" && workload != "generate")) {
     std::fprintf(stderr,
-                 "krause-loadgen: --protocol krause|oip|http (oip: --workload classify, score, "
-                 "generate or mix; http: classify, generate or mix)\n");
+                 "krause-loadgen: --protocol krause|oip|http|openai (oip: --workload classify, "
+                 "score, generate or mix; http: classify, generate or mix; openai: generate)\n");
     return 2;
   }
-  if (protocol == "http" && (!conn.tls_ca.empty() || absl::GetFlag(FLAGS_resume))) {
-    std::fprintf(stderr, "krause-loadgen: --protocol http speaks plain HTTP, without --resume\n");
+  if (over_http && (!conn.tls_ca.empty() || absl::GetFlag(FLAGS_resume))) {
+    std::fprintf(stderr, "krause-loadgen: --protocol %s speaks plain HTTP, without --resume\n",
+                 protocol.c_str());
     return 2;
   }
   std::vector<std::unique_ptr<v1::KrauseService::Stub>> stubs;
@@ -249,7 +254,7 @@ int main(int argc, char** argv) {
   }
 
   std::unique_ptr<krause::client::HttpLoadClient> http;
-  if (protocol == "http")
+  if (over_http)
     http = std::make_unique<krause::client::HttpLoadClient>(absl::GetFlag(FLAGS_http_server),
                                                             conn.token);
   const std::string data = absl::GetFlag(FLAGS_data);
@@ -273,8 +278,8 @@ int main(int argc, char** argv) {
   krause::loadgen::LoadGen gen(LoadOptionsFromFlags(), conn, LoadImages(shape));
   if (protocol == "oip") {
     gen.SetDriver(krause::loadgen::MakeOipDriver(&gen, std::move(oip_stubs)));
-  } else if (protocol == "http") {
-    gen.SetDriver(krause::loadgen::MakeHttpDriver(&gen, std::move(http)));
+  } else if (over_http) {
+    gen.SetDriver(krause::loadgen::MakeHttpDriver(&gen, std::move(http), protocol == "openai"));
   } else {
     gen.SetDriver(krause::loadgen::MakeKrauseDriver(&gen, std::move(stubs)));
   }
@@ -375,7 +380,7 @@ int main(int argc, char** argv) {
   const double measured_seconds = Seconds(measured_end - measure_from);
 
   krause::loadgen::ReportInput in;
-  in.config = {{"server", protocol == "http" ? absl::GetFlag(FLAGS_http_server) : conn.server},
+  in.config = {{"server", over_http ? absl::GetFlag(FLAGS_http_server) : conn.server},
                {"protocol", protocol},
                {"mode", mode},
                {"workload", workload},
