@@ -11,8 +11,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   namespace ks = krause::server;
-  auto r = ks::openai::ParseImagesRequest(
-      std::string_view(reinterpret_cast<const char*>(data), size));
+  auto r =
+      ks::openai::ParseImagesRequest(std::string_view(reinterpret_cast<const char*>(data), size));
   if (!r.ok()) {
     if (r.status().message().empty()) std::abort();  // every refusal says why
     return 0;
