@@ -85,6 +85,9 @@ def sources(cache=[]):
         files = {}
         for folder in SOURCE_DIRS:
             for path in sorted((ROOT / folder).rglob("*")):
+                # Installed packages (tests/openai_sdk/node_modules) are not this project's code.
+                if "node_modules" in path.parts:
+                    continue
                 if path.is_file() and path.suffix in SOURCE_SUFFIXES:
                     files[str(path.relative_to(ROOT))] = path.read_text(encoding="utf-8",
                                                                          errors="replace")
