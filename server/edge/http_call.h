@@ -96,10 +96,14 @@ inline void SendJson(HttpExchange* ex, int status, std::string body, HttpHeaders
 }
 
 // One call answered with a JSON body: Finish(status) writes the reply (the success body set
-// before, or {"error": ...} with the code's HTTP status, or `override_status` when set).
+// before, or the error body of the code's HTTP status: {"error": ...} unless the protocol sets
+// its own, `error_body_`). An error for a client that has left is 499 (nobody reads it).
 class JsonReply : public HttpCall {
  public:
   using HttpCall::HttpCall;
+  using ErrorBody = std::string (*)(const absl::Status&);
+  static std::string MessageError(const absl::Status& st) { return ErrorJson(st.message()); }
+
   void Finish(const absl::Status& st) {
     if (st.ok()) {
       HttpHeaders headers = echo();
@@ -107,13 +111,13 @@ class JsonReply : public HttpCall {
       SendJson(exchange(), 200, std::move(ok_body_), std::move(headers), ok_content_type_);
       return;
     }
-    const int http = override_status_ != 0 ? override_status_ : HttpStatus(st.code());
-    SendJson(exchange(), http, ErrorJson(st.message()), ErrorHeaders(st.code()));
+    const int http = exchange()->Gone() ? 499 : HttpStatus(st.code());
+    SendJson(exchange(), http, error_body_(st), ErrorHeaders(st.code()));
   }
   std::string ok_body_;
   HttpHeaders ok_headers_;                            // with the success body
   const char* ok_content_type_ = "application/json";  // the success body's
-  int override_status_ = 0;
+  ErrorBody error_body_ = &MessageError;              // an error's body
 };
 
 }  // namespace krause::server

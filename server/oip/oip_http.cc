@@ -236,8 +236,6 @@ class OipRest::Handler {
     absl::Status st =
         oip::StartInfer(*edge_->registry.load(), std::move(*parsed), c,
                         [call, binary = *std::move(binary)](absl::StatusOr<oip::InferResponse> r) {
-                          if (call->reply.exchange()->Gone())
-                            call->reply.override_status_ = 499;  // nobody reads it
                           if (r.ok()) {
                             oip::InferResponseBody body = oip::ResponseBodyOf(*r, binary);
                             if (body.json_length >= 0) {  // binary outputs after the JSON

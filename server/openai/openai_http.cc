@@ -68,20 +68,11 @@ std::string OpenAiErrorJson(const absl::Status& st) {
 }
 
 // One call of the API: the JSON answer, or its error shape with the code's HTTP status.
-class OpenAiReply : public HttpCall {
- public:
-  using HttpCall::HttpCall;
-  void Finish(const absl::Status& st) {
-    if (st.ok()) {
-      SendJson(exchange(), 200, std::move(ok_body_), echo());
-      return;
-    }
-    int http = HttpStatus(st.code());
-    if (exchange()->Gone()) http = 499;  // nobody reads it
-    SendJson(exchange(), http, OpenAiErrorJson(st), ErrorHeaders(st.code()));
-  }
-  std::string ok_body_;
-};
+JsonReply OpenAiReply(const HttpRequest& request, std::shared_ptr<HttpExchange> exchange) {
+  JsonReply reply(request, std::move(exchange));
+  reply.error_body_ = &OpenAiErrorJson;
+  return reply;
+}
 
 int64_t UnixSeconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -99,6 +90,26 @@ int64_t CreatedOf(const ModelInfo& info) {
   return sys.time_since_epoch().count();
 }
 
+// The API's usage: each sampled subpixel is a token of the output (an autoregressive model's);
+// a class is not text, so the input has none.
+Json Usage(int64_t output_tokens) {
+  return {{"input_tokens", 0},
+          {"input_tokens_details", {{"text_tokens", 0}, {"image_tokens", 0}}},
+          {"output_tokens", output_tokens},
+          {"total_tokens", output_tokens}};
+}
+
+// A streamed image event of `type` with its PNG and the fields every image event has.
+Json ImageEvent(const char* type, const std::string& png, const std::string& size) {
+  return {{"type", type},
+          {"b64_json", absl::Base64Escape(png)},
+          {"created_at", UnixSeconds()},
+          {"size", size},
+          {"quality", "auto"},
+          {"background", "opaque"},
+          {"output_format", "png"}};
+}
+
 // POST /v1/images/generations: the collector's final output as the API's answer.
 class ImagesGeneration final : public GenerationCollector {
  public:
@@ -107,16 +118,16 @@ class ImagesGeneration final : public GenerationCollector {
       : GenerationCollector(edge, &book_),
         book_(edge->gate, edge->observer, edge->request_log, "Generate", kProtocolOpenAi),
         o_(options),
-        reply_(request, std::move(exchange)) {}
+        reply_(OpenAiReply(request, std::move(exchange))) {}
 
   void Run(const HttpRequest& request) {
     absl::Status st = reply_.Enter(book(), request);
-    if (st.ok()) st = Guarded("Generate", [&] { return Begin(request, o_.deadline_ms); });
+    if (st.ok()) st = Guarded("Generate", [&] { return Begin(request); });
     if (!st.ok()) FinishCall(st);
   }
 
  private:
-  absl::Status Begin(const HttpRequest& request, int64_t deadline_ms) {
+  absl::Status Begin(const HttpRequest& request) {
     auto r = openai::ParseImagesRequest(request.body);
     if (!r.ok()) return r.status();
     stream_ = r->stream;
@@ -130,7 +141,7 @@ class ImagesGeneration final : public GenerationCollector {
       settings->stream_rows = true;
     }
     Clock::time_point deadline = Clock::time_point::max();
-    if (deadline_ms > 0) deadline = book().start() + std::chrono::milliseconds(deadline_ms);
+    if (o_.deadline_ms > 0) deadline = book().start() + std::chrono::milliseconds(o_.deadline_ms);
     std::weak_ptr<GenerationCollector> weak = weak_from_this();
     reply_.exchange()->OnGone([weak] {
       if (auto self = weak.lock()) static_cast<ImagesGeneration*>(self.get())->ClientGone();
@@ -145,16 +156,11 @@ class ImagesGeneration final : public GenerationCollector {
     for (EncodedImage& im : images)
       data.push_back({{"b64_json", absl::Base64Escape(im.png)}, {"seed", im.seed}});
     const GenerateStream::Summary& s = c.summary;
-    // Each sampled subpixel is a token of the output (an autoregressive model's); a class is
-    // not text, so the input has none.
-    Json usage = {{"input_tokens", 0},
-                  {"input_tokens_details", {{"text_tokens", 0}, {"image_tokens", 0}}},
-                  {"output_tokens", s.pixels_generated},
-                  {"total_tokens", s.pixels_generated},
-                  {"images", s.images},
-                  {"seconds", s.seconds},
-                  {"flops_executed", s.flops_executed},
-                  {"flops_dense_equivalent", s.flops_dense_equivalent}};
+    Json usage = Usage(s.pixels_generated);
+    usage["images"] = s.images;
+    usage["seconds"] = s.seconds;
+    usage["flops_executed"] = s.flops_executed;
+    usage["flops_dense_equivalent"] = s.flops_dense_equivalent;
     const ImageShape& shape = model().info().shape;
     reply_.ok_body_ = JsonText(Json{{"created", UnixSeconds()},
                                     {"data", std::move(data)},
@@ -198,34 +204,20 @@ class ImagesGeneration final : public GenerationCollector {
             at::from_blob(part.data(), {shape.height, shape.width, shape.channels}, at::kByte);
         auto png = EncodePng(hwc);
         if (!png.ok()) break;
-        out += event(Json{{"type", "image_generation.partial_image"},
-                          {"b64_json", absl::Base64Escape(*png)},
-                          {"created_at", UnixSeconds()},
-                          {"size", size},
-                          {"quality", "auto"},
-                          {"background", "opaque"},
-                          {"output_format", "png"},
-                          {"partial_image_index", k},
-                          {"image", r.image}});
+        Json e = ImageEvent("image_generation.partial_image", *png, size);
+        e["partial_image_index"] = k;
+        e["image"] = r.image;
+        out += event(e);
         ++canvas.partials;
       }
     }
     const int64_t per_image = shape.height * row_bytes;
     for (EncodedImage& im : images) {
-      Json usage = {{"input_tokens", 0},
-                    {"input_tokens_details", {{"text_tokens", 0}, {"image_tokens", 0}}},
-                    {"output_tokens", per_image},
-                    {"total_tokens", per_image}};
-      out += event(Json{{"type", "image_generation.completed"},
-                        {"b64_json", absl::Base64Escape(im.png)},
-                        {"created_at", UnixSeconds()},
-                        {"size", size},
-                        {"quality", "auto"},
-                        {"background", "opaque"},
-                        {"output_format", "png"},
-                        {"usage", std::move(usage)},
-                        {"image", im.image},
-                        {"seed", im.seed}});
+      Json e = ImageEvent("image_generation.completed", im.png, size);
+      e["usage"] = Usage(per_image);
+      e["image"] = im.image;
+      e["seed"] = im.seed;
+      out += event(e);
     }
     HttpExchange* ex = reply_.exchange();
     if (!started_.exchange(true)) StartEventStream(reply_, o_.ping_ms);
@@ -251,7 +243,7 @@ class ImagesGeneration final : public GenerationCollector {
 
   CallBook book_;
   const OpenAiOptions o_;
-  OpenAiReply reply_;
+  JsonReply reply_;
   bool stream_ = false;
   int64_t partial_images_ = 0;
   std::atomic<bool> started_{false};  // the stream's head was sent
@@ -261,7 +253,7 @@ class ImagesGeneration final : public GenerationCollector {
 // GET /v1/models: every served model, the API's list.
 void ListModels(const FrontEndContext* edge, const HttpRequest& request,
                 std::shared_ptr<HttpExchange> ex) {
-  auto call = std::make_shared<OpenAiReply>(request, std::move(ex));
+  auto call = std::make_shared<JsonReply>(OpenAiReply(request, std::move(ex)));
   CallBook book(edge->gate, edge->observer, edge->request_log, "ListModels", kProtocolOpenAi);
   absl::Status st = call->Enter(book, request);
   if (st.ok()) {

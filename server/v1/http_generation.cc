@@ -196,8 +196,6 @@ class HttpGeneration final : public GenerationCollector {
         if (st.ok()) {
           document_["images"] = std::move(document_images_);
           reply_.ok_body_ = JsonText(document_);
-        } else if (ex->Gone()) {
-          reply_.override_status_ = 499;  // nobody reads it
         }
         reply_.Finish(st);
         return;
