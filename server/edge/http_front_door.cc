@@ -1,11 +1,10 @@
 #include "server/edge/http_front_door.h"
 
-#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "server/edge/call_book.h"
-#include "server/edge/json_text.h"
+#include "server/edge/http_call.h"
 
 namespace krause::server {
 namespace {
@@ -65,10 +64,9 @@ void HttpFrontDoor::Serve(HttpRequest request, std::shared_ptr<HttpExchange> ex)
   const std::string_view target = request.target;
   const std::string_view path = target.substr(0, target.find('?'));
   if (const HttpRoute* r = RouteOf(path)) return r->handler(std::move(request), std::move(ex));
-  nlohmann::json j;
-  j["error"] =
-      absl::StrCat("no such path: ", std::string(path.substr(0, 128)), options_.not_found_hint);
-  ex->Reply({404, {{"Content-Type", "application/json"}}, JsonText(j)});
+  SendJson(ex.get(), 404,
+           ErrorJson(absl::StrCat("no such path: ", std::string(path.substr(0, 128)),
+                                  options_.not_found_hint)));
 }
 
 void HttpFrontDoor::Refused(const HttpRefusal& r) const {
