@@ -276,7 +276,16 @@ TEST(GeneratorWorker, CancelStopsOneCallOnly) {
 
 TEST(GeneratorWorker, SubmitIsAllOrNone) {
   const auto m = TinyModel(5);
-  auto worker = GeneratorWorker::Create(m, Slots(2)).value();
+  // The worker is held after its first step until the busy receiver's second call was refused,
+  // so the first call is still running then, however slowly this thread goes (under ctest -j2 it
+  // once finished both images first, and the second call went through).
+  std::mutex hold_mu;
+  std::condition_variable hold_cv;
+  bool release = false;
+  auto worker = GeneratorWorker::Create(m, Slots(2), [&](const DecodeEvent&) {
+                  std::unique_lock<std::mutex> hold(hold_mu);
+                  hold_cv.wait(hold, [&] { return release; });
+                }).value();
   auto r = std::make_shared<Recorder>(2, std::vector<size_t>{0, 0});
   GenerationRequest bad = Request(2);
   bad.sampling.top_p = 0;
@@ -291,6 +300,11 @@ TEST(GeneratorWorker, SubmitIsAllOrNone) {
   ASSERT_TRUE(worker->Submit({Request(1), Request(2)}, r).ok());
   EXPECT_THAT(worker->Submit({Request(3)}, r),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("receiver of its own")));
+  {
+    std::lock_guard<std::mutex> hold(hold_mu);
+    release = true;
+  }
+  hold_cv.notify_all();
   ASSERT_TRUE(r->WaitDone());
   EXPECT_EQ(r->admitted(), (std::vector<int>{1, 1}));
 }
