@@ -128,6 +128,32 @@ TEST(Png, GrayAndRgbRoundTripAndCorruptData) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[H, W, 1 or 3]")));
 }
 
+// The alpha channel alone: a file's alpha as is (gray and alpha, RGBA), 255 for a file without.
+TEST(Png, AlphaIsDecodedAlone) {
+  std::string ga, rgba;
+  for (int i = 0; i < 6; ++i) {
+    ga += {static_cast<char>(10 * i), static_cast<char>(i < 3 ? 255 : 40 * (i - 3))};
+    rgba += {static_cast<char>(i), 'x', 'y', static_cast<char>(i < 3 ? 255 : 0)};
+  }
+  for (const auto& [pixels, channels] : {std::pair{ga, 2}, std::pair{rgba, 4}}) {
+    KRAUSE_ASSERT_OK_AND_ASSIGN(std::string bytes, EncodePngPixels(pixels, 2, 3, channels));
+    KRAUSE_ASSERT_OK_AND_ASSIGN(PixelBuffer alpha, DecodePngAlpha(bytes));
+    EXPECT_EQ(alpha.height, 2);
+    EXPECT_EQ(alpha.width, 3);
+    EXPECT_EQ(alpha.channels, 1);
+    std::string want;
+    for (int i = 0; i < 6; ++i) want += pixels[static_cast<size_t>(i * channels + channels - 1)];
+    EXPECT_EQ(alpha.pixels, want) << channels;
+  }
+  KRAUSE_ASSERT_OK_AND_ASSIGN(std::string opaque, EncodePng(at::zeros({2, 3, 1}, at::kByte)));
+  KRAUSE_ASSERT_OK_AND_ASSIGN(PixelBuffer alpha, DecodePngAlpha(opaque));
+  EXPECT_EQ(alpha.pixels, std::string(6, '\xff'));
+  EXPECT_THAT(DecodePngAlpha("not a png").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a valid PNG")));
+  EXPECT_THAT(EncodePngPixels("ab", 1, 1, 5).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("(1 to 4)")));
+}
+
 // The header is checked before anything is decoded: a caller's check sees the header's size and
 // the channels it would get, and its refusal (or the absolute limit) comes back as is.
 TEST(Png, TheHeaderIsCheckedBeforeDecoding) {

@@ -1,6 +1,7 @@
 // OpenAI's Images API on the HTTP port (server/openai/openai_http.h) against krause.v1's
 // Generate: the same class, count and seed give byte-identical PNGs (the prompt names the class
-// in any case); /v1/models lists every served model; bad input is a 400 in the API's error shape
+// in any case), and an edit is the completion of its image's rows above the mask's transparent
+// band; /v1/models lists every served model; bad input is a 400 in the API's error shape
 // naming the parameter (an unknown class lists the model's classes, a wrong size names the
 // model's); a missing token is a 401 authentication_error. The official SDK's own test drives
 // the same routes from Node.js when it is installed (docs/api.md).
@@ -26,12 +27,17 @@ struct Answer {
   Json body;
 };
 
-Answer Call(int port, const std::string& method, const std::string& path, const std::string& body,
-            const std::string& headers = "") {
-  const std::string request = method + " " + path +
-                              " HTTP/1.0\r\nContent-Type: application/json\r\n" + headers +
-                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-  const std::string all = RawHttp(port, request, 20);
+// The whole answer, head and body, of one HTTP/1.0 request.
+std::string Send(int port, const std::string& method, const std::string& path,
+                 const std::string& body, const std::string& headers = "",
+                 const std::string& content_type = "application/json") {
+  return RawHttp(port,
+                 method + " " + path + " HTTP/1.0\r\nContent-Type: " + content_type + "\r\n" +
+                     headers + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body,
+                 20);
+}
+
+Answer AnswerOf(const std::string& all) {
   Answer a;
   const size_t end = all.find("\r\n\r\n");
   if (end == std::string::npos) return a;
@@ -39,6 +45,11 @@ Answer Call(int port, const std::string& method, const std::string& path, const 
   a.status = std::stoi(a.head.substr(9, 3));
   a.body = Json::parse(all.substr(end + 4), nullptr, false);
   return a;
+}
+
+Answer Call(int port, const std::string& method, const std::string& path, const std::string& body,
+            const std::string& headers = "") {
+  return AnswerOf(Send(port, method, path, body, headers));
 }
 
 class OpenAiImagesTest : public ServerTest {
@@ -98,12 +109,7 @@ TEST_F(OpenAiImagesTest, AStreamShowsPartialImagesThenTheCompletedOne) {
   const std::string body =
       R"({"model": "karm-cond", "prompt": "one", "seed": 3, "stream": true, "partial_images": 2})";
   const auto run = [&](std::vector<std::string>* names) {
-    const std::string all =
-        RawHttp(port(),
-                "POST /v1/images/generations HTTP/1.0\r\nContent-Type: application/json\r\n"
-                "Content-Length: " +
-                    std::to_string(body.size()) + "\r\n\r\n" + body,
-                20);
+    const std::string all = Send(port(), "POST", "/v1/images/generations", body);
     EXPECT_NE(all.find(" 200 "), std::string::npos) << all.substr(0, 300);
     EXPECT_NE(all.find("Content-Type: text/event-stream"), std::string::npos);
     std::vector<Json> events;
@@ -147,6 +153,135 @@ TEST_F(OpenAiImagesTest, AStreamShowsPartialImagesThenTheCompletedOne) {
     EXPECT_EQ(part.narrow(0, rows, 6 - rows).sum().item<int64_t>(), 0) << k;
   }
   EXPECT_EQ(events[2]["usage"]["output_tokens"], 36);
+}
+
+// A multipart/form-data body of text fields and PNG files, as the SDKs send an edit.
+struct Form {
+  std::vector<std::pair<std::string, std::string>> fields, files;
+  std::string Body() const {
+    std::string b;
+    for (const auto& [name, value] : fields)
+      b += "--BOUNDARY\r\nContent-Disposition: form-data; name=\"" + name + "\"\r\n\r\n" + value +
+           "\r\n";
+    for (const auto& [name, png] : files)
+      b += "--BOUNDARY\r\nContent-Disposition: form-data; name=\"" + name + "\"; filename=\"" +
+           name + ".png\"\r\nContent-Type: image/png\r\n\r\n" + png + "\r\n";
+    return b + "--BOUNDARY--\r\n";
+  }
+};
+
+std::string SendEdit(int port, const Form& form) {
+  return Send(port, "POST", "/v1/images/edits", form.Body(), "",
+              "multipart/form-data; boundary=BOUNDARY");
+}
+
+Answer Edit(int port, const Form& form) { return AnswerOf(SendEdit(port, form)); }
+
+// A 6x6 PNG of gray `pixels` and alpha 255 above row `from`, 0 from it down; or gray only.
+std::string GrayAlphaPng(const std::string& gray, int64_t from) {
+  std::string ga;
+  for (size_t i = 0; i < gray.size(); ++i)
+    ga += {gray[i], static_cast<char>(static_cast<int64_t>(i) / 6 < from ? 255 : 0)};
+  return *EncodePngPixels(ga, 6, 6, 2);
+}
+
+// An edit is a completion: the image's rows above the mask's transparent bottom band are kept,
+// and the PNGs are byte-identical to krause.v1 Generate's with that prompt, its rows and the same
+// class and seed; without a mask the image's own alpha says the same.
+TEST_F(OpenAiImagesTest, EditsCompleteTheImageAsKrauseV1Generate) {
+  const at::Tensor image = RandomImages(1, 6, 6, 1, 5)[0];
+  const std::string gray(reinterpret_cast<const char*>(image.data_ptr<uint8_t>()), 36);
+  const std::string png = *EncodePng(image);
+  v1::GenerateRequest req;
+  req.set_model("karm-cond");
+  req.set_label("two");
+  req.set_num_images(2);
+  req.set_seed(7);
+  req.mutable_prompt()->set_png(png);
+  req.set_prompt_rows(4);
+  const Stream native = RunGenerate(*stub_, req);
+  ASSERT_TRUE(native.status.ok()) << native.status.error_message();
+  std::vector<std::string> want(2);
+  for (const auto& m : native.messages)
+    for (const auto& im : m.images()) want[im.image()] = im.png();
+  const std::vector<std::pair<std::string, std::string>> fields = {
+      {"model", "karm-cond"}, {"prompt", "Two"}, {"n", "2"}, {"seed", "7"}};
+  for (const Form& form : {Form{fields, {{"image", png}, {"mask", GrayAlphaPng(gray, 4)}}},
+                           Form{fields, {{"image[]", GrayAlphaPng(gray, 4)}}}}) {
+    const Answer a = Edit(port(), form);
+    ASSERT_EQ(a.status, 200) << a.body.dump();
+    ASSERT_EQ(a.body["data"].size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      std::string out;
+      ASSERT_TRUE(absl::Base64Unescape(a.body["data"][i]["b64_json"].get<std::string>(), &out));
+      EXPECT_EQ(out, want[i]) << "image " << i;
+      const at::Tensor t = *DecodePng(out);
+      EXPECT_TRUE(t.narrow(0, 0, 4).equal(image.narrow(0, 0, 4))) << "the kept rows, image " << i;
+    }
+    EXPECT_EQ(a.body["usage"]["input_tokens"], 4 * 6);    // the kept rows
+    EXPECT_EQ(a.body["usage"]["output_tokens"], 2 * 12);  // the sampled ones, of both images
+  }
+  // Streamed: the edit's own events, the completed image the same PNG.
+  Form streamed{{{"model", "karm-cond"},
+                 {"prompt", "two"},
+                 {"seed", "7"},
+                 {"stream", "true"},
+                 {"partial_images", "1"}},
+                {{"image", png}, {"mask", GrayAlphaPng(gray, 4)}}};
+  const std::string all = SendEdit(port(), streamed);
+  const size_t partial = all.find("event: image_edit.partial_image\n");
+  const size_t completed = all.find("event: image_edit.completed\n");
+  ASSERT_NE(partial, std::string::npos) << all.substr(0, 300);
+  ASSERT_NE(completed, std::string::npos) << all.substr(0, 300);
+  EXPECT_LT(partial, completed);
+  const size_t data = all.find("data: ", completed) + 6;
+  const Json done = Json::parse(all.substr(data, all.find('\n', data) - data));
+  EXPECT_EQ(done["type"], "image_edit.completed");
+  EXPECT_EQ(done["b64_json"], absl::Base64Escape(want[0]));
+  EXPECT_EQ(done["usage"]["output_tokens"], 12);
+}
+
+// An edit's bad input: a 400 naming the parameter and saying what would do.
+TEST_F(OpenAiImagesTest, EditsRefuseMasksThatAreNotABottomBand) {
+  const std::string gray(36, '\x40');
+  const std::string png = *EncodePngPixels(gray, 6, 6, 1);
+  std::string holed = gray, holed_ga;
+  for (size_t i = 0; i < 36; ++i)  // transparent from row 3, but pixel (4, 2) is opaque
+    holed_ga += {gray[i], static_cast<char>(i / 6 >= 3 && i != 4 * 6 + 2 ? 0 : 255)};
+  const std::string hole = *EncodePngPixels(holed_ga, 6, 6, 2);
+  const std::string small = *EncodePngPixels(std::string(8, '\0'), 2, 4, 1);
+  struct Case {
+    std::vector<std::pair<std::string, std::string>> files;
+    std::string param, text;
+  } cases[] = {
+      {{{"image", png}, {"mask", hole}}, "mask", "not at row 4, column 2 (alpha 255)"},
+      {{{"image", png}, {"mask", png}}, "mask", "has no fully transparent pixel"},
+      {{{"image", png}}, "image", "no mask was sent"},
+      {{{"image", small}}, "image", "is 4x2 but model karm-cond draws 6x6"},
+      {{{"image", png}, {"mask", small}}, "mask", "is 4x2 but the image is 6x6"},
+      {{{"image", "not a png"}}, "image", "cannot be read: not a valid PNG"},
+      {{{"image", png}, {"image[]", png}}, "image", "sent twice"},
+      {{{"mask", hole}}, "image", "is required"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    const Answer a = Edit(port(), Form{{{"model", "karm-cond"}, {"prompt", "one"}}, c.files});
+    EXPECT_EQ(a.status, 400) << a.body.dump();
+    EXPECT_EQ(a.body["error"]["param"], c.param) << a.body.dump();
+    EXPECT_NE(a.body["error"]["message"].get<std::string>().find(c.text), std::string::npos)
+        << a.body.dump();
+  }
+  // The form's text fields are checked as the JSON body's are, and the body must be a form.
+  Answer a = Edit(port(), Form{{{"model", "karm-cond"}, {"prompt", "one"}, {"n", "two"}},
+                               {{"image", png}, {"mask", hole}}});
+  EXPECT_EQ(a.body["error"]["param"], "n") << a.body.dump();
+  EXPECT_NE(a.body["error"]["message"].get<std::string>().find("must be a number"),
+            std::string::npos);
+  a = Call(port(), "POST", "/v1/images/edits", R"({"model": "karm-cond", "prompt": "one"})");
+  EXPECT_EQ(a.status, 400) << a.body.dump();
+  EXPECT_NE(a.body["error"]["message"].get<std::string>().find("send multipart/form-data"),
+            std::string::npos)
+      << a.body.dump();
 }
 
 TEST_F(OpenAiImagesTest, ModelsAreListedInTheApisShape) {

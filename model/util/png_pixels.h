@@ -32,7 +32,8 @@ struct PixelBuffer {
   std::string pixels;  // height * width * channels bytes, row-major HWC
 };
 
-// `pixels`: height * width * channels bytes. InvalidArgument for a bad shape.
+// `pixels`: height * width * channels bytes, channels 1 (gray), 2 (gray and alpha), 3 (RGB) or 4
+// (RGBA). InvalidArgument for a bad shape.
 absl::StatusOr<std::string> EncodePngPixels(std::string_view pixels, int64_t height, int64_t width,
                                             int channels);
 // channels: 1 or 3 converts to that layout; 0 keeps the file's (gray -> 1, anything else -> 3).
@@ -41,5 +42,10 @@ absl::StatusOr<std::string> EncodePngPixels(std::string_view pixels, int64_t hei
 // Never throws (an allocation failure is ResourceExhausted).
 absl::StatusOr<PixelBuffer> DecodePngPixels(std::string_view png, int channels = 0,
                                             const PngHeaderCheck& check = nullptr);
+// The PNG's alpha channel alone, one byte per pixel (channels 1): 0 fully transparent, 255
+// opaque, and 255 everywhere for a file without alpha (a tRNS chunk counts as alpha). `check`
+// sees channels 1; errors as DecodePngPixels's.
+absl::StatusOr<PixelBuffer> DecodePngAlpha(std::string_view png,
+                                           const PngHeaderCheck& check = nullptr);
 
 }  // namespace krause

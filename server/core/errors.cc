@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/rpc/error_details.pb.h"
+#include "server/core/utf8.h"
 
 namespace krause::server {
 namespace {
@@ -27,7 +28,7 @@ void SetDetail(absl::Status* status, const Message& m) {
 void AddModel(google::rpc::ErrorInfo* e, absl::string_view model) {
   google::rpc::ErrorInfo::MetadataEntry* m = e->add_metadata();
   m->set_key("model");
-  m->set_value(std::string(model));
+  m->set_value(ValidUtf8(model));
 }
 
 }  // namespace
@@ -97,8 +98,10 @@ absl::Status WithField(absl::Status status, absl::string_view field) {
   if (status.ok()) return status;
   google::rpc::BadRequest b;
   auto* v = b.add_field_violations();
-  v->set_field(std::string(field));
-  v->set_description(std::string(status.message()));
+  // A client's text (a field's name, a value quoted in the message) may not be UTF-8, which
+  // protobuf's strings must be: other languages' parsers refuse the details otherwise.
+  v->set_field(ValidUtf8(field));
+  v->set_description(ValidUtf8(status.message()));
   SetDetail(&status, b);
   return status;
 }

@@ -4,6 +4,7 @@
 
 #include "absl/strings/cord.h"
 #include "google/rpc/status.pb.h"
+#include "server/core/utf8.h"
 
 namespace krause::server {
 
@@ -20,7 +21,7 @@ google::rpc::Status RpcStatusOf(const absl::Status& status) {
   // absl::StatusCode and grpc::StatusCode share the canonical numbering 0..16.
   const int code = static_cast<int>(status.code());
   out.set_code(code >= 0 && code <= 16 ? code : static_cast<int>(absl::StatusCode::kUnknown));
-  out.set_message(std::string(status.message()));
+  out.set_message(ValidUtf8(status.message()));  // protobuf's strings are UTF-8
   // The payloads (each a google.rpc detail, keyed by its type URL) become its details.
   status.ForEachPayload([&](absl::string_view url, const absl::Cord& value) {
     if (url.substr(0, sizeof(kDetailTypePrefix) - 1) != kDetailTypePrefix) return;

@@ -33,6 +33,7 @@ using Json = nlohmann::ordered_json;
 std::string ParamOf(const std::string& field) {
   if (field == "num_images") return "n";
   if (field == "label" || field == "class_index") return "prompt";
+  if (field == "prompt_rows") return "mask";
   return field;
 }
 
@@ -90,17 +91,17 @@ int64_t CreatedOf(const ModelInfo& info) {
   return sys.time_since_epoch().count();
 }
 
-// The API's usage: each sampled subpixel is a token of the output (an autoregressive model's);
-// a class is not text, so the input has none.
-Json Usage(int64_t output_tokens) {
-  return {{"input_tokens", 0},
-          {"input_tokens_details", {{"text_tokens", 0}, {"image_tokens", 0}}},
+// The API's usage: each sampled subpixel is a token of the output (an autoregressive model's),
+// each kept subpixel of an edit's image one of the input; a class is not text, so no text tokens.
+Json Usage(int64_t output_tokens, int64_t image_tokens) {
+  return {{"input_tokens", image_tokens},
+          {"input_tokens_details", {{"text_tokens", 0}, {"image_tokens", image_tokens}}},
           {"output_tokens", output_tokens},
-          {"total_tokens", output_tokens}};
+          {"total_tokens", image_tokens + output_tokens}};
 }
 
 // A streamed image event of `type` with its PNG and the fields every image event has.
-Json ImageEvent(const char* type, const std::string& png, const std::string& size) {
+Json ImageEvent(const std::string& type, const std::string& png, const std::string& size) {
   return {{"type", type},
           {"b64_json", absl::Base64Escape(png)},
           {"created_at", UnixSeconds()},
@@ -110,15 +111,17 @@ Json ImageEvent(const char* type, const std::string& png, const std::string& siz
           {"output_format", "png"}};
 }
 
-// POST /v1/images/generations: the collector's final output as the API's answer.
+// POST /v1/images/generations and /v1/images/edits (`edit`): the collector's final output as the
+// API's answer, or its rows as the stream's events.
 class ImagesGeneration final : public GenerationCollector {
  public:
   ImagesGeneration(const FrontEndContext* edge, const HttpRequest& request,
-                   std::shared_ptr<HttpExchange> exchange, const OpenAiOptions& options)
+                   std::shared_ptr<HttpExchange> exchange, const OpenAiOptions& options, bool edit)
       : GenerationCollector(edge, &book_),
         book_(edge->gate, edge->observer, edge->request_log, "Generate", kProtocolOpenAi),
         o_(options),
-        reply_(OpenAiReply(request, std::move(exchange))) {}
+        reply_(OpenAiReply(request, std::move(exchange))),
+        events_(edit ? "image_edit." : "image_generation.") {}
 
   void Run(const HttpRequest& request) {
     absl::Status st = reply_.Enter(book(), request);
@@ -128,7 +131,9 @@ class ImagesGeneration final : public GenerationCollector {
 
  private:
   absl::Status Begin(const HttpRequest& request) {
-    auto r = openai::ParseImagesRequest(request.body);
+    auto r = events_ == "image_edit."
+                 ? openai::ParseImageEditForm(request.Header("Content-Type"), request.body)
+                 : openai::ParseImagesRequest(request.body);
     if (!r.ok()) return r.status();
     stream_ = r->stream;
     partial_images_ = r->partial_images;
@@ -136,6 +141,8 @@ class ImagesGeneration final : public GenerationCollector {
     if (!found.ok()) return found.status();
     auto settings = openai::SettingsFor(*r, (*found)->info());
     if (!settings.ok()) return settings.status();
+    const ImageShape& shape = (*found)->info().shape;
+    kept_tokens_ = settings->prompt_rows * shape.width * shape.channels;
     if (stream_) {  // rows as they complete: the partial images are drawn from them
       settings->answer_once = false;
       settings->stream_rows = true;
@@ -156,7 +163,7 @@ class ImagesGeneration final : public GenerationCollector {
     for (EncodedImage& im : images)
       data.push_back({{"b64_json", absl::Base64Escape(im.png)}, {"seed", im.seed}});
     const GenerateStream::Summary& s = c.summary;
-    Json usage = Usage(s.pixels_generated);
+    Json usage = Usage(s.pixels_generated, kept_tokens_);
     usage["images"] = s.images;
     usage["seconds"] = s.seconds;
     usage["flops_executed"] = s.flops_executed;
@@ -204,17 +211,17 @@ class ImagesGeneration final : public GenerationCollector {
             at::from_blob(part.data(), {shape.height, shape.width, shape.channels}, at::kByte);
         auto png = EncodePng(hwc);
         if (!png.ok()) break;
-        Json e = ImageEvent("image_generation.partial_image", *png, size);
+        Json e = ImageEvent(events_ + "partial_image", *png, size);
         e["partial_image_index"] = k;
         e["image"] = r.image;
         out += event(e);
         ++canvas.partials;
       }
     }
-    const int64_t per_image = shape.height * row_bytes;
+    const int64_t per_image = shape.height * row_bytes - kept_tokens_;
     for (EncodedImage& im : images) {
-      Json e = ImageEvent("image_generation.completed", im.png, size);
-      e["usage"] = Usage(per_image);
+      Json e = ImageEvent(events_ + "completed", im.png, size);
+      e["usage"] = Usage(per_image, kept_tokens_);
       e["image"] = im.image;
       e["seed"] = im.seed;
       out += event(e);
@@ -244,7 +251,9 @@ class ImagesGeneration final : public GenerationCollector {
   CallBook book_;
   const OpenAiOptions o_;
   JsonReply reply_;
+  const std::string events_;  // the stream's event prefix: a generation's or an edit's
   bool stream_ = false;
+  int64_t kept_tokens_ = 0;  // an edit's subpixels kept from its image
   int64_t partial_images_ = 0;
   std::atomic<bool> started_{false};  // the stream's head was sent
   std::vector<Canvas> canvases_;      // the reply pool's, one flush at a time
@@ -280,7 +289,7 @@ void Refuse(HttpExchange* ex, int http, const std::string& message, HttpHeaders 
 
 const char* RpcOf(std::string_view path) {
   if (path == "/v1/models") return "ListModels";
-  if (path == "/v1/images/generations") return "Generate";
+  if (path == "/v1/images/generations" || path == "/v1/images/edits") return "Generate";
   return nullptr;
 }
 
@@ -300,16 +309,17 @@ HttpRoute OpenAiRoute(const FrontEndContext* edge, const OpenAiOptions& options)
         return Refuse(ex.get(), 405, "use GET for /v1/models", {{"Allow", "GET"}});
       return ListModels(edge, request, std::move(ex));
     }
-    if (path == "/v1/images/generations") {
+    if (path == "/v1/images/generations" || path == "/v1/images/edits") {
       if (request.method != "POST")
-        return Refuse(ex.get(), 405, "use POST for /v1/images/generations", {{"Allow", "POST"}});
-      auto call = std::make_shared<ImagesGeneration>(edge, request, ex, options);
+        return Refuse(ex.get(), 405, absl::StrCat("use POST for ", path), {{"Allow", "POST"}});
+      auto call = std::make_shared<ImagesGeneration>(edge, request, ex, options,
+                                                     path == "/v1/images/edits");
       return call->Run(request);
     }
     Refuse(ex.get(), 404,
            absl::StrCat("no such path: ", path.substr(0, 128),
                         " (this server's OpenAI API: GET /v1/models, POST "
-                        "/v1/images/generations)"));
+                        "/v1/images/generations, POST /v1/images/edits)"));
   };
   return r;
 }

@@ -7,6 +7,10 @@
 //                                 as Server-Sent Events: image_generation.partial_image (up to
 //                                 partial_images per image as its rows arrive), then
 //                                 image_generation.completed per image
+//   POST /v1/images/edits         multipart/form-data: the same parameters plus the image and an
+//                                 optional mask; a completion of the image's rows above the
+//                                 mask's transparent bottom band, answered the same way
+//                                 (image_edit.* events when streamed)
 // Through the one request path of the core: the request's settings (GenerateSettings) resolved
 // by ResolveGenerate and collected by the generation collector's final output, so the PNGs are
 // byte-identical to krause.v1 Generate's for the same settings and seed. Errors are the API's

@@ -1,9 +1,9 @@
 // Drives krause-serve's OpenAI Images API with the official SDK (tests/openai_sdk_test.py starts
 // the server and checks what this prints): one JSON line per step on stdout, the PNGs into OUT.
-//   BASE_URL=http://127.0.0.1:P/v1 TOKEN=t OUT=dir node sdk_test.mjs
+//   BASE_URL=http://127.0.0.1:P/v1 TOKEN=t OUT=dir EDIT_IMAGE=a.png EDIT_MASK=m.png node sdk_test.mjs
 import fs from "node:fs";
 import path from "node:path";
-import OpenAI from "openai";
+import OpenAI, { toFile } from "openai";
 
 const client = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: process.env.TOKEN });
 const out = process.env.OUT;
@@ -25,6 +25,15 @@ for await (const e of stream) {
     fs.writeFileSync(path.join(out, "sdk-stream.png"), Buffer.from(e.b64_json, "base64"));
 }
 say({ step: "stream", events });
+
+// images.edit: the image's rows above the mask's transparent band kept, the rest sampled.
+const file = (name) => toFile(fs.readFileSync(process.env[name]), `${name}.png`, { type: "image/png" });
+const edit = await client.images.edit({
+  model: "karm-fmnist", prompt: "Sneaker", image: await file("EDIT_IMAGE"),
+  mask: await file("EDIT_MASK"), seed: 7,
+});
+fs.writeFileSync(path.join(out, "sdk-edit.png"), Buffer.from(edit.data[0].b64_json, "base64"));
+say({ step: "edit", images: edit.data.length, usage: edit.usage });
 
 // Errors as the SDK's typed errors.
 const failing = async (step, params, options) => {
