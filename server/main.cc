@@ -76,7 +76,9 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: require client certificates signed by it (mutual TLS, both ports)");
 ABSL_FLAG(std::string, auth_tokens, "",
-          "file of bearer tokens, one per line: calls need 'authorization: Bearer <token>'");
+          "file of bearer tokens, one per line: calls need 'authorization: Bearer <token>'; "
+          "after a token, its tenant and the tenant's share and limits: tenant=NAME weight=W "
+          "max_in_flight=N max_queued=N max_slots=N max_priority=P (docs/serving.md, Tenants)");
 ABSL_FLAG(std::string, admin_tokens, "",
           "file of bearer tokens, one per line, for model control (LoadModel, UnloadModel, "
           "RepositoryIndex; they serve too): with --auth_tokens, a serving token gets "

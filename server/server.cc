@@ -124,14 +124,17 @@ absl::StatusOr<std::unique_ptr<KrauseServer>> KrauseServer::Start(const ServerOp
   }
   if (!specs.ok()) return specs.status();
   for (ModelSpec& spec : *specs) spec.kernel_check = options.kernel_check;
-  for (const auto& [flag, file, serving] :
-       {std::tuple{"--auth_tokens", options.auth_tokens_file, true},
-        {"--admin_tokens", options.admin_tokens_file, false}}) {
-    if (file.empty()) continue;
-    auto tokens = ReadTokens(file);
-    if (!tokens.ok()) return WithContext(flag, tokens.status());
-    (serving ? s->gate_.SetTokens(std::move(*tokens))
-             : s->gate_.SetAdminTokens(std::move(*tokens)));
+  if (!options.auth_tokens_file.empty()) {  // the serving tokens, with their tenants
+    auto text = ReadFileToString(options.auth_tokens_file);
+    if (!text.ok()) return WithContext("--auth_tokens", text.status());
+    auto tenants = TenantTable::Parse(*text, options.auth_tokens_file);
+    if (!tenants.ok()) return WithContext("--auth_tokens", tenants.status());
+    s->gate_.SetTenants(*std::move(tenants));
+  }
+  if (!options.admin_tokens_file.empty()) {
+    auto tokens = ReadTokens(options.admin_tokens_file);
+    if (!tokens.ok()) return WithContext("--admin_tokens", tokens.status());
+    s->gate_.SetAdminTokens(std::move(*tokens));
   }
   auto tls = TlsFiles(options);
   if (!tls.ok()) return tls.status();

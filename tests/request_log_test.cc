@@ -29,11 +29,13 @@ TEST(RequestLog, ARecordIsOneJsonLineWithItsFieldsInOrder) {
       R"("code":"OK","images":4,"seconds":0.5,"queue_seconds":0.125,"run_seconds":0.375,)"
       R"("peer":"ipv4:127.0.0.1:5000"})");
   // The caller's ids appear when sent; quotes, newlines and invalid UTF-8 cannot break the line.
+  r.tenant = "team-a";  // the call's tenant, when it had one
   r.request_id = "a\"b\nc";
   r.traceparent = std::string("00-\xff-01");
   const std::string line = FormatCallRecord(r, t);
   EXPECT_EQ(line.find('\n'), std::string::npos);
   const nlohmann::json j = nlohmann::json::parse(line);
+  EXPECT_EQ(j["tenant"], "team-a");
   EXPECT_EQ(j["request_id"], "a\"b\nc");
   EXPECT_EQ(j["traceparent"], "00-\xEF\xBF\xBD-01");  // U+FFFD replaces the bad byte
   // A wait longer than the call (clock granularity) never gives a negative run time.

@@ -81,6 +81,86 @@ TEST(PlanClassifyBatch, ExpiredAndCancelledRequestsLeaveWhereverTheyAre) {
   EXPECT_TRUE(stop.take.empty());
 }
 
+// A request of `tenant` (its weight) and `priority`, arrived at kT0 + `at`.
+QueuedClassify T(int32_t tenant, Clock::duration at, double weight = 1, int priority = 0,
+                 int64_t images = 1) {
+  QueuedClassify q = Q(images, at);
+  q.tenant = tenant;
+  q.weight = weight;
+  q.priority = priority;
+  return q;
+}
+
+// Tenants: a client with one request is not queued behind another tenant's flood. Tenant 0 has
+// ten requests queued, tenant 1 one that came last: it is the batch's second (the first goes to
+// the older head on the tie), and tenant 0 fills the rest.
+TEST(PlanClassifyBatch, ATenantsOneRequestJoinsTheNextBatchBesideAnothersFlood) {
+  const ClassifyPlanOptions o{4, Clock::duration::zero()};
+  std::vector<QueuedClassify> q;
+  for (int i = 0; i < 10; ++i) q.push_back(T(0, ms(i)));
+  q.push_back(T(1, ms(20)));
+  const ClassifyPlan p = PlanClassifyBatch(q, kT0 + ms(30), o);
+  EXPECT_THAT(p.take, ElementsAre(0u, 10u, 1u, 2u));
+  // The clock after it: tenant 0 has had 3 images, tenant 1 one; the last taken started at 2.
+  EXPECT_THAT(p.clock.tenant, ElementsAre(3.0, 1.0));
+  EXPECT_EQ(p.clock.last, 2.0);
+}
+
+// Weights: with both tenants always backlogged, batch after batch, tenant 0 of weight 3 gets
+// three images for each of tenant 1's (and an image is an image: a request of 2 counts twice).
+TEST(PlanClassifyBatch, BacklogedTenantsShareBatchesByWeight) {
+  const ClassifyPlanOptions o{4, Clock::duration::zero()};
+  std::vector<QueuedClassify> q;
+  for (int i = 0; i < 20; ++i) q.push_back(T(i % 2, ms(i), i % 2 == 0 ? 3.0 : 1.0));
+  FairClock clock;
+  int64_t served[2] = {0, 0};
+  for (int batch = 0; batch < 4; ++batch) {
+    const ClassifyPlan p = PlanClassifyBatch(q, kT0 + ms(100), o, false, clock);
+    ASSERT_EQ(p.take.size(), 4u);
+    std::vector<char> taken(q.size(), 0);
+    for (size_t i : p.take) {
+      ++served[q[i].tenant];
+      taken[i] = 1;
+    }
+    std::vector<QueuedClassify> rest;
+    for (size_t i = 0; i < q.size(); ++i)
+      if (!taken[i]) rest.push_back(q[i]);
+    // Keep both backlogged: a new request of each tenant behind the rest.
+    q = rest;
+    for (int t = 0; t < 2; ++t) q.push_back(T(t, ms(50 + batch), t == 0 ? 3.0 : 1.0));
+    clock = p.clock;
+  }
+  EXPECT_EQ(served[0], 12);
+  EXPECT_EQ(served[1], 4);
+  // Two images weigh twice one: tenant 1's request of 2 against tenant 0's single images.
+  const ClassifyPlan p = PlanClassifyBatch(
+      {T(0, ms(0)), T(0, ms(1)), T(0, ms(2)), T(1, ms(3), 1.0, 0, 2), T(1, ms(4), 1.0, 0, 2)},
+      kT0 + ms(10), ClassifyPlanOptions{6, Clock::duration::zero()});
+  EXPECT_THAT(p.take, ElementsAre(0u, 3u, 1u, 2u));  // 5 images; the next 2 do not fit in 6
+}
+
+// A tenant that had nothing queued starts from the last request's virtual time: its idle time
+// is no credit, so it alternates with the busy tenant instead of taking every slot.
+TEST(PlanClassifyBatch, IdlingEarnsATenantNoCredit) {
+  FairClock clock;
+  clock.tenant = {100.5, 0.0};  // tenant 0 busy for long; tenant 1 last seen long ago
+  clock.last = 100;
+  const ClassifyPlan p =
+      PlanClassifyBatch({T(0, ms(0)), T(0, ms(1)), T(1, ms(2)), T(1, ms(3))}, kT0 + ms(10),
+                        {4, Clock::duration::zero()}, false, clock);
+  EXPECT_THAT(p.take, ElementsAre(2u, 0u, 3u, 1u));
+}
+
+// Priority orders a tenant's own requests: a priority-1 request behind a flood of priority-0
+// ones of the same tenant is the next batch's first.
+TEST(PlanClassifyBatch, PriorityOrdersATenantsOwnRequests) {
+  std::vector<QueuedClassify> q;
+  for (int i = 0; i < 8; ++i) q.push_back(T(0, ms(i)));
+  q.push_back(T(0, ms(9), 1.0, 1));
+  const ClassifyPlan p = PlanClassifyBatch(q, kT0 + ms(10), {2, Clock::duration::zero()});
+  EXPECT_THAT(p.take, ElementsAre(8u, 0u));
+}
+
 TEST(RunOnArrival, OnlyAnIdleCpuBatcherWithoutDelayRunsOnTheArrivingThread) {
   ClassifyArrival idle;
   idle.caller_may_run = true;

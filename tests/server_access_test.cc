@@ -1,6 +1,6 @@
 // End-to-end tests of who may call krause-server and what it records (in process, on loopback
-// ports; server_test.h): bearer tokens, the request log's line per call with the caller's ids
-// sent back, and TLS with and without client certificates.
+// ports; server_test.h): bearer tokens and their tenants, the request log's line per call with
+// the caller's ids sent back and its tenant, and TLS with and without client certificates.
 #include <ATen/ATen.h>
 
 #include <chrono>
@@ -113,8 +113,50 @@ TEST_F(ServerTest, RequestLogHasALinePerCallAndTheCallersIdsComeBack) {
   EXPECT_EQ(lines[1]["traceparent"], trace);
   EXPECT_EQ(lines[2]["rpc"], "GetModel");
   EXPECT_EQ(lines[2]["code"], "NOT_FOUND");
-  for (const auto& l : lines)
+  for (const auto& l : lines) {
     EXPECT_NE(l["peer"].get<std::string>().find("127.0.0.1"), std::string::npos);
+    EXPECT_EQ(l["tenant"], "default");  // no tokens: every call is the default tenant's
+  }
+}
+
+// The token file's tenants: each token serves as its tenant, and the request log names it (a
+// call refused for its token has none).
+TEST_F(ServerTest, EachTokensTenantIsNamedInTheRequestLog) {
+  server_->Shutdown();
+  WriteText(
+      models_.dir + "/tokens",
+      "tok-a tenant=team-a weight=2 max_queued=8\ntok-a2 tenant=team-a\ntok-b tenant=team-b\n");
+  const std::string log = models_.dir + "/tenants.jsonl";
+  server::ServerOptions o = LoopbackOptions(models_.manifest);
+  o.auth_tokens_file = models_.dir + "/tokens";
+  o.request_log = log;
+  StartServer(o);
+  for (const char* token : {"Bearer tok-a", "Bearer tok-b", "Bearer tok-a2", "Bearer nope"}) {
+    v1::ClassifyRequest req;
+    req.set_model("vit");
+    *req.add_images() = RawImage(RandomImages(1, 8, 8, 1, 4)[0]);
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", token);
+    v1::ClassifyResponse r;
+    EXPECT_EQ(stub_->Classify(&ctx, req, &r).ok(), std::string(token) != "Bearer nope") << token;
+  }
+  server_->Shutdown();
+  std::ifstream in(log);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0]["tenant"], "team-a");
+  EXPECT_EQ(lines[1]["tenant"], "team-b");
+  EXPECT_EQ(lines[2]["tenant"], "team-a");
+  EXPECT_EQ(lines[3]["code"], "UNAUTHENTICATED");
+  EXPECT_FALSE(lines[3].contains("tenant"));
+  // A file whose tenants disagree does not start the server, naming the line.
+  WriteText(models_.dir + "/tokens", "t1 tenant=x weight=1\nt2 tenant=x weight=2\n");
+  auto bad = server::KrauseServer::Start(o, {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("tokens:2: tenant x's weight is 2 here but 1"),
+            std::string::npos)
+      << bad.status();
 }
 
 TEST_F(ServerTest, TlsAndMutualTls) {

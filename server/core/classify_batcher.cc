@@ -27,6 +27,13 @@ void RemoveMarked(std::deque<T>* q, const std::vector<char>& leaves) {
 
 }  // namespace
 
+QueuedClassify ClassifyBatcher::Snapshot(const Entry& e) {
+  return {e.job.images.size(0), e.enqueued,
+          e.job.deadline,       e.job.cancelled && e.job.cancelled(),
+          e.job.share.tenant,   e.job.share.weight(),
+          e.job.share.priority};
+}
+
 ClassifyBatcher::ClassifyBatcher(std::shared_ptr<const ViT> model, std::string device,
                                  BatchingOptions options,
                                  std::function<void(const BatchEvent&)> on_batch,
@@ -45,6 +52,7 @@ ClassifyBatcher::~ClassifyBatcher() { Stop(); }
 absl::Status ClassifyBatcher::Enqueue(ClassifyJob job) {
   const int64_t n = job.images.size(0);
   bool here = false;
+  FairClock clock;  // for a run on arrival: the fair order's state, charged for it
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return Refusal("the server is shutting down", reason::kDraining);
@@ -53,6 +61,12 @@ absl::Status ClassifyBatcher::Enqueue(ClassifyJob job) {
           absl::StrCat("classify queue is full (", queued_images_, " images queued, limit ",
                        options_.max_queued_images, "); retry later"),
           reason::kQueueFull);
+    const size_t t = static_cast<size_t>(job.share.tenant);
+    if (t >= tenant_queued_.size()) tenant_queued_.resize(t + 1, 0);
+    const TenantSpec* spec = job.share.spec.get();
+    if (spec != nullptr && spec->max_queued > 0 && tenant_queued_[t] >= spec->max_queued)
+      return TenantRefusal(*spec, "max_queued", spec->max_queued,
+                           absl::StrCat(tenant_queued_[t], " calls queued for this model"));
     ClassifyArrival arrival;
     arrival.queue_empty = queue_.empty() && side_.empty();
     arrival.batch_running = running_;
@@ -65,8 +79,10 @@ absl::Status ClassifyBatcher::Enqueue(ClassifyJob job) {
     here = RunOnArrival(arrival);
     if (here) {
       running_ = on_arrival_ = true;
+      clock = clock_;
     } else {
       queued_images_ += n;
+      ++tenant_queued_[t];
       queue_.push_back(Entry{std::move(job), Clock::now()});
     }
   }
@@ -78,10 +94,9 @@ absl::Status ClassifyBatcher::Enqueue(ClassifyJob job) {
   // request's, then the same forward and replies as a batch of one request.
   std::vector<Entry> batch;
   batch.push_back(Entry{std::move(job), Clock::now()});
-  const ClassifyPlan plan =
-      PlanClassifyBatch({{n, batch[0].enqueued, batch[0].job.deadline,
-                          batch[0].job.cancelled && batch[0].job.cancelled()}},
-                        batch[0].enqueued, {options_.max_batch_size, options_.max_queue_delay});
+  const ClassifyPlan plan = PlanClassifyBatch({Snapshot(batch[0])}, batch[0].enqueued,
+                                              {options_.max_batch_size, options_.max_queue_delay},
+                                              /*stopping=*/false, clock);
   if (!plan.drop.empty()) {
     batch[0].job.done(plan.drop[0].why, 0.0);
   } else {
@@ -92,6 +107,7 @@ absl::Status ClassifyBatcher::Enqueue(ClassifyJob job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_ = on_arrival_ = false;
+    if (!plan.take.empty()) clock_ = plan.clock;
   }
   cv_.notify_all();  // the batcher thread (arrivals meanwhile), and Stop
   return absl::OkStatus();
@@ -152,13 +168,10 @@ void ClassifyBatcher::Loop() {
         // Snapshot, plan (scheduling.h), carry the plan out.
         std::vector<QueuedClassify> snapshot;
         snapshot.reserve(queue_.size());
-        for (const Entry& e : queue_) {
-          snapshot.push_back({e.job.images.size(0), e.enqueued, e.job.deadline,
-                              e.job.cancelled && e.job.cancelled()});
-        }
+        for (const Entry& e : queue_) snapshot.push_back(Snapshot(e));
         const Clock::time_point now = Clock::now();
         ClassifyPlan plan = PlanClassifyBatch(
-            snapshot, now, {options_.max_batch_size, options_.max_queue_delay}, stopping_);
+            snapshot, now, {options_.max_batch_size, options_.max_queue_delay}, stopping_, clock_);
         // Side work takes turns with the batches (PlanSideWork).
         std::vector<QueuedSide> side_snapshot;
         side_snapshot.reserve(side_.size());
@@ -191,9 +204,14 @@ void ClassifyBatcher::Loop() {
         }
         if (!plan.drop.empty() || !plan.take.empty()) {
           RemoveMarked(&queue_, leaves);
-          for (const Entry& e : dropped) queued_images_ -= e.job.images.size(0);
-          for (const Entry& e : batch) queued_images_ -= e.job.images.size(0);
+          for (const std::vector<Entry>* left : {&dropped, &batch}) {
+            for (const Entry& e : *left) {
+              queued_images_ -= e.job.images.size(0);
+              --tenant_queued_[static_cast<size_t>(e.job.share.tenant)];
+            }
+          }
         }
+        if (!batch.empty()) clock_ = plan.clock;
         if (!dropped.empty() || !batch.empty() || side_job || !side_dropped.empty() || stopping_) {
           stop = stopping_ && side_.empty();
           if (!batch.empty() || side_job) running_ = true;

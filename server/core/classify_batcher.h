@@ -7,8 +7,10 @@
 // request on the arriving thread itself (RunOnArrival: no batch changes, one wake-up less).
 //
 // Requests whose deadline passed or whose caller cancelled are dropped before a batch forms
-// (DEADLINE_EXCEEDED / CANCELLED). A full queue refuses with UNAVAILABLE. Stop() fails what is
-// still queued with UNAVAILABLE and joins the thread.
+// (DEADLINE_EXCEEDED / CANCELLED). A full queue refuses with UNAVAILABLE, a tenant at its
+// max_queued with RESOURCE_EXHAUSTED. Batches are filled in the fair order between tenants and
+// by priority within one (scheduling.h). Stop() fails what is still queued with UNAVAILABLE and
+// joins the thread.
 //
 // Thread-safety: Enqueue and the accessors from any thread; callbacks run on the worker thread or
 // inside Enqueue.
@@ -30,6 +32,8 @@
 #include "model/vit.h"
 #include "model/vit_cpu.h"
 #include "server/core/defaults.h"
+#include "server/core/scheduling.h"
+#include "server/core/tenants.h"
 
 namespace krause::server {
 
@@ -37,6 +41,7 @@ using Clock = std::chrono::steady_clock;
 
 struct ClassifyJob {
   at::Tensor images;  // [n, C, H, W] uint8 on the CPU, 1 <= n <= max_batch_size
+  Share share;        // its tenant and priority: the batches' fair order (scheduling.h)
   Clock::time_point deadline = Clock::time_point::max();
   std::function<bool()> cancelled;  // polled before the job joins a batch (may be empty)
   // Softmax probabilities [n, classes] (float, CPU), or the reason the job did not run.
@@ -84,7 +89,8 @@ class ClassifyBatcher {
   ClassifyBatcher(const ClassifyBatcher&) = delete;
   ClassifyBatcher& operator=(const ClassifyBatcher&) = delete;
 
-  // Queues the job, or returns UNAVAILABLE (queue full / stopped) without calling `done`.
+  // Queues the job, or returns UNAVAILABLE (queue full / stopped) or RESOURCE_EXHAUSTED (its
+  // tenant has max_queued jobs queued here) without calling `done`.
   absl::Status Enqueue(ClassifyJob job);
   // Queues a side job (at most kMaxSideJobs waiting), or returns UNAVAILABLE without calling
   // `done`.
@@ -100,6 +106,7 @@ class ClassifyBatcher {
     ClassifyJob job;
     Clock::time_point enqueued;
   };
+  static QueuedClassify Snapshot(const Entry& e);  // what the plan sees of a queued job
   void Loop();
   // One forward for `batch` and its replies; on the batcher thread, or on an arriving thread
   // (scheduling.h: RunOnArrival) with a CPU context.
@@ -118,6 +125,8 @@ class ClassifyBatcher {
   std::deque<SideJob> side_;
   bool last_was_side_ = false;  // the batcher thread's previous unit of work (under mu_)
   int64_t queued_images_ = 0;
+  std::vector<int64_t> tenant_queued_;  // jobs queued, by tenant index
+  FairClock clock_;                     // the fair order's state (PlanClassifyBatch)
   bool stopping_ = false;
   bool running_ = false;     // a batch is running (on the batcher thread or an arriving one)
   bool on_arrival_ = false;  // ... on an arriving thread (Stop waits for it)

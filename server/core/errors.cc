@@ -24,11 +24,11 @@ void SetDetail(absl::Status* status, const Message& m) {
   status->SetPayload(TypeUrl<Message>(), absl::Cord(m.SerializeAsString()));
 }
 
-// ErrorInfo.metadata["model"] = model (the map's wire form: one more key/value entry).
-void AddModel(google::rpc::ErrorInfo* e, absl::string_view model) {
+// ErrorInfo.metadata[key] = value (the map's wire form: one more key/value entry).
+void AddMetadata(google::rpc::ErrorInfo* e, absl::string_view key, absl::string_view value) {
   google::rpc::ErrorInfo::MetadataEntry* m = e->add_metadata();
-  m->set_key("model");
-  m->set_value(ValidUtf8(model));
+  m->set_key(std::string(key));
+  m->set_value(ValidUtf8(value));
 }
 
 }  // namespace
@@ -58,7 +58,7 @@ absl::Status WithErrorInfo(absl::Status status, absl::string_view reason, absl::
   google::rpc::ErrorInfo e;
   e.set_reason(std::string(reason));
   e.set_domain(kErrorDomain);
-  if (!model.empty()) AddModel(&e, model);
+  if (!model.empty()) AddMetadata(&e, "model", model);
   SetDetail(&status, e);
   if (retry_delay) {
     google::rpc::RetryInfo r;
@@ -72,20 +72,25 @@ absl::Status WithErrorInfo(absl::Status status, absl::string_view reason, absl::
 absl::Status Refusal(absl::string_view message, absl::string_view reason, absl::string_view model) {
   std::chrono::milliseconds delay = kDrainingRetryDelay;
   if (reason == reason::kQueueFull) delay = kQueueFullRetryDelay;
+  if (reason == reason::kTenantLimit) delay = kTenantLimitRetryDelay;
   if (reason == reason::kModelLoading || reason == reason::kModelUnloaded)
     delay = kLoadingRetryDelay;
   return WithErrorInfo(absl::UnavailableError(message), reason, model, delay);
 }
 
 absl::Status WithModel(absl::Status status, absl::string_view model) {
+  return WithMetadata(std::move(status), "model", model);
+}
+
+absl::Status WithMetadata(absl::Status status, absl::string_view key, absl::string_view value) {
   const std::string url = TypeUrl<google::rpc::ErrorInfo>();
   const absl::optional<absl::Cord> payload = status.GetPayload(url);
-  if (!payload || model.empty()) return status;
+  if (!payload || value.empty()) return status;
   google::rpc::ErrorInfo e;
   if (!e.ParseFromString(std::string(*payload))) return status;
   for (const auto& m : e.metadata())
-    if (m.key() == "model") return status;
-  AddModel(&e, model);
+    if (m.key() == key) return status;
+  AddMetadata(&e, key, value);
   SetDetail(&status, e);
   return status;
 }

@@ -29,12 +29,15 @@ inline constexpr char kQueueFull[] = "QUEUE_FULL";          // UNAVAILABLE: back
 inline constexpr char kDraining[] = "DRAINING";             // UNAVAILABLE: retry elsewhere at once
 inline constexpr char kModelLoading[] = "MODEL_LOADING";    // UNAVAILABLE: models not loaded yet
 inline constexpr char kModelUnloaded[] = "MODEL_UNLOADED";  // UNAVAILABLE: no version served now
+inline constexpr char kTenantLimit[] = "TENANT_LIMIT";      // RESOURCE_EXHAUSTED: the tenant's own
+                                                            // limit; back off (others are served)
 }  // namespace reason
 
 // The suggested delay before retrying, per reason (google.rpc.RetryInfo.retry_delay).
 inline constexpr std::chrono::milliseconds kQueueFullRetryDelay{250};
 inline constexpr std::chrono::milliseconds kDrainingRetryDelay{0};
 inline constexpr std::chrono::milliseconds kLoadingRetryDelay{1000};
+inline constexpr std::chrono::milliseconds kTenantLimitRetryDelay{100};
 
 // `status` with a google.rpc.ErrorInfo {reason, domain kErrorDomain, metadata {"model": model}
 // when `model` is not empty} and, when `retry_delay` is set, a google.rpc.RetryInfo.
@@ -46,6 +49,8 @@ absl::Status Refusal(absl::string_view message, absl::string_view reason,
 // `status` with metadata "model" added to its ErrorInfo, when it has one without a model (the
 // call's book knows the model; the queue that refused the call does not).
 absl::Status WithModel(absl::Status status, absl::string_view model);
+// `status` with metadata `key` = `value` added to its ErrorInfo, when it has one without that key.
+absl::Status WithMetadata(absl::Status status, absl::string_view key, absl::string_view value);
 // INVALID_ARGUMENT `message` with a google.rpc.BadRequest naming `field` (a path into the
 // request: "num_images", "images[2].raw.pixels"); the message is kept as written.
 absl::Status InvalidField(absl::string_view field, absl::string_view message);

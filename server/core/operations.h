@@ -34,6 +34,7 @@
 #include "server/core/generator_worker.h"
 #include "server/core/model_info.h"
 #include "server/core/reply_pool.h"
+#include "server/core/tenants.h"
 
 namespace krause::server {
 
@@ -48,6 +49,7 @@ using FaultHook = std::function<void(const char* point)>;
 struct CallLimits {
   Clock::time_point deadline = Clock::time_point::max();
   std::function<bool()> cancelled;  // polled while the work waits or runs; may be empty
+  Share share;                      // the call's tenant and priority (the schedulers' shares)
 };
 
 // Probabilities [n, classes] (float, CPU) and the time the images waited for their batch.

@@ -15,8 +15,10 @@ bool RunOnArrival(const ClassifyArrival& a) {
 }
 
 ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::time_point now,
-                               const ClassifyPlanOptions& options, bool stopping) {
+                               const ClassifyPlanOptions& options, bool stopping,
+                               const FairClock& clock) {
   ClassifyPlan plan;
+  plan.clock = clock;
   std::vector<size_t> live;
   for (size_t i = 0; i < queue.size(); ++i) {
     const QueuedClassify& q = queue[i];
@@ -39,12 +41,50 @@ ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::
                                     ? oldest
                                     : oldest + options.max_queue_delay;
   if (images >= options.max_batch_size || now >= due) {
-    // The oldest requests, whole, up to max_batch_size images (at least one request).
+    // Whole requests in the fair order up to max_batch_size images (at least one request): the
+    // first that does not fit ends the batch (no overtaking it).
+    FairClock& c = plan.clock;
+    const auto vt = [&](int32_t t) {
+      return static_cast<size_t>(t) < c.tenant.size() ? c.tenant[static_cast<size_t>(t)] : 0.0;
+    };
+    // Within a tenant: highest priority first, then oldest (the queue is in arrival order).
+    std::stable_sort(live.begin(), live.end(), [&](size_t a, size_t b) {
+      return queue[a].tenant != queue[b].tenant ? queue[a].tenant < queue[b].tenant
+                                                : queue[a].priority > queue[b].priority;
+    });
+    std::vector<size_t> heads;  // per tenant with requests left: its position in `live`
+    for (size_t k = 0; k < live.size(); ++k)
+      if (k == 0 || queue[live[k]].tenant != queue[live[k - 1]].tenant) heads.push_back(k);
     int64_t taken = 0;
-    for (size_t i : live) {
-      if (!plan.take.empty() && taken + queue[i].images > options.max_batch_size) break;
+    while (!heads.empty()) {
+      size_t best = 0;
+      double best_start = 0;
+      for (size_t h = 0; h < heads.size(); ++h) {
+        const QueuedClassify& q = queue[live[heads[h]]];
+        const double start = std::max(vt(q.tenant), c.last);
+        const QueuedClassify& b = queue[live[heads[best]]];
+        if (h == 0 || start < best_start || (start == best_start && q.enqueued < b.enqueued)) {
+          best = h;
+          best_start = start;
+        }
+      }
+      const size_t i = live[heads[best]];
+      const QueuedClassify& q = queue[i];
+      if (!plan.take.empty() && taken + q.images > options.max_batch_size) break;
       plan.take.push_back(i);
-      taken += queue[i].images;
+      taken += q.images;
+      if (static_cast<size_t>(q.tenant) >= c.tenant.size())
+        c.tenant.resize(static_cast<size_t>(q.tenant) + 1, 0.0);
+      c.tenant[static_cast<size_t>(q.tenant)] =
+          best_start + static_cast<double>(q.images) / q.weight;
+      c.last = best_start;
+      // The tenant's next request, or the tenant is done.
+      const size_t next = heads[best] + 1;
+      if (next < live.size() && queue[live[next]].tenant == q.tenant) {
+        heads[best] = next;
+      } else {
+        heads.erase(heads.begin() + static_cast<std::ptrdiff_t>(best));
+      }
     }
     return plan;
   }

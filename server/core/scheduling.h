@@ -6,10 +6,18 @@
 //
 // Policies, in short:
 //   Classify: natural batching. An idle batcher runs a request at once; requests that arrive
-//     while a batch runs form the next one (the oldest whole requests, up to max_batch_size
-//     images). max_queue_delay (default 0) opts into waiting for company: a batch that is not
-//     full then starts when its oldest request has waited that long. Expired and cancelled
-//     requests are dropped before a batch forms, wherever they are in the queue.
+//     while a batch runs form the next one (whole requests, up to max_batch_size images, in the
+//     fair order below). max_queue_delay (default 0) opts into waiting for company: a batch that
+//     is not full then starts when its oldest request has waited that long. Expired and
+//     cancelled requests are dropped before a batch forms, wherever they are in the queue.
+//     The fair order between tenants (tenants.h) is start-time fair queueing on images: each
+//     tenant has a virtual time that a request of n images advances by n / weight; the next
+//     request taken is the next one of the tenant whose virtual time is least (a tenant that had
+//     nothing queued starts from the virtual time of the last request taken, so idling earns no
+//     credit; ties go to the tenant whose next request is oldest). A tenant's next request is its
+//     highest-priority one, the oldest of those. So a tenant's share of a saturated model
+//     follows its weight, not the number of calls it keeps queued, and a client with one call
+//     waits for at most the batch running and its own.
 //   Generator: while sequences decode, side work (prefills and Score chunks) may use at most
 //     `side_share` (a third) of the worker's time, accounted by SideWorkCredit from measured
 //     durations (WorkerLedger keeps the credit and the measured costs); who is admitted follows
@@ -45,6 +53,16 @@ struct QueuedClassify {
   Clock::time_point enqueued;
   Clock::time_point deadline = Clock::time_point::max();
   bool cancelled = false;  // the caller's cancellation, polled into the snapshot
+  int32_t tenant = 0;      // tenants.h: its index, weight and the call's priority
+  double weight = 1;
+  int priority = 0;
+};
+
+// The fair order's state between two batches: each tenant's virtual time (by tenant index;
+// missing: 0) and the virtual time of the last request taken.
+struct FairClock {
+  std::vector<double> tenant;
+  double last = 0;
 };
 
 struct ClassifyPlanOptions {
@@ -63,11 +81,14 @@ struct ClassifyPlan {
   // When nothing is taken: when to plan again unless new work or a stop arrives first
   // (Clock::time_point::max(): only then).
   Clock::time_point wake_at = Clock::time_point::max();
+  FairClock clock;  // the fair order's state once `take` runs (the one given when none is taken)
 };
 
-// `stopping`: everything queued is dropped with UNAVAILABLE.
+// `stopping`: everything queued is dropped with UNAVAILABLE. `clock`: the state the previous
+// plan that took a batch returned.
 ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::time_point now,
-                               const ClassifyPlanOptions& options, bool stopping = false);
+                               const ClassifyPlanOptions& options, bool stopping = false,
+                               const FairClock& clock = {});
 
 // An arriving Classify request: run it on the arriving (RPC) thread at once, or queue it for the
 // batcher thread. Running it here skips the batcher thread's wake-up (measured ~0.07 ms of a

@@ -1,6 +1,7 @@
-// Admission for every call: authentication (bearer tokens), refusal while the models load or the
-// server drains, and the count of calls in flight that the drain waits on. Plain values in and
-// out (the caller reads the "authorization" metadata), so it is tested without a server.
+// Admission for every call: authentication (bearer tokens) and the call's tenant (tenants.h),
+// the tenant's limit of calls in flight, refusal while the models load or the server drains, and
+// the count of calls in flight that the drain waits on. Plain values in and out (the caller reads
+// the "authorization" metadata), so it is tested without a server.
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
@@ -16,24 +17,32 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "server/core/tenants.h"
 
 namespace krause::server {
 
 class Gate {
  public:
-  void SetTokens(std::vector<std::string> tokens);  // empty: no authentication
+  // The serving tokens and their tenants (a table without tokens: no authentication).
+  void SetTenants(TenantTable tenants);
   // Tokens model control needs (they pass for serving calls too).
   void SetAdminTokens(std::vector<std::string> tokens);
   void SetLoaded(bool loaded);  // false while the models load
   void StartDraining();
 
   // `authorization`: the call's "authorization" metadata, if it sent one. OK and the call counts
-  // as in flight (Leave() must follow), or why it may not run: UNAUTHENTICATED without a known
-  // "Bearer <token>" (the scheme in any case) when tokens are set, then UNAVAILABLE while
-  // draining or loading. An `admin` call (model control), when either list is set, needs an
-  // admin token: PERMISSION_DENIED for a serving token.
-  absl::Status Enter(std::optional<std::string_view> authorization, bool admin = false);
-  void Leave();
+  // as in flight (Leave() must follow) with its tenant in `share` (optional), or why it may not
+  // run: UNAUTHENTICATED without a known "Bearer <token>" (the scheme in any case) when tokens
+  // are set, then UNAVAILABLE while draining or loading, then RESOURCE_EXHAUSTED (reason
+  // TENANT_LIMIT, with a retry delay) when the tenant has max_in_flight calls in flight. An
+  // `admin` call (model control), when either list is set, needs an admin token:
+  // PERMISSION_DENIED for a serving token; it counts as the default tenant's.
+  absl::Status Enter(std::optional<std::string_view> authorization, bool admin = false,
+                     Share* share = nullptr);
+  void Leave(int32_t tenant = 0);
+  const TenantTable& tenants() const { return tenants_; }
+  // Calls in flight of one tenant.
+  int64_t in_flight(int32_t tenant) const;
   // Waits until no call is in flight or `deadline`; true when idle.
   bool WaitIdle(std::chrono::steady_clock::time_point deadline) const;
   int64_t in_flight() const;
@@ -41,12 +50,14 @@ class Gate {
   bool draining() const { return draining_.load(); }
 
  private:
-  std::set<std::string, std::less<>> tokens_, admin_tokens_;
+  TenantTable tenants_;
+  std::set<std::string, std::less<>> admin_tokens_;
   std::atomic<bool> loaded_{false};
   std::atomic<bool> draining_{false};
   mutable std::mutex mu_;
   mutable std::condition_variable idle_;
   int64_t in_flight_ = 0;
+  std::vector<int64_t> tenant_in_flight_ = std::vector<int64_t>(1, 0);
 };
 
 }  // namespace krause::server

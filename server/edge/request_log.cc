@@ -22,6 +22,7 @@ std::string FormatCallRecord(const CallRecord& r, absl::Time now) {
   j["queue_seconds"] = r.queue_seconds;
   j["run_seconds"] = std::max(0.0, r.seconds - r.queue_seconds);
   j["peer"] = r.peer;
+  if (!r.tenant.empty()) j["tenant"] = r.tenant;
   if (!r.request_id.empty()) j["request_id"] = r.request_id;
   if (!r.traceparent.empty()) j["traceparent"] = r.traceparent;
   // Metadata is client input: invalid UTF-8 is replaced, never thrown on.

@@ -211,7 +211,9 @@ void Answer(const InferDone& done, const absl::Status& st, InferResponse out) {
   }
 }
 
-CallLimits LimitsOf(const InferContext& ctx) { return CallLimits{ctx.deadline, ctx.cancelled}; }
+CallLimits LimitsOf(const InferContext& ctx) {
+  return CallLimits{ctx.deadline, ctx.cancelled, ctx.book->share()};
+}
 
 absl::Status Classify(const InferRequest& r, const ModelRef& m, const InferContext& ctx,
                       InferDone done) {

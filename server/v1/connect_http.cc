@@ -169,6 +169,7 @@ static void RunUnary(const FrontEndContext* edge, int64_t deadline_ms, const cha
     const int64_t ms = timeout->value_or(deadline_ms);
     if (ms > 0) c.limits.deadline = call->book.start() + std::chrono::milliseconds(ms);
     c.limits.cancelled = [call] { return call->reply.exchange()->Gone(); };
+    c.limits.share = call->book.share();
     st = Guarded(
         rpc, [&] { return start(c, request, out, [call](absl::Status s) { call->Finish(s); }); });
     if (st.ok()) return;  // the answer finishes the call

@@ -63,7 +63,8 @@ grpc::ServerUnaryReactor* KrauseService::Unary(
       std::make_shared<UnaryCall>(edge_->gate, edge_->observer, edge_->request_log, ctx, rpc);
   grpc::ServerUnaryReactor* reactor = call->reactor();
   if (!call->Enter()) return reactor;
-  const UnaryCallContext c{edge_, call->book(), LimitsOf(ctx)};
+  UnaryCallContext c{edge_, call->book(), LimitsOf(ctx)};
+  c.limits.share = call->book()->share();
   const absl::Status st = Guarded(rpc, [&] {
     return start(c, request, response, [call](absl::Status s) { call->Finish(s); });
   });
