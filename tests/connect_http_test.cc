@@ -66,18 +66,8 @@ bool JsonCall(int port, const std::string& method, const Message& request, Messa
   return a.status == 200 && google::protobuf::util::JsonStringToMessage(a.body, out).ok();
 }
 
-class ConnectHttpTest : public ServerTest {
+class ConnectHttpTest : public HttpServerTest {
  protected:
-  void SetUp() override {
-    krause::SetCpuThreads(1);
-    models_ = WriteTinyModels("connect-http");
-    StartServer(Options());
-  }
-  server::ServerOptions Options() {
-    server::ServerOptions o = LoopbackOptions(models_.manifest);
-    o.http_listen = "127.0.0.1:0";
-    return o;
-  }
   // A random image of `model`'s shape, as krause.v1 sends it.
   v1::Image ImageFor(const std::string& model, uint64_t seed) {
     v1::GetModelRequest req;
@@ -88,7 +78,6 @@ class ConnectHttpTest : public ServerTest {
     return server::EncodeRawImage(
         RandomImages(1, info.height(), info.width(), info.channels(), seed)[0]);
   }
-  int port() const { return server_->http_port(); }
 
   // `method` over gRPC and over HTTP in JSON: the same answer (returned: the HTTP one).
   template <typename Request, typename Response>

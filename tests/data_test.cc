@@ -128,7 +128,8 @@ TEST(Png, GrayAndRgbRoundTripAndCorruptData) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[H, W, 1 or 3]")));
 }
 
-// The alpha channel alone: a file's alpha as is (gray and alpha, RGBA), 255 for a file without.
+// The alpha channel alone: a file's alpha as is (gray and alpha, RGBA), 255 for a file without;
+// and the header alone.
 TEST(Png, AlphaIsDecodedAlone) {
   std::string ga, rgba;
   for (int i = 0; i < 6; ++i) {
@@ -144,10 +145,16 @@ TEST(Png, AlphaIsDecodedAlone) {
     std::string want;
     for (int i = 0; i < 6; ++i) want += pixels[static_cast<size_t>(i * channels + channels - 1)];
     EXPECT_EQ(alpha.pixels, want) << channels;
+    KRAUSE_ASSERT_OK_AND_ASSIGN(PngInfo info, ReadPngInfo(bytes));  // the header alone
+    EXPECT_EQ(info.height, 2);
+    EXPECT_EQ(info.width, 3);
+    EXPECT_EQ(info.channels, channels == 2 ? 1 : 3);
   }
   KRAUSE_ASSERT_OK_AND_ASSIGN(std::string opaque, EncodePng(at::zeros({2, 3, 1}, at::kByte)));
   KRAUSE_ASSERT_OK_AND_ASSIGN(PixelBuffer alpha, DecodePngAlpha(opaque));
   EXPECT_EQ(alpha.pixels, std::string(6, '\xff'));
+  EXPECT_THAT(ReadPngInfo("not a png").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a valid PNG")));
   EXPECT_THAT(DecodePngAlpha("not a png").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a valid PNG")));
   EXPECT_THAT(EncodePngPixels("ab", 1, 1, 5).status(),

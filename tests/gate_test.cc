@@ -116,7 +116,9 @@ TEST(Gate, ATenantAtItsLimitOfCallsInFlightIsRefusedAlone) {
   EXPECT_EQ(share.tenant, 0);
   EXPECT_EQ(share.name(), "team-a");
   ASSERT_TRUE(gate.Enter("Bearer a").ok());
-  const absl::Status st = gate.Enter("Bearer a");
+  Share refused;  // named even when refused at its limit (the request log says whose)
+  const absl::Status st = gate.Enter("Bearer a", false, &refused);
+  EXPECT_EQ(refused.name(), "team-a");
   EXPECT_THAT(st, StatusIs(absl::StatusCode::kResourceExhausted,
                            HasSubstr("tenant team-a is at its max_in_flight of 2 (2 calls in "
                                      "flight)")));

@@ -5,10 +5,7 @@
 // the route its path belongs to, not under one protocol for the whole port.
 #include "server/edge/http_front_door.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,6 +16,7 @@
 
 #include "server/edge/call_book.h"
 #include "server/edge/gate.h"
+#include "tests/http_server_test.h"
 
 namespace krause::server {
 namespace {
@@ -65,21 +63,11 @@ HttpRoute Named(std::string name, std::string prefix, const char* protocol, bool
   return r;
 }
 
-// One request over a fresh connection; the whole response.
+// One request over a fresh connection; the whole response (up to the server's close).
 std::string Exchange(int port, const std::string& request) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  EXPECT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL),
-            static_cast<ssize_t>(request.size()));
-  std::string out;
-  char buf[4096];
-  timeval tv{20, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);
+  const int fd = http_testing::Connect(port);
+  http_testing::SendAll(fd, request);
+  std::string out = http_testing::ReadUntil(fd, [](const std::string&) { return false; });
   close(fd);
   return out;
 }

@@ -52,20 +52,7 @@ Answer Call(int port, const std::string& method, const std::string& path, const 
   return AnswerOf(Send(port, method, path, body, headers));
 }
 
-class OpenAiImagesTest : public ServerTest {
- protected:
-  void SetUp() override {
-    krause::SetCpuThreads(1);
-    models_ = WriteTinyModels("openai-images");
-    StartServer(Options());
-  }
-  server::ServerOptions Options() {
-    server::ServerOptions o = LoopbackOptions(models_.manifest);
-    o.http_listen = "127.0.0.1:0";
-    return o;
-  }
-  int port() { return server_->http_port(); }
-};
+using OpenAiImagesTest = HttpServerTest;
 
 TEST_F(OpenAiImagesTest, GenerationsArePngsByteIdenticalToKrauseV1Generate) {
   v1::GenerateRequest req;

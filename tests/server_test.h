@@ -86,6 +86,22 @@ class ServerTest : public ::testing::Test {
   std::unique_ptr<v1::KrauseService::Stub> stub_;
 };
 
+// ServerTest with the HTTP port on as well (loopback, a free port): the REST front ends' tests.
+class HttpServerTest : public ServerTest {
+ protected:
+  void SetUp() override {
+    krause::SetCpuThreads(1);
+    models_ = WriteTinyModels("http");
+    StartServer(Options());
+  }
+  server::ServerOptions Options() {
+    server::ServerOptions o = LoopbackOptions(models_.manifest);
+    o.http_listen = "127.0.0.1:0";
+    return o;
+  }
+  int port() const { return server_->http_port(); }
+};
+
 struct Stream {
   std::vector<v1::GenerateResponse> messages;
   grpc::Status status;

@@ -38,19 +38,23 @@ absl::StatusOr<std::string> EncodePngPixels(std::string_view pixels, int64_t hei
 
 namespace {
 
+// Reads the signature and the header chunks into `image` only: nothing is decompressed yet. On
+// failure `image` is freed.
+absl::Status BeginRead(std::string_view png, png_image* image) {
+  std::memset(image, 0, sizeof(*image));
+  image->version = PNG_IMAGE_VERSION;
+  if (png_image_begin_read_from_memory(image, png.data(), png.size())) return absl::OkStatus();
+  const std::string msg = image->message;
+  png_image_free(image);
+  return absl::InvalidArgumentError(absl::StrCat("not a valid PNG: ", msg));
+}
+
 // Decodes into `channels` bytes per pixel of `format` (libpng's simplified API converts whatever
 // the file holds); `channels` 0 picks the file's colour layout (gray -> 1, anything else -> 3).
 absl::StatusOr<PixelBuffer> Decode(std::string_view png, int channels, bool alpha,
                                    const PngHeaderCheck& check) {
   png_image image;
-  std::memset(&image, 0, sizeof(image));
-  image.version = PNG_IMAGE_VERSION;
-  // Reads the signature and the header chunks only: nothing is decompressed yet.
-  if (!png_image_begin_read_from_memory(&image, png.data(), png.size())) {
-    const std::string msg = image.message;
-    png_image_free(&image);
-    return absl::InvalidArgumentError(absl::StrCat("not a valid PNG: ", msg));
-  }
+  if (absl::Status st = BeginRead(png, &image); !st.ok()) return st;
   if (channels == 0) channels = (image.format & PNG_FORMAT_FLAG_COLOR) ? 3 : 1;
   const PngInfo info{static_cast<int64_t>(image.height), static_cast<int64_t>(image.width),
                      alpha ? 1 : channels};
@@ -93,6 +97,15 @@ absl::StatusOr<PixelBuffer> DecodePngPixels(std::string_view png, int channels,
     return absl::InvalidArgumentError(absl::StrCat("channels must be 0, 1 or 3, got ", channels));
   }
   return Decode(png, channels, /*alpha=*/false, check);
+}
+
+absl::StatusOr<PngInfo> ReadPngInfo(std::string_view png) {
+  png_image image;
+  if (absl::Status st = BeginRead(png, &image); !st.ok()) return st;
+  const PngInfo info{static_cast<int64_t>(image.height), static_cast<int64_t>(image.width),
+                     (image.format & PNG_FORMAT_FLAG_COLOR) ? 3 : 1};
+  png_image_free(&image);
+  return info;
 }
 
 absl::StatusOr<PixelBuffer> DecodePngAlpha(std::string_view png, const PngHeaderCheck& check) {

@@ -42,6 +42,9 @@ absl::StatusOr<std::string> EncodePngPixels(std::string_view pixels, int64_t hei
 // Never throws (an allocation failure is ResourceExhausted).
 absl::StatusOr<PixelBuffer> DecodePngPixels(std::string_view png, int channels = 0,
                                             const PngHeaderCheck& check = nullptr);
+// What the PNG's header says (channels: the file's layout, as a decode with channels 0 gives),
+// nothing decoded. InvalidArgument as DecodePngPixels's for a file that is not a PNG.
+absl::StatusOr<PngInfo> ReadPngInfo(std::string_view png);
 // The PNG's alpha channel alone, one byte per pixel (channels 1): 0 fully transparent, 255
 // opaque, and 255 everywhere for a file without alpha (a tRNS chunk counts as alpha). `check`
 // sees channels 1; errors as DecodePngPixels's.

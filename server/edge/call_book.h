@@ -99,15 +99,10 @@ class CallBook {
     if (log_ != nullptr) peer_ = std::move(peer);
     const absl::Status st = gate_->Enter(authorization, admin, &share_);
     entered_ = st.ok();
-    if (!st.ok()) {  // a refusal of the tenant's limit names it (the book's tenant otherwise)
-      const ErrorDetails d = DetailsOf(st);
-      if (auto t = d.metadata.find("tenant"); t != d.metadata.end()) refused_tenant_ = t->second;
-    }
     return st;
   }
-  // The call's tenant (tenants.h), known once it entered the gate, and its priority.
+  // The call's tenant (tenants.h) and priority, known once it entered the gate.
   const Share& share() const { return share_; }
-  void set_priority(int priority) { share_.priority = priority; }
 
   // A call the HTTP server refused before it reached a handler (no gate, no token): only its
   // client, for the request log.
@@ -187,7 +182,7 @@ class CallBook {
       r.request_id = request_id_;
       r.traceparent = traceparent_;
       r.seconds = seconds;
-      r.tenant = entered_ ? share_.name() : refused_tenant_;
+      if (share_.spec != nullptr) r.tenant = share_.name();  // the gate named the tenant
       {
         std::lock_guard<std::mutex> lock(mu_);
         r.images = images_;
@@ -213,8 +208,7 @@ class CallBook {
   std::shared_ptr<const ServedModel> model_ref_;
   std::string peer_, request_id_, traceparent_;
   bool entered_ = false;
-  Share share_;                 // the tenant, once entered
-  std::string refused_tenant_;  // a tenant that was refused at its limit
+  Share share_;  // the tenant, once the gate named it (entered, or refused at its limit)
   std::atomic<bool> finished_{false};
   std::mutex mu_;  // guards the two below (set from model threads)
   int64_t images_ = 0;

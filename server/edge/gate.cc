@@ -45,6 +45,10 @@ absl::Status Gate::Enter(std::optional<std::string_view> authorization, bool adm
   if (draining_.load()) return Refusal("the server is shutting down", reason::kDraining);
   if (!loaded_.load()) return Refusal("the models are still loading", reason::kModelLoading);
   const std::shared_ptr<const TenantSpec>& spec = tenants_.tenants()[static_cast<size_t>(tenant)];
+  if (share != nullptr) {
+    share->tenant = tenant;
+    share->spec = spec;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   int64_t& mine = tenant_in_flight_[static_cast<size_t>(tenant)];
   if (spec->max_in_flight > 0 && mine >= spec->max_in_flight)
@@ -52,10 +56,6 @@ absl::Status Gate::Enter(std::optional<std::string_view> authorization, bool adm
                          absl::StrCat(mine, " calls in flight"));
   ++mine;
   ++in_flight_;
-  if (share != nullptr) {
-    share->tenant = tenant;
-    share->spec = spec;
-  }
   return absl::OkStatus();
 }
 

@@ -31,12 +31,13 @@ class Gate {
   void StartDraining();
 
   // `authorization`: the call's "authorization" metadata, if it sent one. OK and the call counts
-  // as in flight (Leave() must follow) with its tenant in `share` (optional), or why it may not
-  // run: UNAUTHENTICATED without a known "Bearer <token>" (the scheme in any case) when tokens
-  // are set, then UNAVAILABLE while draining or loading, then RESOURCE_EXHAUSTED (reason
-  // TENANT_LIMIT, with a retry delay) when the tenant has max_in_flight calls in flight. An
-  // `admin` call (model control), when either list is set, needs an admin token:
-  // PERMISSION_DENIED for a serving token; it counts as the default tenant's.
+  // as in flight (Leave() must follow), or why it may not run: UNAUTHENTICATED without a known
+  // "Bearer <token>" (the scheme in any case) when tokens are set, then UNAVAILABLE while
+  // draining or loading, then RESOURCE_EXHAUSTED (reason TENANT_LIMIT, with a retry delay) when
+  // the tenant has max_in_flight calls in flight. The call's tenant goes in `share` (optional)
+  // once it passed the token, draining and loading checks, so a call refused at its tenant's
+  // limit has it too. An `admin` call (model control), when either list is set, needs an admin
+  // token: PERMISSION_DENIED for a serving token; it counts as the default tenant's.
   absl::Status Enter(std::optional<std::string_view> authorization, bool admin = false,
                      Share* share = nullptr);
   void Leave(int32_t tenant = 0);

@@ -136,18 +136,17 @@ absl::StatusOr<Json> FieldValue(const std::string& name, absl::string_view text)
   return Json(std::string(text));
 }
 
-// The alpha of an edit's image or mask: a PNG of `width` x `height`, `what` saying whose size.
-absl::StatusOr<PixelBuffer> AlphaOf(const std::string& param, std::string_view png, int64_t width,
-                                    int64_t height, const std::string& what) {
-  bool wrong_size = false;
-  auto alpha = DecodePngAlpha(png, [&](const PngInfo& info) {
-    if (info.width == width && info.height == height) return absl::OkStatus();
-    wrong_size = true;
-    return BadField(param, absl::StrCat("is ", info.width, "x", info.height, " but ", what, " ",
-                                        width, "x", height, ": send one of that size"));
-  });
-  if (alpha.ok() || wrong_size) return alpha;
-  return BadField(param, absl::StrCat("cannot be read: ", alpha.status().message()));
+// An edit's image or mask (`param`) must be a PNG of `width` x `height` (`what`: whose size).
+absl::Status CheckSize(const std::string& param, const PngInfo& info, int64_t width, int64_t height,
+                       const std::string& what) {
+  if (info.width == width && info.height == height) return absl::OkStatus();
+  return BadField(param, absl::StrCat("is ", info.width, "x", info.height, " but ", what, " ",
+                                      width, "x", height, ": send one of that size"));
+}
+
+// A PNG that cannot be read, as a refusal naming the parameter.
+absl::Status Unreadable(const std::string& param, const absl::Status& why) {
+  return BadField(param, absl::StrCat("cannot be read: ", why.message()));
 }
 
 // An edit's rows kept: those above the first row with a fully transparent pixel of `alpha`, which
@@ -241,17 +240,23 @@ absl::StatusOr<GenerateSettings> SettingsFor(const ImagesRequest& r, const Model
         "size", absl::StrCat("is \"", r.size.substr(0, 32), "\" but model ", m.name, " draws ", own,
                              " images: send \"", own, "\" or \"auto\""));
   if (r.edit) {  // a completion of the image: its rows above the mask's transparent band
-    auto image = AlphaOf("image", r.image, m.shape.width, m.shape.height,
-                         absl::StrCat("model ", m.name, " draws"));
-    if (!image.ok()) return image.status();
+    // The image's size from its header (the core decodes it as the prompt); the alpha decoded
+    // only from the mask, or from the image when there is no mask.
+    auto image = ReadPngInfo(r.image);
+    if (!image.ok()) return Unreadable("image", image.status());
+    if (absl::Status st = CheckSize("image", *image, m.shape.width, m.shape.height,
+                                    absl::StrCat("model ", m.name, " draws"));
+        !st.ok())
+      return st;
     const std::string source = r.mask.empty() ? "image" : "mask";
-    PixelBuffer alpha = *std::move(image);
-    if (!r.mask.empty()) {
-      auto mask = AlphaOf("mask", r.mask, m.shape.width, m.shape.height, "the image is");
-      if (!mask.ok()) return mask.status();
-      alpha = *std::move(mask);
-    }
-    auto kept = KeptRows(alpha, source);
+    bool wrong_size = false;
+    auto alpha = DecodePngAlpha(r.mask.empty() ? r.image : r.mask, [&](const PngInfo& info) {
+      absl::Status st = CheckSize(source, info, m.shape.width, m.shape.height, "the image is");
+      wrong_size = !st.ok();
+      return st;
+    });
+    if (!alpha.ok()) return wrong_size ? alpha.status() : Unreadable(source, alpha.status());
+    auto kept = KeptRows(*alpha, source);
     if (!kept.ok()) return kept.status();
     if (*kept > 0) {  // else every row is sampled: a generation
       g.prompt = RequestImage{/*png=*/true, r.image};

@@ -121,7 +121,7 @@ class ImagesGeneration final : public GenerationCollector {
         book_(edge->gate, edge->observer, edge->request_log, "Generate", kProtocolOpenAi),
         o_(options),
         reply_(OpenAiReply(request, std::move(exchange))),
-        events_(edit ? "image_edit." : "image_generation.") {}
+        edit_(edit) {}
 
   void Run(const HttpRequest& request) {
     absl::Status st = reply_.Enter(book(), request);
@@ -131,9 +131,8 @@ class ImagesGeneration final : public GenerationCollector {
 
  private:
   absl::Status Begin(const HttpRequest& request) {
-    auto r = events_ == "image_edit."
-                 ? openai::ParseImageEditForm(request.Header("Content-Type"), request.body)
-                 : openai::ParseImagesRequest(request.body);
+    auto r = edit_ ? openai::ParseImageEditForm(request.Header("Content-Type"), request.body)
+                   : openai::ParseImagesRequest(request.body);
     if (!r.ok()) return r.status();
     stream_ = r->stream;
     partial_images_ = r->partial_images;
@@ -211,7 +210,7 @@ class ImagesGeneration final : public GenerationCollector {
             at::from_blob(part.data(), {shape.height, shape.width, shape.channels}, at::kByte);
         auto png = EncodePng(hwc);
         if (!png.ok()) break;
-        Json e = ImageEvent(events_ + "partial_image", *png, size);
+        Json e = ImageEvent(EventType("partial_image"), *png, size);
         e["partial_image_index"] = k;
         e["image"] = r.image;
         out += event(e);
@@ -220,7 +219,7 @@ class ImagesGeneration final : public GenerationCollector {
     }
     const int64_t per_image = shape.height * row_bytes - kept_tokens_;
     for (EncodedImage& im : images) {
-      Json e = ImageEvent(events_ + "completed", im.png, size);
+      Json e = ImageEvent(EventType("completed"), im.png, size);
       e["usage"] = Usage(per_image, kept_tokens_);
       e["image"] = im.image;
       e["seed"] = im.seed;
@@ -230,6 +229,11 @@ class ImagesGeneration final : public GenerationCollector {
     if (!started_.exchange(true)) StartEventStream(reply_, o_.ping_ms);
     if (!out.empty()) ex->Send(std::move(out));
     WriteDone(KeepsUp(*ex, o_.max_backlog_bytes));
+  }
+
+  // A streamed event's type: a generation's or an edit's.
+  std::string EventType(const char* what) const {
+    return absl::StrCat(edit_ ? "image_edit." : "image_generation.", what);
   }
 
   void EndCall(const absl::Status& status) override {
@@ -251,7 +255,7 @@ class ImagesGeneration final : public GenerationCollector {
   CallBook book_;
   const OpenAiOptions o_;
   JsonReply reply_;
-  const std::string events_;  // the stream's event prefix: a generation's or an edit's
+  const bool edit_;  // an edit (a form, image_edit.* events) or a generation
   bool stream_ = false;
   int64_t kept_tokens_ = 0;  // an edit's subpixels kept from its image
   int64_t partial_images_ = 0;
