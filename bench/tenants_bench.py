@@ -1,12 +1,21 @@
 #!/usr/bin/env python3
 """Tenants sharing one server (issue 62): two tenants, each a krause-loadgen process with its own
-token, on one krause-server of this build serving the bundled Krause ViT (docs/serving.md,
-Tenants). Classify: tenant B at concurrency 1 alone, tenant A at --flood alone, then both at once
-(A starts first; B is measured while A runs), every figure from the same run; then A alone at
-each --batch_sizes (a server per size) to show what a smaller batch costs the flood.
+token, on one krause-server of this build serving the bundled models (docs/serving.md,
+Tenants).
 
-  bench/tenants_bench.py [--bin build/bin] [--duration 8] [--flood 128]
-                         [--batch_sizes 16,32,64] [--json F] [--text F]
+Classify (--scenario classify): tenant B at concurrency 1 alone, tenant A at --flood alone, then
+both at once (A starts first; B is measured while A runs), every figure from the same run; then A
+alone at each --batch_sizes (a server per size) to show what a smaller batch costs the flood.
+
+Generate (--scenario generate): the bundled KARM with --slots cache slots; A streams one image
+per call at concurrency --gen_a, B four images per call at --gen_b, so that both want more slots
+than the server has. A alone, then A and B started together (measured over the same window), with
+equal weights and with A's weight 3: each tenant's images/s and share, and the total against A
+alone.
+
+  bench/tenants_bench.py [--scenario classify,generate] [--bin build/bin] [--duration 8]
+                         [--flood 128] [--batch_sizes 16,32,64] [--slots 64] [--gen_a 64]
+                         [--gen_b 16] [--json F] [--text F]
 """
 import argparse
 import json
@@ -21,29 +30,33 @@ from common import ROOT, Progress, report, stop, write_manifest
 TOKENS = "tok-a tenant=team-a\ntok-b tenant=team-b\n"
 
 
-def loadgen(bin_dir, server, token, concurrency, duration, out):
+def loadgen(bin_dir, server, token, concurrency, duration, out, workload="classify",
+            images=1, warmup=1):
     return subprocess.Popen(
         [f"{bin_dir}/krause-loadgen", "--server", server, "--token", token, "--workload",
-         "classify", "--concurrency", str(concurrency), "--duration", str(duration), "--warmup",
-         "1", "--json", out, "--progress=false"], stdout=subprocess.DEVNULL)
+         workload, "--concurrency", str(concurrency), "--duration", str(duration), "--warmup",
+         str(warmup), "--generate_images", str(images), "--json", out, "--progress=false"],
+        stdout=subprocess.DEVNULL)
 
 
-def figures(path):
+def figures(path, rpc="Classify"):
     r = json.load(open(path))
-    lat = r["latency_seconds"]["Classify"]
-    errors = sum(n for code, n in r["errors_by_code"]["Classify"].items() if code != "OK")
+    lat = r["latency_seconds"][rpc]
+    errors = sum(n for code, n in r["errors_by_code"][rpc].items() if code != "OK")
     return {"images_per_second": r["images_per_second"], "p50_ms": lat["p50"] * 1e3,
             "p99_ms": lat["p99"] * 1e3, "errors": errors}
 
 
-def serve(bin_dir, tmp, name, batch_size, servers):
+def serve(bin_dir, tmp, name, batch_size, servers, tokens_text=TOKENS, slots=None):
     manifest = write_manifest(tmp)
     m = json.load(open(manifest))
     m["models"][0]["max_batch_size"] = batch_size
+    if slots:
+        m["models"][1]["max_sequences"] = slots
     path = os.path.join(tmp, f"{name}.json")
     json.dump(m, open(path, "w"))
-    tokens = os.path.join(tmp, "tokens")
-    open(tokens, "w").write(TOKENS)
+    tokens = os.path.join(tmp, f"{name}.tokens")
+    open(tokens, "w").write(tokens_text)
     port_file = path + ".port"
     if os.path.exists(port_file):
         os.remove(port_file)
@@ -60,50 +73,33 @@ def serve(bin_dir, tmp, name, batch_size, servers):
     return server, "127.0.0.1:" + open(port_file).read().strip()
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
-    ap.add_argument("--duration", type=float, default=8)
-    ap.add_argument("--flood", type=int, default=128)
-    ap.add_argument("--batch_sizes", default="16,32,64")
-    ap.add_argument("--json", default="")
-    ap.add_argument("--text", default="")
-    args = ap.parse_args()
-    bin_dir = os.path.abspath(args.bin)
-    tmp = tempfile.mkdtemp(prefix="krause-tenants-bench-")
+def classify(args, bin_dir, tmp, progress, steps, servers):
     sizes = [int(b) for b in args.batch_sizes.split(",") if b]
-    progress = Progress()
-    steps = 3 + len(sizes)
     runs = {}
-    servers = []
-    try:
-        server, addr = serve(bin_dir, tmp, "shared", 64, servers)
-        progress("classify: B alone at concurrency 1", steps)
-        out = os.path.join(tmp, "b-alone.json")
-        loadgen(bin_dir, addr, "tok-b", 1, args.duration, out).wait()
-        runs["b_alone"] = figures(out)
-        progress(f"classify: A alone at concurrency {args.flood}", steps)
-        out = os.path.join(tmp, "a-alone.json")
+    server, addr = serve(bin_dir, tmp, "shared", 64, servers)
+    progress("classify: B alone at concurrency 1", steps)
+    out = os.path.join(tmp, "b-alone.json")
+    loadgen(bin_dir, addr, "tok-b", 1, args.duration, out).wait()
+    runs["b_alone"] = figures(out)
+    progress(f"classify: A alone at concurrency {args.flood}", steps)
+    out = os.path.join(tmp, "a-alone.json")
+    loadgen(bin_dir, addr, "tok-a", args.flood, args.duration, out).wait()
+    runs["a_alone"] = figures(out)
+    progress("classify: both (B measured while A floods)", steps)
+    a_out, b_out = os.path.join(tmp, "a-both.json"), os.path.join(tmp, "b-both.json")
+    a = loadgen(bin_dir, addr, "tok-a", args.flood, args.duration + 3, a_out)
+    time.sleep(1.5)
+    loadgen(bin_dir, addr, "tok-b", 1, args.duration, b_out).wait()
+    a.wait()
+    runs["a_both"], runs["b_both"] = figures(a_out), figures(b_out)
+    stop(server)
+    for b in sizes:
+        progress(f"classify: A alone, max_batch_size {b}", steps)
+        server, addr = serve(bin_dir, tmp, f"m{b}", b, servers)
+        out = os.path.join(tmp, f"a-batch{b}.json")
         loadgen(bin_dir, addr, "tok-a", args.flood, args.duration, out).wait()
-        runs["a_alone"] = figures(out)
-        progress("classify: both (B measured while A floods)", steps)
-        a_out, b_out = os.path.join(tmp, "a-both.json"), os.path.join(tmp, "b-both.json")
-        a = loadgen(bin_dir, addr, "tok-a", args.flood, args.duration + 3, a_out)
-        time.sleep(1.5)
-        loadgen(bin_dir, addr, "tok-b", 1, args.duration, b_out).wait()
-        a.wait()
-        runs["a_both"], runs["b_both"] = figures(a_out), figures(b_out)
+        runs[f"a_batch{b}"] = figures(out)
         stop(server)
-        for b in sizes:
-            progress(f"classify: A alone, max_batch_size {b}", steps)
-            server, addr = serve(bin_dir, tmp, f"m{b}", b, servers)
-            out = os.path.join(tmp, f"a-batch{b}.json")
-            loadgen(bin_dir, addr, "tok-a", args.flood, args.duration, out).wait()
-            runs[f"a_batch{b}"] = figures(out)
-            stop(server)
-    finally:
-        for s in servers:
-            stop(s)
     r = runs
     lines = [
         f"Classify, krause-vit-fmnist (max_batch_size 64), two tenants of equal weight, "
@@ -122,6 +118,78 @@ def main():
     for b in sizes:
         f = r[f"a_batch{b}"]
         lines.append(f"| {b} | {f['images_per_second']:.0f} | {f['p50_ms']:.1f} |")
+    return runs, lines
+
+
+def generate(args, bin_dir, tmp, progress, steps, servers):
+    runs = {}
+    lines = [f"Generate, karm-fmnist ({args.slots} cache slots): A streams 1 image per call at "
+             f"concurrency {args.gen_a}, B 4 images per call at concurrency {args.gen_b} "
+             f"(both want more slots than there are), {args.duration:g} s each, one run", "",
+             "| weights A:B | A images/s | B images/s | B's share | A's share | total / A alone "
+             "| errors A, B |", "|---|---|---|---|---|---|---|"]
+    for weight_a in (1, 3):
+        tokens = f"tok-a tenant=team-a weight={weight_a}\ntok-b tenant=team-b\n"
+        server, addr = serve(bin_dir, tmp, f"gen{weight_a}", 64, servers, tokens, args.slots)
+        key = f"w{weight_a}"
+        if weight_a == 1:
+            progress(f"generate: A alone at concurrency {args.gen_a}", steps)
+            out = os.path.join(tmp, "gen-a-alone.json")
+            loadgen(bin_dir, addr, "tok-a", args.gen_a, args.duration, out, "generate",
+                    warmup=2).wait()
+            runs["gen_a_alone"] = figures(out, "Generate")
+        progress(f"generate: A and B together, weights {weight_a}:1", steps)
+        a_out, b_out = os.path.join(tmp, f"gen-a-{key}.json"), os.path.join(tmp, f"gen-b-{key}.json")
+        a = loadgen(bin_dir, addr, "tok-a", args.gen_a, args.duration, a_out, "generate", warmup=2)
+        b = loadgen(bin_dir, addr, "tok-b", args.gen_b, args.duration, b_out, "generate", 4,
+                    warmup=2)
+        a.wait()
+        b.wait()
+        fa, fb = figures(a_out, "Generate"), figures(b_out, "Generate")
+        runs[f"gen_a_{key}"], runs[f"gen_b_{key}"] = fa, fb
+        stop(server)
+        total = fa["images_per_second"] + fb["images_per_second"]
+        lines.append(f"| {weight_a}:1 | {fa['images_per_second']:.1f} | "
+                     f"{fb['images_per_second']:.1f} | {fb['images_per_second'] / total:.3f} | "
+                     f"{fa['images_per_second'] / total:.3f} | "
+                     f"{total / runs['gen_a_alone']['images_per_second']:.3f} | "
+                     f"{fa['errors']}, {fb['errors']} |")
+    f = runs["gen_a_alone"]
+    lines += ["", f"A alone: {f['images_per_second']:.1f} images/s, p50 {f['p50_ms']:.0f} ms, "
+              f"{f['errors']} errors"]
+    return runs, lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenario", default="classify,generate")
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
+    ap.add_argument("--duration", type=float, default=8)
+    ap.add_argument("--flood", type=int, default=128)
+    ap.add_argument("--batch_sizes", default="16,32,64")
+    ap.add_argument("--slots", type=int, default=64)
+    ap.add_argument("--gen_a", type=int, default=64)
+    ap.add_argument("--gen_b", type=int, default=16)
+    ap.add_argument("--json", default="")
+    ap.add_argument("--text", default="")
+    args = ap.parse_args()
+    bin_dir = os.path.abspath(args.bin)
+    tmp = tempfile.mkdtemp(prefix="krause-tenants-bench-")
+    scenarios = [x for x in args.scenario.split(",") if x]
+    steps = (3 + len([b for b in args.batch_sizes.split(",") if b]) if "classify" in scenarios
+             else 0) + (3 if "generate" in scenarios else 0)
+    progress = Progress()
+    runs, lines = {}, []
+    servers = []
+    try:
+        for name, fn in (("classify", classify), ("generate", generate)):
+            if name in scenarios:
+                r, text = fn(args, bin_dir, tmp, progress, steps, servers)
+                runs.update(r)
+                lines += (["", ""] if lines else []) + text
+    finally:
+        for s in servers:
+            stop(s)
     report("\n".join(lines), runs, args.text, args.json)
 
 

@@ -122,8 +122,8 @@ TEST(DecodeEngine, CancelLeavesAtTheNextStepAndFreesTheSlot) {
 }
 
 // Step(plan) carries the plan out and decides nothing itself: it admits exactly the plan's
-// requests still waiting, oldest first, and the prefill positions Waiting() reports (what the
-// planner budgets with) are the positions those admissions run.
+// requests still waiting, in the plan's order, and the prefill positions Waiting() reports (what
+// the planner budgets with) are the positions those admissions run.
 TEST(DecodeEngine, StepAdmitsThePlanAndWaitingReportsThePrefillItRuns) {
   for (bool start : {true, false}) {
     SCOPED_TRACE(start ? "start token" : "no start token");
@@ -138,19 +138,13 @@ TEST(DecodeEngine, StepAdmitsThePlanAndWaitingReportsThePrefillItRuns) {
     const std::vector<WaitingRequest> waiting = engine->Waiting();
     ASSERT_EQ(waiting.size(), 5u);
     for (size_t i = 0; i < 5; ++i) EXPECT_EQ(waiting[i].id, ids[i]);
-    // A plan that passes over the oldest request admits nothing: no request overtakes an older
-    // one.
-    AdmissionPlan skip_oldest;
-    skip_oldest.ids = {ids[1]};
-    StepOutput out = engine->Step(skip_oldest);
-    EXPECT_TRUE(out.admitted.empty());
-    EXPECT_EQ(engine->waiting(), 5);
-    // A planned request cancelled before the step is passed over; the rest are admitted.
+    // The plan's order is the step's (the planner's fair order may take a newer request first);
+    // a planned request cancelled before the step is passed over.
     AdmissionPlan plan;
-    plan.ids = {ids[0], ids[1], ids[2], ids[3]};
+    plan.ids = {ids[3], ids[0], ids[1], ids[2]};
     engine->Cancel(ids[1]);
-    out = engine->Step(plan);
-    EXPECT_EQ(out.admitted, (std::vector<int64_t>{ids[0], ids[2], ids[3]}));
+    StepOutput out = engine->Step(plan);
+    EXPECT_EQ(out.admitted, (std::vector<int64_t>{ids[3], ids[0], ids[2]}));
     EXPECT_EQ(out.stats.prefill_tokens,
               waiting[0].prefill_tokens + waiting[2].prefill_tokens + waiting[3].prefill_tokens);
     EXPECT_EQ(out.stats.prefill_tokens, start ? 0 + 6 + 11 : 0 + 5 + 10);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "server/core/errors.h"
 #include "tests/test_util.h"
 
 namespace krause::server {
@@ -58,7 +59,10 @@ class Recorder : public GenerationReceiver {
     std::lock_guard<std::mutex> lock(mu_);
     ++updates_;
     EXPECT_LE(u.admitted_at, u.now);
-    for (int64_t image : u.admitted) ++admitted_.at(image);
+    for (int64_t image : u.admitted) {
+      ++admitted_.at(image);
+      admitted_at_[image] = u.admitted_at;
+    }
     for (const CallUpdate::Pixel& p : u.pixels) {
       std::vector<uint8_t>& px = pixels_.at(p.image);
       EXPECT_EQ(p.index, static_cast<int64_t>(first_index_.at(p.image) + px.size()))
@@ -106,6 +110,11 @@ class Recorder : public GenerationReceiver {
     std::lock_guard<std::mutex> lock(mu_);
     return admitted_;
   }
+  // When each image's step began admitting it (the steps' start times order the admissions).
+  std::map<int64_t, Clock::time_point> admitted_at() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return admitted_at_;
+  }
   bool stopping() const {
     std::lock_guard<std::mutex> lock(mu_);
     return stopping_;
@@ -118,6 +127,7 @@ class Recorder : public GenerationReceiver {
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::map<int64_t, Clock::time_point> admitted_at_;
   std::vector<std::vector<uint8_t>> pixels_;  // sampled subpixels per image
   std::vector<int> admitted_;
   std::vector<size_t> first_index_;
@@ -272,6 +282,62 @@ TEST(GeneratorWorker, CancelStopsOneCallOnly) {
   EXPECT_EQ(a->pixels()[0], Alone(*m, Request(1)));
   EXPECT_LT(b->pixels()[0].size(), 256u);
   worker->Cancel(b.get());  // done already: no effect
+}
+
+// Cache slots go to the tenant holding the fewest for its weight (PlanAdmission), not to the
+// oldest call: with tenant A's two calls and tenant B's call of two images waiting when A's first
+// two images finish, one slot goes to A's older call and one to B, and so on. A tenant with a
+// call waiting at its max_queued is refused (TENANT_LIMIT); the other tenant is not.
+TEST(GeneratorWorker, SlotsAreSharedBetweenTenantsAndMaxQueuedRefusesOnlyItsTenant) {
+  const auto m = TinyModel(16);
+  std::mutex hold_mu;
+  std::condition_variable hold_cv;
+  bool release = false;
+  int steps = 0;
+  // Held from its second step (the first delivers the first pixels) until the calls are in; no
+  // slot frees before the first call's images end anyway.
+  auto worker = GeneratorWorker::Create(m, Slots(2), [&](const DecodeEvent&) {
+                  std::unique_lock<std::mutex> hold(hold_mu);
+                  if (++steps >= 2) hold_cv.wait(hold, [&] { return release; });
+                }).value();
+  Share a;  // the default tenant, weight 1
+  Share b;
+  b.tenant = 1;
+  auto spec = std::make_shared<TenantSpec>();
+  spec->name = "team-b";
+  spec->max_queued = 1;
+  b.spec = spec;
+  auto first = std::make_shared<Recorder>(2, std::vector<size_t>{0, 0});
+  ASSERT_TRUE(worker->Submit({Request(1), Request(2)}, first, a).ok());  // both slots
+  ASSERT_TRUE(first->WaitStarted(0));
+  auto a3 = std::make_shared<Recorder>(1, std::vector<size_t>{0});
+  auto a4 = std::make_shared<Recorder>(1, std::vector<size_t>{0});
+  auto b56 = std::make_shared<Recorder>(2, std::vector<size_t>{0, 0});
+  ASSERT_TRUE(worker->Submit({Request(3)}, a3, a).ok());
+  ASSERT_TRUE(worker->Submit({Request(4)}, a4, a).ok());
+  ASSERT_TRUE(worker->Submit({Request(5), Request(6)}, b56, b).ok());
+  auto b7 = std::make_shared<Recorder>(1, std::vector<size_t>{0});
+  const absl::Status refused = worker->Submit({Request(7)}, b7, b);
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted,
+                                HasSubstr("tenant team-b is at its max_queued of 1")));
+  EXPECT_EQ(DetailsOf(refused).reason, "TENANT_LIMIT");
+  auto a8 = std::make_shared<Recorder>(1, std::vector<size_t>{0});
+  ASSERT_TRUE(worker->Submit({Request(8)}, a8, a).ok());  // tenant A has no max_queued
+  {
+    std::lock_guard<std::mutex> hold(hold_mu);
+    release = true;
+  }
+  hold_cv.notify_all();
+  for (const auto& r : {first, a3, a4, b56, a8}) ASSERT_TRUE(r->WaitDone());
+  // A's first two finish together: A's oldest waiting call and B's first image take the slots
+  // (not A's two older calls, as oldest-first would); then A's next call beside B's second.
+  const Clock::time_point t3 = a3->admitted_at().at(0), t4 = a4->admitted_at().at(0);
+  EXPECT_EQ(b56->admitted_at().at(0), t3);
+  EXPECT_LT(t3, t4);
+  EXPECT_EQ(b56->admitted_at().at(1), t4);
+  EXPECT_LT(t4, a8->admitted_at().at(0));
+  EXPECT_EQ(b56->pixels()[1], Alone(*m, Request(6)));  // the same image, whoever shares the step
+  worker->Stop();
 }
 
 TEST(GeneratorWorker, SubmitIsAllOrNone) {

@@ -304,6 +304,32 @@ TEST(PlanWorkerIteration, WhileDecodingSideWorkSpendsOnlyTheCredit) {
   EXPECT_EQ(Admitted(PlanWorkerIteration(s, o)), 2);
 }
 
+// A tenant whose image finished is expected back for return_window_seconds (its share of the
+// slots is kept for it meanwhile: PlanAdmission), the last image of each tenant counting.
+TEST(WorkerLedger, ATenantIsExpectedBackForTheReturnWindowAfterItsImageFinished) {
+  GeneratorSchedulingOptions o;
+  o.return_window_seconds = 0.05;
+  WorkerLedger l(o);
+  const Clock::time_point t0 = Clock::time_point() + std::chrono::seconds(100);
+  FairShare a, b;
+  b.group = 1;
+  b.weight = 3;
+  WorkerState s;
+  l.Fill(&s, t0);
+  EXPECT_TRUE(s.expected.empty());
+  l.OnDone(a, t0);
+  l.OnDone(b, t0 + std::chrono::milliseconds(30));
+  l.Fill(&s, t0 + std::chrono::milliseconds(50));
+  ASSERT_EQ(s.expected.size(), 2u);
+  EXPECT_EQ(s.expected[1].group, 1);
+  EXPECT_EQ(s.expected[1].weight, 3);
+  l.Fill(&s, t0 + std::chrono::milliseconds(51));  // A's window has passed; B's has not
+  ASSERT_EQ(s.expected.size(), 1u);
+  EXPECT_EQ(s.expected[0].group, 1);
+  l.Fill(&s, t0 + std::chrono::milliseconds(81));
+  EXPECT_TRUE(s.expected.empty());
+}
+
 // The worker's bookkeeping: the credit earned by decode steps and spent by side work while
 // sequences decode, and the smoothed costs (0.7 old + 0.3 new) the next plan sizes units with.
 TEST(WorkerLedger, KeepsTheCreditAndTheMeasuredCosts) {
@@ -311,33 +337,33 @@ TEST(WorkerLedger, KeepsTheCreditAndTheMeasuredCosts) {
   o.side_slice_seconds = 0.005;
   WorkerLedger l(o);
   WorkerState s;
-  l.Fill(&s);
+  l.Fill(&s, Clock::time_point());
   EXPECT_DOUBLE_EQ(s.credit_seconds, 0.005);
   EXPECT_EQ(s.seconds_per_prefill_token, 0);  // unknown
   EXPECT_EQ(s.seconds_per_score_image, 0);
   l.OnScore(0.004, 2, /*decoding=*/false);  // idle: measured, no credit spent
-  l.Fill(&s);
+  l.Fill(&s, Clock::time_point());
   EXPECT_DOUBLE_EQ(s.seconds_per_score_image, 0.002);
   EXPECT_DOUBLE_EQ(s.credit_seconds, 0.005);
   l.OnScore(0.012, 2, true);
-  l.Fill(&s);
+  l.Fill(&s, Clock::time_point());
   EXPECT_NEAR(s.seconds_per_score_image, 0.7 * 0.002 + 0.3 * 0.006, 1e-15);
   EXPECT_NEAR(s.credit_seconds, -0.007, 1e-15);
   // A step: its decode earns first (0.004 / 2), then its prefills spend.
   l.OnStep(100, 0.002, 0.004, true);
-  l.Fill(&s);
+  l.Fill(&s, Clock::time_point());
   EXPECT_NEAR(s.credit_seconds, -0.007 + 0.002 - 0.002, 1e-15);
   EXPECT_DOUBLE_EQ(s.seconds_per_prefill_token, 2e-5);
   l.OnStep(0, 0, 0.010, true);  // no prefill: the cost stays
-  l.Fill(&s);
+  l.Fill(&s, Clock::time_point());
   EXPECT_NEAR(s.credit_seconds, -0.002, 1e-15);
   EXPECT_DOUBLE_EQ(s.seconds_per_prefill_token, 2e-5);
   l.OnStep(50, 0.002, 0, false);  // prefills while idle: measured, free
-  l.Fill(&s);
+  l.Fill(&s, Clock::time_point());
   EXPECT_NEAR(s.credit_seconds, -0.002, 1e-15);
   EXPECT_NEAR(s.seconds_per_prefill_token, 0.7 * 2e-5 + 0.3 * 4e-5, 1e-18);
   l.OnStep(0, 0, 1.0, true);  // capped at the slice
-  l.Fill(&s);
+  l.Fill(&s, Clock::time_point());
   EXPECT_DOUBLE_EQ(s.credit_seconds, 0.005);
 }
 

@@ -5,9 +5,23 @@
 // or restates who is admitted.
 //
 // The rule:
-//   - oldest first; a request takes all its slots (2 when guided, else 1) or waits, and every
-//     request behind it waits too: no overtaking, so a guided request is never starved by a
-//     stream of unguided ones;
+//   - shares first: each request belongs to a share group (a tenant, with a weight and an
+//     optional limit on the slots it holds). The next request considered is the head of the
+//     group whose slots held, counting this plan's admissions, divided by its weight are least
+//     (ties: the group whose head is oldest); a group at its slot limit is passed over. Within a
+//     group the head is its highest-priority request, the oldest of those. So a group's share of
+//     a full engine follows its weight, not the number of requests it keeps waiting, and with
+//     one group (no tenants) this is oldest first within priority;
+//   - a group's weighted share is the slots (free and held) times its weight over the weights of
+//     the groups holding, waiting or expected back (AdmissionBudget::expected); for an expected
+//     group the slots of its share it neither holds nor asks for are kept, and a group past its
+//     share is not admitted into them. Without that,
+//     images that finish together would free their slots for whoever else is waiting, a moment
+//     before their own clients' next calls arrive, and the shares would follow who resubmits
+//     first;
+//   - a request takes all its slots (2 when guided, else 1) or waits, and the plan ends there:
+//     nobody is admitted past it, so a guided request is never starved by a stream of unguided
+//     ones;
 //   - with a finite budget, admissions stop before the prefill estimate would pass it, but the
 //     first request that fits the slots is always admitted (waiting work always progresses), and a
 //     prefill whose cost was never measured is the plan's last (running it measures the cost).
@@ -23,11 +37,28 @@
 
 namespace krause {
 
+// Whose a request is, as admission shares slots: its group (a tenant's index, 0.. a few
+// hundred), the group's weight and slot limit (the same on every request of a group), and the
+// request's priority within its group (higher first).
+struct FairShare {
+  int32_t group = 0;
+  double weight = 1;      // > 0
+  int64_t max_slots = 0;  // slots the group may hold at once (0: no limit)
+  int priority = 0;
+};
+
+// The slots one group holds (DecodeEngine::HeldSlots()).
+struct GroupSlots {
+  FairShare share;  // the group and its weight (priority: unused)
+  int64_t slots = 0;
+};
+
 // A request waiting for cache slots, as admission planning sees it (DecodeEngine::Waiting()).
 struct WaitingRequest {
   int64_t id = 0;
   int64_t slots = 1;           // cache slots it takes: 2 when guided, else 1
   int64_t prefill_tokens = 0;  // positions its prefill runs, over all its slots
+  FairShare share;
 };
 
 struct AdmissionBudget {
@@ -36,15 +67,21 @@ struct AdmissionBudget {
   // one prefill position; 0 while unknown). Infinite: no limit, every request that fits is taken.
   double seconds = std::numeric_limits<double>::infinity();
   double seconds_per_token = 0;
+  // The groups holding slots now, with how many (a group not listed holds none).
+  std::vector<GroupSlots> held;
+  // Groups with nothing held or waiting that are expected back at once (their images just
+  // finished: their clients' next calls are on the way). Free slots up to such a group's
+  // weighted share are kept for it: a group over its own share is not admitted into them.
+  std::vector<FairShare> expected;
 };
 
 struct AdmissionPlan {
-  std::vector<int64_t> ids;  // the requests to admit, oldest first
+  std::vector<int64_t> ids;  // the requests to admit, in the order the rule took them
   int64_t slots = 0;         // the cache slots they take
   double seconds = 0;        // their estimated prefill time (0 where the cost is unknown)
 };
 
-// `waiting`: oldest first.
+// `waiting`: oldest first (ids grow with age).
 AdmissionPlan PlanAdmission(const std::vector<WaitingRequest>& waiting,
                             const AdmissionBudget& budget);
 

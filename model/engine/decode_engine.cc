@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <exception>
@@ -107,6 +108,15 @@ absl::Status DecodeEngine::Validate(const GenerationRequest& request) const {
     return absl::InvalidArgumentError(absl::StrCat("guidance needs ", request.slots(),
                                                    " cache slots per image; this engine has ",
                                                    pool_.capacity()));
+  }
+  if (request.share.max_slots > 0 && request.slots() > request.share.max_slots) {
+    return absl::InvalidArgumentError(absl::StrCat("guidance needs ", request.slots(),
+                                                   " cache slots per image; the tenant may hold ",
+                                                   request.share.max_slots, " (max_slots)"));
+  }
+  if (!(request.share.weight > 0) || !std::isfinite(request.share.weight)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("share weight must be positive and finite, not ", request.share.weight));
   }
   return absl::OkStatus();
 }
@@ -238,11 +248,23 @@ std::vector<WaitingRequest> DecodeEngine::WaitingLocked() const {
   for (const auto& s : pending_) {
     const int64_t slots = s->request.slots();
     // Admit() prefills on each of the request's slots.
-    out.push_back(
-        {s->id, slots,
-         slots * PrefillPositions(static_cast<int64_t>(s->request.prompt.size()), start)});
+    out.push_back({s->id, slots,
+                   slots * PrefillPositions(static_cast<int64_t>(s->request.prompt.size()), start),
+                   s->request.share});
   }
   return out;
+}
+
+std::vector<GroupSlots> DecodeEngine::HeldSlots() const {
+  std::vector<GroupSlots> held;
+  for (const auto& s : active_) {
+    const FairShare& share = s->request.share;
+    auto it = std::find_if(held.begin(), held.end(),
+                           [&](const GroupSlots& h) { return h.share.group == share.group; });
+    if (it == held.end()) it = held.insert(held.end(), GroupSlots{share, 0});
+    it->slots += s->request.slots();
+  }
+  return held;
 }
 
 StepOutput DecodeEngine::Step() { return Run(nullptr); }
@@ -287,28 +309,25 @@ StepOutput DecodeEngine::Run(const AdmissionPlan* given) {
     if (given == nullptr) {  // whatever fits, the slots just freed included
       AdmissionBudget budget;
       budget.free_slots = free_slots();
+      budget.held = HeldSlots();
       own = PlanAdmission(WaitingLocked(), budget);
     }
     const AdmissionPlan& plan = given != nullptr ? *given : own;
-    // The plan names a prefix of the queue as it was (ids grow in submission order): those
-    // cancelled since are gone, and a newer request is never taken before an older one.
-    size_t next = 0;
-    while (!pending_.empty() && next < plan.ids.size()) {
-      Sequence& s = *pending_.front();
-      if (plan.ids[next] < s.id) {  // left the queue since the plan was made
-        ++next;
-        continue;
-      }
-      if (plan.ids[next] != s.id || s.request.slots() > free_slots()) break;
-      ++next;
+    // In the plan's order; a request that left the queue since (cancelled) is passed over.
+    for (int64_t id : plan.ids) {
+      const auto it = std::find_if(pending_.begin(), pending_.end(),
+                                   [id](const auto& s) { return s->id == id; });
+      if (it == pending_.end()) continue;
+      Sequence& s = **it;
+      if (s.request.slots() > free_slots()) break;
       s.slot = *pool_.Reserve();  // free_slots() said there is one
       pool_.Commit(s.slot);
       if (s.request.guided()) {
         s.guide_slot = *pool_.Reserve();
         pool_.Commit(s.guide_slot);
       }
-      admitted.push_back(std::move(pending_.front()));
-      pending_.pop_front();
+      admitted.push_back(std::move(*it));
+      pending_.erase(it);
     }
   }
   const auto prefill_start = std::chrono::steady_clock::now();

@@ -71,6 +71,9 @@ struct GenerationRequest {
   // guided, else 1.
   static int64_t SlotsFor(double guidance) { return guidance != 1.0 ? 2 : 1; }
   int64_t slots() const { return SlotsFor(guidance); }
+  // Whose it is, as admissions share the cache slots (admission.h): its tenant, weight, slot
+  // limit and priority. The default: one group, every request alike.
+  FairShare share;
 };
 
 struct EngineOptions {
@@ -139,15 +142,18 @@ class DecodeEngine {
   void Cancel(int64_t id);
 
   // One scheduling step (engine thread): cancelled requests leave; the plan's requests still
-  // waiting are admitted, oldest first (the plan must come from PlanAdmission over Waiting() and
-  // free_slots(): a request it names that no longer fits, or that stands behind one it does not
-  // name, is not admitted); then every active sequence decodes one subpixel.
+  // waiting are admitted in the plan's order (the plan must come from PlanAdmission over
+  // Waiting(), free_slots() and HeldSlots(): a request it names that no longer waits is passed
+  // over, and the first that no longer fits ends the admissions); then every active sequence
+  // decodes one subpixel.
   StepOutput Step(const AdmissionPlan& plan);
   // The same, admitting every waiting request that fits once the cancelled ones have left
   // (PlanAdmission without a time budget, made inside the step).
   StepOutput Step();
   // The waiting requests, oldest first, as PlanAdmission takes them.
   std::vector<WaitingRequest> Waiting() const;
+  // The cache slots each share group holds (AdmissionBudget::held; engine thread).
+  std::vector<GroupSlots> HeldSlots() const;
   int64_t free_slots() const { return pool_.capacity() - pool_.in_use(); }
   // True while anything is queued or active.
   bool Busy() const;

@@ -44,10 +44,17 @@ GeneratorWorker::GeneratorWorker(std::shared_ptr<const PixelModel> model,
 GeneratorWorker::~GeneratorWorker() { Stop(); }
 
 absl::Status GeneratorWorker::Submit(std::vector<GenerationRequest> images,
-                                     std::shared_ptr<GenerationReceiver> receiver) {
+                                     std::shared_ptr<GenerationReceiver> receiver,
+                                     const Share& share) {
   if (images.empty()) return absl::InvalidArgumentError("a call needs at least one image");
+  FairShare fair;
+  fair.group = share.tenant;
+  fair.weight = share.weight();
+  fair.max_slots = share.spec != nullptr ? share.spec->max_slots : 0;
+  fair.priority = share.priority;
   // Every image is checked before any is queued: all or none.
-  for (const GenerationRequest& r : images) {
+  for (GenerationRequest& r : images) {
+    r.share = fair;
     if (absl::Status st = engine_->Validate(r); !st.ok()) return st;
   }
   {
@@ -63,10 +70,18 @@ absl::Status GeneratorWorker::Submit(std::vector<GenerationRequest> images,
                        " images waiting, ", active_.load(), " of ", slots_,
                        " slots busy, waiting limit ", options_.max_waiting, "); retry later"),
           reason::kQueueFull);
+    if (share.spec != nullptr && share.spec->max_queued > 0) {
+      int64_t queued = 0;  // the tenant's calls with an image waiting for a slot
+      for (const auto& [seq, c] : calls_) queued += c.share.group == share.tenant && c.waiting > 0;
+      if (queued >= share.spec->max_queued)
+        return TenantRefusal(*share.spec, "max_queued", share.spec->max_queued,
+                             absl::StrCat(queued, " calls waiting for cache slots"));
+    }
     if (receiver == nullptr || call_of_.count(receiver.get()))
       return absl::InvalidArgumentError("a call needs a receiver of its own");
     const int64_t seq = next_call_++;
     Call& call = calls_[seq];
+    call.share = fair;
     call_of_[receiver.get()] = seq;
     call.receiver = std::move(receiver);
     for (int64_t i = 0; i < n; ++i) {
@@ -81,9 +96,10 @@ absl::Status GeneratorWorker::Submit(std::vector<GenerationRequest> images,
         return id.status();
       }
       call.ids.push_back(*id);
-      images_[*id] = {&call, i};
+      images_[*id] = {&call, i, false};
     }
     call.unfinished = n;
+    call.waiting = n;
     wake_ = true;
   }
   cv_.notify_one();
@@ -198,27 +214,35 @@ void GeneratorWorker::ScoreChunk(std::deque<RunningScore>* scores, int64_t image
   }
 }
 
-void GeneratorWorker::Deliver(const StepOutput& out, Clock::time_point step_start, bool stopping) {
+void GeneratorWorker::Deliver(const StepOutput& out, Clock::time_point step_start, bool stopping,
+                              WorkerLedger* ledger) {
   const Clock::time_point now = Clock::now();
   std::vector<Call*> live;
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Ids no call holds (an image of a Submit undone part way) are passed over.
-    auto owner = [this](int64_t id) -> std::pair<Call*, int64_t> {
+    auto owner = [this](int64_t id) -> ImageRef* {
       const auto it = images_.find(id);
-      return it == images_.end() ? std::pair<Call*, int64_t>{nullptr, 0} : it->second;
+      return it == images_.end() ? nullptr : &it->second;
     };
     for (int64_t id : out.admitted) {
-      if (auto [call, image] = owner(id); call != nullptr) call->update.admitted.push_back(image);
+      if (ImageRef* r = owner(id); r != nullptr) {
+        r->call->update.admitted.push_back(r->image);
+        r->admitted = true;
+        --r->call->waiting;
+      }
     }
     for (const StepOutput::Pixel& p : out.pixels) {
-      if (auto [call, image] = owner(p.id); call != nullptr)
-        call->update.pixels.push_back({image, p.index, p.value});
+      if (ImageRef* r = owner(p.id); r != nullptr)
+        r->call->update.pixels.push_back({r->image, p.index, p.value});
     }
     for (const StepOutput::Finished& f : out.finished) {
-      if (auto [call, image] = owner(f.id); call != nullptr) {
-        call->update.done.push_back({image, f.status});
+      if (ImageRef* r = owner(f.id); r != nullptr) {
+        Call* call = r->call;
+        call->update.done.push_back({r->image, f.status});
+        if (f.status.ok()) ledger->OnDone(call->share, now);
         --call->unfinished;
+        if (!r->admitted) --call->waiting;  // cancelled before it got a slot
         images_.erase(f.id);
       }
     }
@@ -277,10 +301,11 @@ void GeneratorWorker::Loop() {
     state.decoding = engine_->active();
     state.free_slots = engine_->free_slots();
     state.waiting = engine_->Waiting();
+    state.held = engine_->HeldSlots();
     if (!scores.empty()) {
       state.score_images_left = scores.front().job.images.size(0) - scores.front().done;
     }
-    ledger.Fill(&state);
+    ledger.Fill(&state, Clock::now());
     const WorkerPlan plan = PlanWorkerIteration(state, options_.scheduling);
     const bool decoding = state.decoding > 0;
 
@@ -301,7 +326,7 @@ void GeneratorWorker::Loop() {
                     decoding);
       if (on_step_) on_step_(e);
     }
-    Deliver(out, t0, stopping);
+    Deliver(out, t0, stopping, &ledger);
     if (stopping && !engine_->Busy() && scores.empty()) {
       std::lock_guard<std::mutex> lock(mu_);
       if (scores_.empty() && calls_.empty()) return;

@@ -34,6 +34,7 @@
 #include "model/pixel_model.h"
 #include "server/core/defaults.h"
 #include "server/core/scheduling.h"
+#include "server/core/tenants.h"
 
 namespace krause::server {
 
@@ -105,11 +106,15 @@ class GeneratorWorker {
   ~GeneratorWorker();
 
   // Submits one call's images, all or none, to be reported to `receiver` (which the worker holds
-  // until the call's last image is done). UNAVAILABLE when the waiting room would overflow or the
-  // worker is stopping; InvalidArgument from the engine's validation, or when `receiver` is null
+  // until the call's last image is done), for `share`'s tenant at its priority: the images'
+  // GenerationRequest::share is set from it, so admissions share the cache slots between tenants
+  // by weight (within max_slots) and order a tenant's images by priority (admission.h).
+  // UNAVAILABLE when the waiting room would overflow or the worker is stopping;
+  // RESOURCE_EXHAUSTED (TenantRefusal) when the tenant already has max_queued calls with images
+  // waiting for a slot; InvalidArgument from the engine's validation, or when `receiver` is null
   // or already has images running.
   absl::Status Submit(std::vector<GenerationRequest> images,
-                      std::shared_ptr<GenerationReceiver> receiver);
+                      std::shared_ptr<GenerationReceiver> receiver, const Share& share = {});
   // Every unfinished image of the receiver's call leaves at the next step (Cancelled). No effect
   // once they are done.
   void Cancel(const GenerationReceiver* receiver);
@@ -145,7 +150,9 @@ class GeneratorWorker {
     std::shared_ptr<GenerationReceiver> receiver;
     std::vector<int64_t> ids;  // by image
     int64_t unfinished = 0;
-    CallUpdate update;  // worker thread only
+    int64_t waiting = 0;  // images not yet admitted (nor done)
+    FairShare share;      // its tenant's, as its images carry it
+    CallUpdate update;    // worker thread only
   };
   void Loop();
   // Ends queued Score jobs that were cancelled, expired or (stopping) refused.
@@ -155,7 +162,9 @@ class GeneratorWorker {
                   WorkerLedger* ledger, DecodeEvent* event);
   // Routes a step's output to the calls, hands every live call its update, and forgets the calls
   // whose images are all done.
-  void Deliver(const StepOutput& out, Clock::time_point step_start, bool stopping);
+  // Tells `ledger` of the tenants whose images finished.
+  void Deliver(const StepOutput& out, Clock::time_point step_start, bool stopping,
+               WorkerLedger* ledger);
 
   const std::shared_ptr<const PixelModel> model_;
   const std::unique_ptr<DecodeEngine> engine_;
@@ -172,7 +181,12 @@ class GeneratorWorker {
   // Call's `update` is the worker thread's alone.
   std::map<int64_t, Call> calls_;
   std::unordered_map<const GenerationReceiver*, int64_t> call_of_;
-  std::unordered_map<int64_t, std::pair<Call*, int64_t>> images_;
+  struct ImageRef {
+    Call* call = nullptr;
+    int64_t image = 0;      // its index in the call
+    bool admitted = false;  // it got its cache slots
+  };
+  std::unordered_map<int64_t, ImageRef> images_;
   int64_t next_call_ = 0;
   std::deque<ScoreJob> scores_;
   bool stopping_ = false;

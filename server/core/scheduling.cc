@@ -139,6 +139,8 @@ WorkerPlan PlanWorkerIteration(const WorkerState& s, const GeneratorSchedulingOp
     a.free_slots = s.free_slots;
     a.seconds = budget;
     a.seconds_per_token = s.seconds_per_prefill_token;
+    a.held = s.held;
+    a.expected = s.expected;
     plan.admission = PlanAdmission(s.waiting, a);
     const double spent = plan.admission.seconds;
     if (s.score_images_left > 0 && spent < budget) {
@@ -175,7 +177,15 @@ void WorkerLedger::OnStep(int64_t prefill_tokens, double prefill_seconds, double
   }
 }
 
-void WorkerLedger::Fill(WorkerState* s) const {
+void WorkerLedger::OnDone(const FairShare& share, Clock::time_point now) {
+  done_[share.group] = {share, now};
+}
+
+void WorkerLedger::Fill(WorkerState* s, Clock::time_point now) const {
+  s->expected.clear();
+  for (const auto& [tenant, last] : done_) {
+    if (now - last.second <= window_) s->expected.push_back(last.first);
+  }
   s->credit_seconds = credit_.seconds();
   s->seconds_per_prefill_token = seconds_per_prefill_token_;
   s->seconds_per_score_image = seconds_per_score_image_;

@@ -22,9 +22,11 @@
 //     `side_share` (a third) of the worker's time, accounted by SideWorkCredit from measured
 //     durations (WorkerLedger keeps the credit and the measured costs); who is admitted follows
 //     the engine's one rule, PlanAdmission (model/engine/admission.h), within the budget decided
-//     here. Each side unit is bounded (a prefill; a Score chunk sized to the credit), so a
-//     burst of completion prompts or a stream of Score jobs slows running streams by a bounded
-//     factor instead of stalling them. With nothing decoding, side work takes a slice per iteration
+//     here: the tenant holding the fewest slots for its weight goes first (its highest priority,
+//     oldest image), so tenants share a full generator's slots, and so its images/s, by weight.
+//     Each side unit is bounded (a prefill; a Score chunk sized to the credit), so a burst of
+//     completion prompts or a stream of Score jobs slows running streams by a bounded factor
+//     instead of stalling them. With nothing decoding, side work takes a slice per iteration
 //     (admissions first: the first admitted streams start at once, the rest join under the
 //     credit; Score chunks of about a slice, so that a Generate arriving between two chunks waits
 //     for one chunk, not for a whole Score job; a chunk costs about as much per image as a whole
@@ -35,6 +37,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -146,6 +150,11 @@ struct GeneratorSchedulingOptions {
   // Largest side-work credit kept between bursts, and the side work an idle worker does
   // between two looks at its queues.
   double side_slice_seconds = 0.005;
+  // How long after a tenant's image finished, with nothing of its own left waiting or decoding,
+  // its weighted share of the slots is kept for it (its client's next call is on the way;
+  // PlanAdmission's `expected`). Long enough for a reply and the next call to cross a busy
+  // host, short beside an image's generation.
+  double return_window_seconds = 0.05;
 };
 
 // Side-work credit, in seconds: a decode step of t seconds earns t * share / (1 - share)
@@ -168,6 +177,8 @@ struct WorkerState {
   int64_t decoding = 0;  // sequences holding a slot
   int64_t free_slots = 0;
   std::vector<WaitingRequest> waiting;  // oldest first (DecodeEngine::Waiting)
+  std::vector<GroupSlots> held;         // slots held by tenant (DecodeEngine::HeldSlots)
+  std::vector<FairShare> expected;      // tenants expected back (ExpectedTenants)
   // Images left in the oldest Score job (0: none queued).
   int64_t score_images_left = 0;
   double credit_seconds = 0;  // SideWorkCredit::seconds()
@@ -191,14 +202,23 @@ WorkerPlan PlanWorkerIteration(const WorkerState& state, const GeneratorScheduli
 // side work spend credit).
 class WorkerLedger {
  public:
-  explicit WorkerLedger(const GeneratorSchedulingOptions& options) : credit_(options) {}
+  explicit WorkerLedger(const GeneratorSchedulingOptions& options)
+      : credit_(options),
+        window_(std::chrono::duration_cast<Clock::duration>(
+            std::chrono::duration<double>(options.return_window_seconds))) {}
+  // An image of `share`'s tenant finished at `now` (its client may be back for more).
+  void OnDone(const FairShare& share, Clock::time_point now);
   void OnScore(double seconds, int64_t images, bool decoding);
   // An engine step: its prefills (positions and seconds) and its decode step's seconds.
   void OnStep(int64_t prefill_tokens, double prefill_seconds, double decode_seconds, bool decoding);
-  void Fill(WorkerState* state) const;
+  // The credit, the costs, and the tenants expected back at `now`: those with an image
+  // finished within return_window_seconds (PlanAdmission ignores those that are back).
+  void Fill(WorkerState* state, Clock::time_point now) const;
 
  private:
   SideWorkCredit credit_;
+  Clock::duration window_;
+  std::map<int32_t, std::pair<FairShare, Clock::time_point>> done_;  // the last, by tenant
   double seconds_per_prefill_token_ = 0, seconds_per_score_image_ = 0;
 };
 

@@ -166,8 +166,9 @@ int64_t ServedGenerator::ScoredPerImage() const {
 }
 
 absl::Status ServedGenerator::Generate(std::vector<GenerationRequest> images,
-                                       std::shared_ptr<GenerationReceiver> receiver) {
-  return worker_->Submit(std::move(images), std::move(receiver));
+                                       std::shared_ptr<GenerationReceiver> receiver,
+                                       const Share& share) {
+  return worker_->Submit(std::move(images), std::move(receiver), share);
 }
 
 absl::Status ServedGenerator::Inspect(at::Tensor image, int64_t class_row, InspectOptions o,

@@ -40,7 +40,8 @@ class ServedGenerator final : public ServedModel {
                      ReplyPool* replies, ScoreDone done) override;
   int64_t ScoredPerImage() const override;
   absl::Status Generate(std::vector<GenerationRequest> images,
-                        std::shared_ptr<GenerationReceiver> receiver) override;
+                        std::shared_ptr<GenerationReceiver> receiver,
+                        const Share& share = {}) override;
   void CancelGeneration(const GenerationReceiver* receiver) override { worker_->Cancel(receiver); }
   absl::Status Inspect(at::Tensor image, int64_t class_row, InspectOptions options,
                        const CallLimits& limits, ReplyPool* replies, InspectDone done) override;

@@ -57,7 +57,7 @@ absl::Status ServedModel::Score(at::Tensor, std::vector<int64_t>, const CallLimi
 }
 
 absl::Status ServedModel::Generate(std::vector<GenerationRequest>,
-                                   std::shared_ptr<GenerationReceiver>) {
+                                   std::shared_ptr<GenerationReceiver>, const Share&) {
   return NotThisKind(*this, "Generate", "generator");
 }
 

@@ -80,9 +80,12 @@ class ServedModel {
   // Subpixels scored per image (the Score reply's figure); 0 for a model that does not score.
   virtual int64_t ScoredPerImage() const { return 0; }
   // Submits one call's images (a GeneratePlan's) to be reported to `receiver` (the worker holds
-  // it until the call's last image is done); CancelGeneration stops the unfinished ones.
+  // it until the call's last image is done), for the call's tenant and priority (`share`: the
+  // cache slots are shared by it, GeneratorWorker::Submit); CancelGeneration stops the
+  // unfinished ones.
   virtual absl::Status Generate(std::vector<GenerationRequest> images,
-                                std::shared_ptr<GenerationReceiver> receiver);
+                                std::shared_ptr<GenerationReceiver> receiver,
+                                const Share& share = {});
   virtual void CancelGeneration(const GenerationReceiver* receiver) {}
   // The model's attention on one image [H, W, C] uint8, with the class row `class_row` (-1:
   // none), run beside the model's other work. InvalidArgument naming the option for options out

@@ -50,7 +50,8 @@ absl::Status GenerationCollector::Submit(ModelRef model, const GenerateSettings&
   book_->set_images(images);
   // The engine's own checks (a prompt too long for the model, guidance on an engine with one
   // cache slot) name the request field they are about.
-  const absl::Status st = model_->Generate(std::move(plan_.images), shared_from_this());
+  const absl::Status st =
+      model_->Generate(std::move(plan_.images), shared_from_this(), book_->share());
   if (!absl::IsInvalidArgument(st)) return st;
   return WithField(st, absl::StartsWith(st.message(), "guidance") ? "guidance" : "prompt_rows");
 }
