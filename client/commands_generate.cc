@@ -44,6 +44,7 @@ int Generate(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_
   if (absl::GetFlag(FLAGS_top_p) >= 0)
     req.set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
   req.set_top_k(static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_top_k))));
+  req.set_priority(static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_priority))));
   req.set_stream_rows(false);  // the client only needs the progress and the final PNGs
   auto cls = ChosenClass();
   if (!cls.ok()) return Fail(cls.status().ToString());

@@ -34,6 +34,7 @@ int Classify(v1::KrauseService::Stub& stub, const ConnectionOptions& o, bool as_
     req.set_model(absl::GetFlag(FLAGS_model));
     req.set_version(absl::GetFlag(FLAGS_model_version));
     req.set_top_k(static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_top))));
+    req.set_priority(static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_priority))));
     const size_t e = std::min(inputs->size(), s + batch);
     for (size_t i = s; i < e; ++i) *req.add_images() = (*inputs)[i].image;
     grpc::ClientContext ctx;

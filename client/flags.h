@@ -12,6 +12,7 @@ ABSL_DECLARE_FLAG(std::string, model_version);
 ABSL_DECLARE_FLAG(std::string, service);
 ABSL_DECLARE_FLAG(std::string, index);
 ABSL_DECLARE_FLAG(int32_t, top);
+ABSL_DECLARE_FLAG(int32_t, priority);
 ABSL_DECLARE_FLAG(int32_t, batch);
 ABSL_DECLARE_FLAG(std::string, label);
 ABSL_DECLARE_FLAG(int32_t, class_index);

@@ -69,6 +69,9 @@ ABSL_FLAG(double, guidance, -1,
           "the model's default, ModelInfo.default_guidance; 1: off; above 1 the images follow "
           "the class more closely, at twice the compute)");
 ABSL_FLAG(int32_t, num, 1, "generate/complete: images to sample");
+ABSL_FLAG(int32_t, priority, 0,
+          "classify/generate/complete: 0 .. 2, higher served sooner among your tenant's calls "
+          "(2 needs the token file's max_priority=2)");
 ABSL_FLAG(int64_t, seed, -1,
           "generate/complete: the call's seed (image i draws from its own stream of (seed, i); -1: "
           "random)");

@@ -278,6 +278,8 @@ TEST_F(HttpGenerateTest, BadInputIsA4xxBeforeTheStream) {
       {"karm", R"({"prompt_png": "***", "prompt_rows": 2})", 400, "prompt_png is not valid"},
       {"karm", R"({"seed": 1, "parameters": {"seed": 2}})", 400, "given twice"},
       {"karm", R"({"timeout": -5})", 400, "timeout"},
+      {"karm", R"({"priority": 3})", 400, "priority 3 is out of range [0, 2]"},
+      {"karm", R"({"priority": 2})", 403, "max_priority is 1"},
       {"nope", "{}", 404, "nope"},
       {"vit", "{}", 400, "vit"},
   };

@@ -372,6 +372,15 @@ def run(oip, native, port, hport, mport, log_path):
     rest_bad("parameter of the wrong type", {"parameters": {"seed": "x"}, "inputs": []}, 400,
              "parameter seed", path="/v2/models/karm-fmnist/infer")
     rest_bad("unknown model", {"inputs": []}, 404, "nope", path="/v2/models/nope/infer")
+    # Priority (Triton's parameter): 0 .. 2 within the caller's tenant; 2 needs max_priority=2.
+    rest_bad("priority out of range", {"parameters": {"priority": 7}, "inputs": [img()]}, 400,
+             "parameter priority 7 is out of range [0, 2]")
+    rest_bad("priority above the tenant's", {"parameters": {"priority": 2}, "inputs": [img()]},
+             403, "max_priority is 1")
+    rest_bad("generation priority above the tenant's", {"parameters": {"priority": 2},
+             "inputs": []}, 403, "max_priority is 1", path="/v2/models/karm-fmnist/infer")
+    s, _ = http("POST", infer_path, {"parameters": {"priority": 1}, "inputs": [img()]})
+    check(s == 200, f"REST classify at priority 1: {s}")
     check_extensions(oip, rest, infer, images, want_probs, want_labels, native_images)
     rest_bad("a body over --max_message_bytes", None, 413, "limit", raw=b" " * (5 << 20))
 

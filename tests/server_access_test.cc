@@ -159,6 +159,43 @@ TEST_F(ServerTest, EachTokensTenantIsNamedInTheRequestLog) {
       << bad.status();
 }
 
+// A call's priority: 0 .. 2, and 2 only for a tenant whose max_priority allows it; krause.v1's
+// Classify and Generate check it alike (PERMISSION_DENIED / INVALID_ARGUMENT naming priority).
+TEST_F(ServerTest, PriorityIsCheckedAgainstTheTenantsMaxPriority) {
+  server_->Shutdown();
+  WriteText(models_.dir + "/tokens", "tok-a tenant=team-a max_priority=2\ntok-b tenant=team-b\n");
+  server::ServerOptions o = LoopbackOptions(models_.manifest);
+  o.auth_tokens_file = models_.dir + "/tokens";
+  StartServer(o);
+  const auto classify = [&](const char* token, uint32_t priority) {
+    v1::ClassifyRequest req;
+    req.set_model("vit");
+    req.set_priority(priority);
+    *req.add_images() = RawImage(RandomImages(1, 8, 8, 1, 4)[0]);
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", std::string("Bearer ") + token);
+    v1::ClassifyResponse r;
+    return stub_->Classify(&ctx, req, &r);
+  };
+  EXPECT_TRUE(classify("tok-a", 2).ok());
+  EXPECT_TRUE(classify("tok-b", 1).ok());
+  grpc::Status st = classify("tok-b", 2);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(st.error_message(),
+            "priority 2 is not allowed to tenant team-b: its max_priority is 1 (the token file's "
+            "max_priority=)");
+  st = classify("tok-a", 3);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(st.error_message(), "priority 3 is out of range [0, 2]");
+  v1::GenerateRequest g;
+  g.set_model("karm");
+  g.set_seed(1);
+  g.set_priority(2);
+  EXPECT_TRUE(RunGenerate(*stub_, g, 0, "tok-a").status.ok());
+  EXPECT_EQ(RunGenerate(*stub_, g, 0, "tok-b").status.error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+}
+
 TEST_F(ServerTest, TlsAndMutualTls) {
   server_->Shutdown();
   const std::string certs = models_.dir + "/certs";

@@ -195,6 +195,7 @@ def run(driver, native, tmp, port, hport, mport):
     Select(el("#generate-class")).select_by_value("Sneaker")
     set_text("#generate-seed", "7")
     set_text("#generate-num", "2")
+    Select(el("#generate-priority")).select_by_value("1")  # the same images, sooner in the tenant
     el("#generate-run").click()
     wait(lambda: "pixels in" in el("#generate-status").text, "the generation finishes")
     req = native["GenerateRequest"](model="karm-fmnist", num_images=2, seed=7, label="Sneaker")
@@ -210,10 +211,12 @@ def run(driver, native, tmp, port, hport, mport):
               f"generated image {i}: the caption shows its 64-bit seed exactly ({caption!r})")
     cli, curl = el("#generate-cli").get_attribute("textContent"), el("#generate-curl").get_attribute("textContent")
     check("--seed 7" in cli and "--label Sneaker" in cli and "--num 2" in cli and
-          '"seed":7' in curl and '"label":"Sneaker"' in curl and "generate_stream" in curl,
+          '"seed":7' in curl and '"label":"Sneaker"' in curl and "generate_stream" in curl and
+          "--priority 1" in cli and '"priority":1' in curl,
           "the page shows the krause-client and curl commands of the same request")
     el("#generate-commands summary").click()
     shot("generate", "generate.png")
+    Select(el("#generate-priority")).select_by_value("")
 
     # --- Stop: the server frees the cache slots ---
     set_text("#generate-seed", "11")

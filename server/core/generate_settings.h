@@ -49,6 +49,10 @@ struct GenerateSettings {
   std::optional<bool> stream_rows;
   bool answer_once = false;
   int64_t timeout_us = 0;  // 0: the call's own deadline only
+  // The call's priority within its tenant (tenants.h; checked against its max_priority), and its
+  // wire name for errors.
+  int64_t priority = 0;
+  std::string priority_field = "priority";
 };
 
 }  // namespace krause::server

@@ -41,6 +41,19 @@ absl::Status TenantRefusal(const TenantSpec& tenant, absl::string_view limit, in
   return WithMetadata(std::move(st), "limit", limit);
 }
 
+absl::Status CheckPriority(const Share& share, int64_t priority, absl::string_view field) {
+  if (priority < 0 || priority > kMaxPriority)
+    return WithField(absl::InvalidArgumentError(absl::StrCat(
+                         field, " ", priority, " is out of range [0, ", kMaxPriority, "]")),
+                     field);
+  const int allowed = share.spec ? share.spec->max_priority : kDefaultMaxPriority;
+  if (priority > allowed)
+    return absl::PermissionDeniedError(
+        absl::StrCat(field, " ", priority, " is not allowed to tenant ", share.name(),
+                     ": its max_priority is ", allowed, " (the token file's max_priority=)"));
+  return absl::OkStatus();
+}
+
 const std::string& Share::name() const {
   static const std::string kDefault = "default";
   return spec ? spec->name : kDefault;

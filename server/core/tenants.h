@@ -55,6 +55,11 @@ struct Share {
 absl::Status TenantRefusal(const TenantSpec& tenant, absl::string_view limit, int64_t value,
                            absl::string_view now);
 
+// A call's priority (`field`: its wire name) for `share`'s tenant: INVALID_ARGUMENT naming the
+// field outside [0, kMaxPriority]; PERMISSION_DENIED naming it and the tenant's max_priority
+// above that (kDefaultMaxPriority without a spec).
+absl::Status CheckPriority(const Share& share, int64_t priority, absl::string_view field);
+
 class TenantTable {
  public:
   // The token file's text; `source` names it in errors ("FILE:LINE: ...").

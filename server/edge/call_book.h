@@ -103,6 +103,13 @@ class CallBook {
   }
   // The call's tenant (tenants.h) and priority, known once it entered the gate.
   const Share& share() const { return share_; }
+  // The priority the call asked for (`field`: its wire name), checked against its tenant's
+  // max_priority (CheckPriority); the share's priority once it passes.
+  absl::Status SetPriority(int64_t priority, absl::string_view field) {
+    if (absl::Status st = CheckPriority(share_, priority, field); !st.ok()) return st;
+    share_.priority = static_cast<int>(priority);
+    return absl::OkStatus();
+  }
 
   // A call the HTTP server refused before it reached a handler (no gate, no token): only its
   // client, for the request log.

@@ -25,6 +25,8 @@ absl::Status GenerationCollector::Submit(ModelRef model, const GenerateSettings&
                                          std::function<bool()> cancelled) {
   model_ = model.get();  // the book holds the reference
   book_->set_model(std::move(model));
+  if (absl::Status st = book_->SetPriority(settings.priority, settings.priority_field); !st.ok())
+    return st;
   auto plan = ResolveGenerate(settings, *model_, edge_->fault);
   if (!plan.ok()) return plan.status();
   plan_ = *std::move(plan);

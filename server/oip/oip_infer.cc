@@ -211,13 +211,25 @@ void Answer(const InferDone& done, const absl::Status& st, InferResponse out) {
   }
 }
 
+// The request's `priority` parameter (Triton's: higher sooner; here 0 .. kMaxPriority within the
+// caller's tenant), set on the call's book before its limits are taken.
+absl::Status PriorityOf(const InferRequest& r, CallBook* book) {
+  const auto it = r.parameters.find("priority");
+  if (it == r.parameters.end()) return absl::OkStatus();
+  auto priority = IntegerParameter("priority", it->second);
+  if (!priority.ok()) return priority.status();
+  return book->SetPriority(*priority, "parameter priority");
+}
+
 CallLimits LimitsOf(const InferContext& ctx) {
   return CallLimits{ctx.deadline, ctx.cancelled, ctx.book->share()};
 }
 
 absl::Status Classify(const InferRequest& r, const ModelRef& m, const InferContext& ctx,
                       InferDone done) {
-  if (absl::Status st = CheckParameterNames(r, *m, "a classifier", {}); !st.ok()) return st;
+  if (absl::Status st = CheckParameterNames(r, *m, "a classifier", {"priority"}); !st.ok())
+    return st;
+  if (absl::Status st = PriorityOf(r, ctx.book); !st.ok()) return st;
   if (absl::Status st = CheckOutputs(r, *m, {"probabilities", "label"}, ""); !st.ok()) return st;
   auto inputs = InputsByName(r, *m, {"image"});
   if (!inputs.ok()) return inputs.status();
@@ -351,7 +363,8 @@ absl::Status Generate(const InferRequest& r, const ModelRef& m,
                       const std::map<std::string, const Tensor*>& inputs, const InferContext& ctx,
                       InferDone done) {
   if (absl::Status st = CheckParameterNames(
-          r, *m, "generating", {"num_images", "seed", "temperature", "top_p", "top_k", "guidance"});
+          r, *m, "generating",
+          {"num_images", "seed", "temperature", "top_p", "top_k", "guidance", "priority"});
       !st.ok())
     return st;
   if (absl::Status st = CheckOutputs(r, *m, {"images"},
@@ -394,6 +407,12 @@ absl::Status Generate(const InferRequest& r, const ModelRef& m,
     auto k = IntegerParameter("top_k", *v);
     if (!k.ok()) return k.status();
     g.top_k = *k;
+  }
+  if (const Parameter* v = param("priority")) {
+    auto p = IntegerParameter("priority", *v);
+    if (!p.ok()) return p.status();
+    g.priority = *p;
+    g.priority_field = "parameter priority";
   }
   if (const Parameter* v = param("seed")) {
     auto seed = SeedParameter(*v);

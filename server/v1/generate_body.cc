@@ -95,6 +95,10 @@ absl::StatusOr<GenerateSettings> ParseGenerateBody(std::string_view text) {
       auto s = JsonUnsigned(v, f);
       if (!s.ok()) return s.status();
       b.first_image = *s;
+    } else if (name == "priority") {
+      auto p = JsonIntegerIn(v, f, 0, std::numeric_limits<int32_t>::max());
+      if (!p.ok()) return p.status();
+      b.priority = *p;
     } else if (name == "timeout") {
       auto t = JsonIntegerIn(v, f, 0, defaults::kMaxTimeoutMicroseconds);
       if (!t.ok()) return t.status();
@@ -105,7 +109,7 @@ absl::StatusOr<GenerateSettings> ParseGenerateBody(std::string_view text) {
           absl::StrCat("unknown setting \"", name.substr(0, 64),
                        "\"; the settings are num_images, seed, temperature, top_p, top_k, "
                        "guidance, label, class_index, prompt_png, prompt_rows, "
-                       "update_interval_ms, stream_rows, first_image, timeout"));
+                       "update_interval_ms, stream_rows, first_image, timeout, priority"));
     }
   }
   if (b.label && b.class_index)

@@ -41,6 +41,7 @@ absl::StatusOr<GenerateSettings> SettingsOf(const v1::GenerateRequest& req) {
   }
   g.prompt_rows = req.prompt_rows();
   g.first_image = req.first_image();
+  g.priority = req.priority();
   g.update_interval_ms = req.update_interval_ms();
   if (req.has_stream_rows()) g.stream_rows = req.stream_rows();
   return g;

@@ -135,6 +135,9 @@ absl::Status StartClassify(const UnaryCallContext& c, const v1::ClassifyRequest&
                             request.images());
   if (!r.ok()) return r.status();
   const ModelRef m = r->model;
+  if (absl::Status st = c.book->SetPriority(request.priority(), "priority"); !st.ok()) return st;
+  CallLimits limits = c.limits;
+  limits.share = c.book->share();
   const int64_t top_k = request.top_k() == 0 ? 5 : request.top_k();  // clipped to the classes
   const bool full = request.return_probabilities();
   const FrontEndContext* edge = c.edge;
@@ -154,7 +157,7 @@ absl::Status StartClassify(const UnaryCallContext& c, const v1::ClassifyRequest&
       return absl::OkStatus();
     }));
   };
-  return m->Classify(r->images, c.limits, edge->replies, std::move(finish));
+  return m->Classify(r->images, limits, edge->replies, std::move(finish));
 }
 
 absl::Status StartScore(const UnaryCallContext& c, const v1::ScoreRequest& request,

@@ -9,9 +9,10 @@ from krause_serve._gen.krause.v1 import krause_pb2 as pb
 from krause_serve._images import ImageLike, ImagesLike, image_message, image_messages
 
 
-def classify_request(images: ImagesLike, model: str, top_k: int, version: str) -> pb.ClassifyRequest:
+def classify_request(images: ImagesLike, model: str, top_k: int, version: str,
+                     priority: int = 0) -> pb.ClassifyRequest:
     return pb.ClassifyRequest(model=model, images=image_messages(images), top_k=top_k,
-                              return_probabilities=True, version=version)
+                              return_probabilities=True, version=version, priority=priority)
 
 
 def score_request(images: ImagesLike, model: str, label: Union[None, str, Sequence[str]],

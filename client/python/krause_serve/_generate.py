@@ -32,13 +32,14 @@ def generate_request(*, model: str = "", n: int = 1, seed: Optional[int] = None,
                      temperature: Optional[float] = None, top_p: Optional[float] = None,
                      top_k: Optional[int] = None, guidance: Optional[float] = None,
                      prompt: Optional[ImageLike] = None, prompt_rows: Optional[int] = None,
-                     version: str = "", update_interval_ms: int = 0) -> pb.GenerateRequest:
+                     version: str = "", update_interval_ms: int = 0,
+                     priority: int = 0) -> pb.GenerateRequest:
     """krause.v1's GenerateRequest; the seed is drawn here when none is given, so that the images
     can be made again (and a broken stream resumed)."""
     if label is not None and class_index is not None:
         raise ValueError("give label or class_index, not both")
     r = pb.GenerateRequest(model=model, num_images=n, version=version,
-                           update_interval_ms=update_interval_ms)
+                           update_interval_ms=update_interval_ms, priority=priority)
     r.seed = seed if seed is not None else random.getrandbits(63)
     if label is not None:
         r.label = label

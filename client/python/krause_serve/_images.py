@@ -15,7 +15,9 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # One image: a uint8 array [H, W] (grey) or [H, W, C] (C 1 or 3), a PIL image, a path to a
 # picture file, or a PNG file's bytes.
 ImageLike = Union[np.ndarray, PILImage.Image, str, "os.PathLike[str]", bytes]
-# Several: a uint8 array [N, H, W, C], or a sequence of ImageLike. One ImageLike is one image.
+# Several: a uint8 array [N, H, W, C], or [N, H, W] of grey images (the layout Fashion-MNIST and
+# MNIST loaders give: an array of 3 dimensions whose last is not 1 or 3, which cannot be one
+# [H, W, C] image), or a sequence of ImageLike. One ImageLike is one image.
 ImagesLike = Union[ImageLike, Sequence[ImageLike]]
 
 
@@ -55,9 +57,10 @@ def image_message(image: ImageLike) -> pb.Image:
 
 
 def image_messages(images: ImagesLike) -> List[pb.Image]:
-    """The request's images: an array [N, H, W, C] is N images; any other single image is one."""
+    """The request's images: an array [N, H, W, C] is N images, and so is [N, H, W] when its last
+    dimension is not 1 or 3 (N grey images); any other single image is one."""
     if isinstance(images, np.ndarray):
-        if images.ndim == 4:
+        if images.ndim == 4 or (images.ndim == 3 and images.shape[2] not in (1, 3)):
             return [_raw(a) for a in images]
         return [_raw(images)]
     if isinstance(images, (PILImage.Image, str, os.PathLike, bytes, bytearray, memoryview)):

@@ -56,10 +56,10 @@ class AsyncClient(_Connection):
         return ModelInfo.from_proto(await self._call("GetModel", pb.GetModelRequest(name=name, version=version)))
 
     async def classify(self, images: ImagesLike, model: str = "", top_k: int = 5,
-                       version: str = "") -> ClassifyResult:
+                       version: str = "", priority: int = 0) -> ClassifyResult:
         """As Client.classify."""
-        return ClassifyResult.from_proto(
-            await self._call("Classify", _calls.classify_request(images, model, top_k, version)))
+        return ClassifyResult.from_proto(await self._call(
+            "Classify", _calls.classify_request(images, model, top_k, version, priority)))
 
     async def score(self, images: ImagesLike, model: str = "",
                     label: Union[None, str, Sequence[str]] = None,

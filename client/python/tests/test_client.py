@@ -135,6 +135,8 @@ def test_classify_equals_the_cpp_client(server, client, tmp_path):
     assert as_array.flops_executed > 0 and as_array.probabilities.shape == (4, 10)
     one = client.classify(images[0, :, :, 0])  # [H, W]
     assert one.labels == [want[0]["top"][0]["label"]]
+    grey = client.classify(images[:, :, :, 0], top_k=10, priority=1)  # [N, H, W], as loaders give
+    assert np.array_equal(grey.probabilities, as_array.probabilities)
 
 
 def test_generated_images_equal_the_cpp_client(server, client, tmp_path):
@@ -213,6 +215,12 @@ def test_bad_input_raises_with_the_field(client):
     assert e.value.code.name == "NOT_FOUND"
     with pytest.raises(TypeError):
         client.classify(np.zeros((28, 28), np.float32))
+    with pytest.raises(KrauseError) as e:  # without a token: the default tenant, max_priority 1
+        client.classify(np.zeros((28, 28), np.uint8), priority=2)
+    assert e.value.code.name == "PERMISSION_DENIED" and "max_priority is 1" in e.value.message
+    with pytest.raises(KrauseError) as e:
+        client.generate_images(priority=3)
+    assert e.value.code.name == "INVALID_ARGUMENT" and e.value.field == "priority"
 
 
 def test_score_and_inspect(server, client):

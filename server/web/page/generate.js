@@ -84,7 +84,7 @@ function showCommands(name, settings, seed) {
   const s = Object.assign({}, settings, {seed: new Digits(String(seed))});
   const cli = ['krause-client generate', `--model ${name}`];
   const flag = {label: 'label', guidance: 'guidance', temperature: 'temperature', top_p: 'top_p',
-    top_k: 'top_k', seed: 'seed', num_images: 'num'};
+    top_k: 'top_k', seed: 'seed', num_images: 'num', priority: 'priority'};
   for (const [k, v] of Object.entries(s)) {
     if (!flag[k]) continue;
     const text = v instanceof Digits ? v.text : String(v);
@@ -127,7 +127,8 @@ async function generate(e) {
   clearErrors($('generate'));
   const name = $('generate-model').value;
   const settings = settingsOf({guidance: 'generate-guidance', temperature: 'generate-temperature',
-    top_p: 'generate-top-p', top_k: 'generate-top-k', seed: 'generate-seed', num_images: 'generate-num'});
+    top_p: 'generate-top-p', top_k: 'generate-top-k', seed: 'generate-seed', num_images: 'generate-num',
+    priority: 'generate-priority'});
   if ($('generate-class').value) settings.label = $('generate-class').value;
   const seed = await streamPanel('generate', name, settings);
   if (seed !== null) showCommands(name, settings, seed);
