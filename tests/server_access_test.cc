@@ -140,6 +140,17 @@ TEST_F(ServerTest, EachTokensTenantIsNamedInTheRequestLog) {
     v1::ClassifyResponse r;
     EXPECT_EQ(stub_->Classify(&ctx, req, &r).ok(), std::string(token) != "Bearer nope") << token;
   }
+  // /metrics counts each configured tenant's calls and images; its gauges read the gate and the
+  // queues (idle now).
+  const std::string scrape = server_->metrics().Scrape();
+  for (const char* line : {"krause_tenant_calls_total{tenant=\"team-a\"} 2",
+                           "krause_tenant_calls_total{tenant=\"team-b\"} 1",
+                           "krause_tenant_images_total{tenant=\"team-a\"} 2",
+                           "krause_tenant_images_total{tenant=\"team-b\"} 1",
+                           "krause_tenant_calls_in_flight{tenant=\"team-a\"} 0",
+                           "krause_tenant_queued_calls{tenant=\"team-b\"} 0"})
+    EXPECT_NE(scrape.find(line), std::string::npos) << line << "\n" << scrape;
+  EXPECT_EQ(scrape.find("tenant=\"default\""), std::string::npos) << "only the file's tenants";
   server_->Shutdown();
   std::ifstream in(log);
   std::vector<nlohmann::json> lines;

@@ -213,3 +213,25 @@ TEST(ServerMetrics, ScrapeMatchesAKnownWorkload) {
 
 }  // namespace
 }  // namespace krause::testing
+
+namespace krause::server {
+namespace {
+
+// A configured tenant's refusals are counted by reason, its images only when served.
+TEST(ServerMetrics, TenantCallsAreCountedWithTheirRefusalReason) {
+  Metrics m;
+  m.OnTenantCall("team-a", 3, "");
+  m.OnTenantCall("team-a", 0, "TENANT_LIMIT");
+  m.OnTenantCall("team-b", 0, "QUEUE_FULL");
+  const std::string s = m.Scrape();
+  for (const char* line :
+       {"krause_tenant_calls_total{tenant=\"team-a\"} 2",
+        "krause_tenant_images_total{tenant=\"team-a\"} 3",
+        "krause_tenant_refusals_total{reason=\"TENANT_LIMIT\",tenant=\"team-a\"} 1",
+        "krause_tenant_refusals_total{reason=\"QUEUE_FULL\",tenant=\"team-b\"} 1"})
+    EXPECT_NE(s.find(line), std::string::npos) << line << "\n" << s;
+  EXPECT_EQ(s.find("krause_tenant_images_total{tenant=\"team-b\"}"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace krause::server

@@ -143,6 +143,11 @@ int64_t ClassifyBatcher::queued_images() const {
   return queued_images_;
 }
 
+std::vector<int64_t> ClassifyBatcher::tenant_queued_calls() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tenant_queued_;
+}
+
 void ClassifyBatcher::Loop() {
   // The model's device: on a GPU the batcher's own CUDA stream, and a pinned staging buffer
   // for the uploads (the images of a batch are gathered into it, then copied asynchronously).

@@ -99,6 +99,8 @@ class ClassifyBatcher {
   void Stop();
 
   int64_t queued_images() const;
+  // Calls queued, by tenant index (ModelGauges::tenant_queued_calls).
+  std::vector<int64_t> tenant_queued_calls() const;
   const BatchingOptions& options() const { return options_; }
 
  private:

@@ -106,6 +106,18 @@ absl::Status GeneratorWorker::Submit(std::vector<GenerationRequest> images,
   return absl::OkStatus();
 }
 
+std::vector<int64_t> GeneratorWorker::tenant_queued_calls() const {
+  std::vector<int64_t> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [seq, call] : calls_) {
+    if (call.waiting == 0) continue;
+    const size_t t = static_cast<size_t>(std::max<int32_t>(0, call.share.group));
+    if (out.size() <= t) out.resize(t + 1, 0);
+    ++out[t];
+  }
+  return out;
+}
+
 void GeneratorWorker::Cancel(const GenerationReceiver* receiver) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -127,6 +127,8 @@ class GeneratorWorker {
   // Cache slots held (a guided sequence holds two).
   int64_t slots_in_use() const { return slots_in_use_.load(); }
   int64_t waiting() const { return waiting_.load(); }
+  // Calls with an image waiting for a slot, by tenant index.
+  std::vector<int64_t> tenant_queued_calls() const;
   int64_t slots() const { return slots_; }
   int64_t bytes_per_sequence() const { return bytes_per_sequence_; }
   // The engine's precision (after a fallback) and why it fell back (DecodeEngine).

@@ -105,6 +105,7 @@ absl::Status ServedClassifier::WarmUp() {
 ModelGauges ServedClassifier::Gauges() const {
   ModelGauges g;
   g.queued_images = batcher_->queued_images();
+  g.tenant_queued_calls = batcher_->tenant_queued_calls();
   return g;
 }
 

@@ -138,6 +138,7 @@ absl::Status ServedGenerator::WarmUp() {
 ModelGauges ServedGenerator::Gauges() const {
   ModelGauges g;
   g.queued_images = worker_->waiting();
+  g.tenant_queued_calls = worker_->tenant_queued_calls();
   ModelGauges::Cache& c = g.cache.emplace();
   c.active_sequences = worker_->active();
   c.slots = worker_->slots();

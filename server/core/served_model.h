@@ -42,6 +42,9 @@ struct ModelGauges {
     int64_t bytes_per_slot = 0;
   };
   std::optional<Cache> cache;  // models with a KV cache (generators)
+  // Calls queued, by tenant index (tenants.h): a classify queue's, or a generator's calls with an
+  // image waiting for a slot. Shorter than the tenants: none for the rest.
+  std::vector<int64_t> tenant_queued_calls;
 };
 
 class ServedModel {

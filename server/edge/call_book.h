@@ -69,6 +69,10 @@ struct CallObserver {
   // DRAINING, ...), after its OnCallDone.
   virtual void OnRefused(const std::string& rpc, const std::string& protocol,
                          const std::string& model, const std::string& reason) {}
+  // A call of a configured tenant (the token file's names: a bounded set) ended, after its
+  // OnCallDone: the images it was served (0 unless it succeeded) and its ErrorInfo reason ("" if
+  // none).
+  virtual void OnTenantCall(const std::string& tenant, int64_t images, const std::string& reason) {}
 };
 
 // A successful call's FLOPs, executed and dense-equivalent (for its reply).
@@ -146,6 +150,10 @@ class CallBook {
                            model_ref_->flops().dense_equivalent_flops * n});
   }
   CallFlops Served(int64_t images, CallFlops flops) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      served_ += images;
+    }
     if (observer_ != nullptr) {
       observer_->OnFlops(rpc_, model_, flops.executed, flops.dense_equivalent);
       observer_->OnImages(rpc_, model_, images);
@@ -177,6 +185,14 @@ class CallBook {
         observer_->OnModelCall(rpc_, model_, version_, st.ok(), seconds, images, queued);
       }
       if (!d.reason.empty()) observer_->OnRefused(rpc_, protocol_, model_, d.reason);
+      if (share_.spec != nullptr && gate_ != nullptr && gate_->tenants().configured()) {
+        int64_t served;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          served = served_;
+        }
+        observer_->OnTenantCall(share_.name(), st.ok() ? served : 0, d.reason);
+      }
     }
     if (log_ != nullptr) {
       CallRecord r;
@@ -217,8 +233,9 @@ class CallBook {
   bool entered_ = false;
   Share share_;  // the tenant, once the gate named it (entered, or refused at its limit)
   std::atomic<bool> finished_{false};
-  std::mutex mu_;  // guards the two below (set from model threads)
+  std::mutex mu_;  // guards the three below (set from model threads)
   int64_t images_ = 0;
+  int64_t served_ = 0;  // images served (Served)
   double queue_seconds_ = 0;
 };
 

@@ -102,15 +102,36 @@ class Metrics::Gauges : public prometheus::Collectable {
                             "precision: fp32 or bf16, and what computes its linear layers: the "
                             "CPU kernels' variant, oneDNN's kernel, or \"\" for LibTorch/CUDA).",
                             MetricType::Gauge);
+    auto tenant_calls =
+        Family("krause_tenant_calls_in_flight",
+               "Calls in flight by tenant (configured tenants: --auth_tokens).", MetricType::Gauge);
+    auto tenant_queued = Family("krause_tenant_queued_calls",
+                                "Calls waiting by tenant, over every model: in a classify queue, "
+                                "or with an image waiting for a generator's cache slot "
+                                "(configured tenants).",
+                                MetricType::Gauge);
     std::lock_guard<std::mutex> l(mu_);
+    // The configured tenants' names, by index (none without a token file).
+    std::vector<std::string> tenants;
+    if (gate_ != nullptr && gate_->tenants().configured())
+      for (const auto& t : gate_->tenants().tenants()) tenants.push_back(t->name);
+    std::vector<int64_t> queued_by_tenant(tenants.size(), 0);
     if (gate_ != nullptr) {
       prometheus::ClientMetric m;
       m.gauge.value = static_cast<double>(gate_->in_flight());
       calls.metric.push_back(std::move(m));
+      for (size_t t = 0; t < tenants.size(); ++t) {
+        prometheus::ClientMetric c;
+        c.label = {{"tenant", tenants[t]}};
+        c.gauge.value = static_cast<double>(gate_->in_flight(static_cast<int32_t>(t)));
+        tenant_calls.metric.push_back(std::move(c));
+      }
     }
     if (registry_ != nullptr) {
       const auto add = [&](const std::string& name, int64_t version, const ModelGauges& g) {
         AddGauge(&queued, name, version, static_cast<double>(g.queued_images));
+        for (size_t t = 0; t < g.tenant_queued_calls.size() && t < tenants.size(); ++t)
+          queued_by_tenant[t] += g.tenant_queued_calls[t];
         if (!g.cache) return;
         const ModelGauges::Cache& c = *g.cache;
         const double per = static_cast<double>(c.bytes_per_slot);
@@ -152,7 +173,14 @@ class Metrics::Gauges : public prometheus::Collectable {
         add(f.name, f.version, zero);
       }
     }
-    return {calls, queued, active, slots, used, bytes, bytes_used, checks, precision};
+    for (size_t t = 0; t < tenants.size(); ++t) {
+      prometheus::ClientMetric c;
+      c.label = {{"tenant", tenants[t]}};
+      c.gauge.value = static_cast<double>(queued_by_tenant[t]);
+      tenant_queued.metric.push_back(std::move(c));
+    }
+    return {calls,      queued, active,    slots,        used,         bytes,
+            bytes_used, checks, precision, tenant_calls, tenant_queued};
   }
 
  private:
@@ -220,7 +248,23 @@ Metrics::Metrics()
                        .Name("krause_flops_dense_equivalent_total")
                        .Help("FLOPs the same calls would cost with dense attention; "
                              "1 - executed/dense is the saving.")
-                       .Register(*prom_)) {
+                       .Register(*prom_)),
+      tenant_calls_(BuildCounter()
+                        .Name("krause_tenant_calls_total")
+                        .Help("Calls that passed the token check, by configured tenant "
+                              "(--auth_tokens).")
+                        .Register(*prom_)),
+      tenant_images_(BuildCounter()
+                         .Name("krause_tenant_images_total")
+                         .Help("Images served (classified, generated, scored), by configured "
+                               "tenant.")
+                         .Register(*prom_)),
+      tenant_refusals_(BuildCounter()
+                           .Name("krause_tenant_refusals_total")
+                           .Help("Calls refused with a google.rpc.ErrorInfo reason "
+                                 "(TENANT_LIMIT, QUEUE_FULL, ...), by configured tenant and "
+                                 "reason.")
+                           .Register(*prom_)) {
   BuildGauge()
       .Name("krause_build_info")
       .Help("Build information (value 1).")
@@ -306,6 +350,12 @@ void Metrics::OnRefused(const std::string& rpc, const std::string& protocol,
                         const std::string& model, const std::string& reason) {
   refusals_.Add({{"rpc", rpc}, {"protocol", protocol}, {"model", model}, {"reason", reason}})
       .Increment();
+}
+
+void Metrics::OnTenantCall(const std::string& tenant, int64_t images, const std::string& reason) {
+  tenant_calls_.Add({{"tenant", tenant}}).Increment();
+  if (images > 0) tenant_images_.Add({{"tenant", tenant}}).Increment(static_cast<double>(images));
+  if (!reason.empty()) tenant_refusals_.Add({{"tenant", tenant}, {"reason", reason}}).Increment();
 }
 
 void Metrics::OnQueued(const std::string& rpc, const std::string& model, double seconds) {

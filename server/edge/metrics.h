@@ -54,6 +54,7 @@ class Metrics : public CallObserver {
                  const std::string& reason) override;
   void OnModelCall(const std::string& rpc, const std::string& model, const std::string& version,
                    bool ok, double seconds, int64_t images, double queue_seconds) override;
+  void OnTenantCall(const std::string& tenant, int64_t images, const std::string& reason) override;
   // The statistics extension's per-version figures, fed by the same events.
   const StatsBook& stats() const { return stats_; }
 
@@ -75,6 +76,9 @@ class Metrics : public CallObserver {
   prometheus::Family<prometheus::Counter>& pixels_;
   prometheus::Family<prometheus::Counter>& flops_executed_;
   prometheus::Family<prometheus::Counter>& flops_dense_;
+  prometheus::Family<prometheus::Counter>& tenant_calls_;
+  prometheus::Family<prometheus::Counter>& tenant_images_;
+  prometheus::Family<prometheus::Counter>& tenant_refusals_;
   StatsBook stats_;
 };
 
