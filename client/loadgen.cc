@@ -62,6 +62,7 @@ v1::GenerateRequest LoadGen::GenerateRequest(uint64_t n, const v1::Image* prompt
   req.set_num_images(static_cast<uint32_t>(std::max(1, options_.generate_images)));
   req.set_seed(n * 1000);
   req.set_update_interval_ms(static_cast<uint32_t>(options_.update_interval_ms));
+  req.set_priority(static_cast<uint32_t>(options_.priority));
   if (prompt != nullptr) {
     *req.mutable_prompt() = *prompt;
     req.set_prompt_rows(static_cast<uint32_t>(options_.prompt_rows));

@@ -41,6 +41,7 @@ struct LoadOptions {
   int generate_images = 1;            // Generate
   bool resume = false;                // Generate through client::ResumingGenerate
   bool http_binary = false;           // --protocol http, classify: binary tensor data
+  int priority = 0;                   // krause.v1's Classify and Generate priority
 };
 
 struct Stats {

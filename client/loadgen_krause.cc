@@ -38,6 +38,7 @@ class KrauseDriver : public Driver {
       v1::ClassifyRequest req;
       req.set_model(gen_->options().classify_model);
       req.set_top_k(1);
+      req.set_priority(static_cast<uint32_t>(gen_->options().priority));
       for (int i = 0; i < k; ++i) *req.add_images() = gen_->image(n * k + i);
       gen_->Unary<v1::ClassifyResponse>("Classify", std::move(req), k, measured, std::move(done),
                                         [&stub](auto&&... a) { stub.async()->Classify(a...); });

@@ -44,7 +44,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "client/connection.h"
 #include "client/http_get.h"
 #include "client/http_load.h"
@@ -107,6 +109,12 @@ ABSL_FLAG(int32_t, channels, 4, "gRPC channels the calls are spread over");
 ABSL_FLAG(std::string, metrics, "", "server /metrics address host:port to scrape before and after");
 ABSL_FLAG(std::string, json, "", "write the report as JSON to this file ('-': stdout)");
 ABSL_FLAG(bool, progress, true, "progress line with ETA on stderr");
+ABSL_FLAG(int32_t, priority, 0, "krause.v1 Classify and Generate: the calls' priority (0 .. 2)");
+ABSL_FLAG(std::string, tenants, "",
+          "several tenants in one run (closed loop, --protocol krause), comma-separated "
+          "NAME:TOKEN:CONCURRENCY[:WORKLOAD[:IMAGES[:PRIORITY]]] (IMAGES: per Classify or Score "
+          "call, or per Generate call); each tenant's figures are reported apart, under "
+          "\"tenants\" in --json. The other flags are every tenant's defaults");
 
 namespace {
 
@@ -131,7 +139,65 @@ krause::loadgen::LoadOptions LoadOptionsFromFlags() {
   o.generate_images = absl::GetFlag(FLAGS_generate_images);
   o.resume = absl::GetFlag(FLAGS_resume);
   o.http_binary = absl::GetFlag(FLAGS_http_binary);
+  o.priority = absl::GetFlag(FLAGS_priority);
   return o;
+}
+
+// One tenant's load: its token, calls in flight and workload (--tenants; without it one unnamed
+// tenant of the flags).
+struct TenantLoad {
+  std::string name, token;
+  int concurrency = 1;
+  krause::loadgen::LoadOptions options;
+};
+
+bool KnownWorkload(const std::string& w) {
+  return w == "classify" || w == "generate" || w == "complete" || w == "score" || w == "getmodel" ||
+         w == "mix";
+}
+
+// --tenants: NAME:TOKEN:CONCURRENCY[:WORKLOAD[:IMAGES[:PRIORITY]]], comma-separated.
+absl::StatusOr<std::vector<TenantLoad>> ParseTenants(const std::string& spec,
+                                                     const krause::loadgen::LoadOptions& base) {
+  std::vector<TenantLoad> out;
+  for (absl::string_view one : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
+    const std::vector<std::string> f = absl::StrSplit(one, ':');
+    TenantLoad t;
+    t.options = base;
+    int n = 0;
+    if (f.size() < 3 || f.size() > 6 || f[0].empty() || !absl::SimpleAtoi(f[2], &t.concurrency) ||
+        t.concurrency < 1)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tenants: \"", one, "\" is not NAME:TOKEN:CONCURRENCY[:WORKLOAD[:IMAGES[:PRIORITY]]]"));
+    t.name = f[0];
+    t.token = f[1];
+    if (f.size() > 3) {
+      if (!KnownWorkload(f[3]))
+        return absl::InvalidArgumentError(absl::StrCat("--tenants: ", t.name, ": workload \"", f[3],
+                                                       "\" is not one of classify, "
+                                                       "generate, complete, score, getmodel, mix"));
+      t.options.workload = f[3];
+    }
+    if (f.size() > 4) {
+      if (!absl::SimpleAtoi(f[4], &n) || n < 1)
+        return absl::InvalidArgumentError(
+            absl::StrCat("--tenants: ", t.name, ": IMAGES must be a positive integer"));
+      t.options.images_per_request = n;
+      t.options.generate_images = n;
+    }
+    if (f.size() > 5) {
+      if (!absl::SimpleAtoi(f[5], &n) || n < 0)
+        return absl::InvalidArgumentError(
+            absl::StrCat("--tenants: ", t.name, ": PRIORITY must be 0 or more"));
+      t.options.priority = n;
+    }
+    for (const TenantLoad& o : out)
+      if (o.name == t.name)
+        return absl::InvalidArgumentError(absl::StrCat("--tenants: ", t.name, " is named twice"));
+    out.push_back(std::move(t));
+  }
+  if (out.empty()) return absl::InvalidArgumentError("--tenants names no tenant");
+  return out;
 }
 
 // The shape of the images a model takes, as GetModel reports it.
@@ -203,9 +269,7 @@ int main(int argc, char** argv) {
   conn.token = absl::GetFlag(FLAGS_token);
   conn.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   const std::string mode = absl::GetFlag(FLAGS_mode), workload = absl::GetFlag(FLAGS_workload);
-  if ((mode != "closed" && mode != "open") ||
-      (workload != "classify" && workload != "generate" && workload != "complete" &&
-       workload != "score" && workload != "getmodel" && workload != "mix")) {
+  if ((mode != "closed" && mode != "open") || !KnownWorkload(workload)) {
     std::fprintf(stderr,
                  "krause-loadgen: --mode closed|open, --workload "
                  "classify|generate|complete|score|getmodel|mix\n");
@@ -229,18 +293,39 @@ int main(int argc, char** argv) {
                  protocol.c_str());
     return 2;
   }
-  std::vector<std::unique_ptr<v1::KrauseService::Stub>> stubs;
-  std::vector<std::unique_ptr<inference::GRPCInferenceService::Stub>> oip_stubs;
-  for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_channels)); ++i) {
-    // Distinct channel arguments keep gRPC from sharing one connection between the channels.
-    krause::client::ConnectionOptions c = conn;
-    auto ch = krause::client::MakeChannel(c, i);
-    if (!ch.ok()) {
-      std::fprintf(stderr, "krause-loadgen: %s\n", ch.status().ToString().c_str());
-      return 1;
+  std::vector<TenantLoad> tenants;
+  const std::string tenants_flag = absl::GetFlag(FLAGS_tenants);
+  if (tenants_flag.empty()) {
+    tenants.push_back(
+        {"", conn.token, std::max(1, absl::GetFlag(FLAGS_concurrency)), LoadOptionsFromFlags()});
+  } else {
+    if (protocol != "krause" || mode != "closed") {
+      std::fprintf(stderr, "krause-loadgen: --tenants runs closed loops over --protocol krause\n");
+      return 2;
     }
-    stubs.push_back(v1::KrauseService::NewStub(*ch));
-    if (protocol == "oip") oip_stubs.push_back(inference::GRPCInferenceService::NewStub(*ch));
+    auto t = ParseTenants(tenants_flag, LoadOptionsFromFlags());
+    if (!t.ok()) {
+      std::fprintf(stderr, "krause-loadgen: %s\n", std::string(t.status().message()).c_str());
+      return 2;
+    }
+    tenants = *std::move(t);
+  }
+  // Each tenant's channels (its token) and stubs.
+  std::vector<std::vector<std::unique_ptr<v1::KrauseService::Stub>>> stubs(tenants.size());
+  std::vector<std::unique_ptr<inference::GRPCInferenceService::Stub>> oip_stubs;
+  for (size_t t = 0; t < tenants.size(); ++t) {
+    for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_channels)); ++i) {
+      // Distinct channel arguments keep gRPC from sharing one connection between the channels.
+      krause::client::ConnectionOptions c = conn;
+      c.token = tenants[t].token;
+      auto ch = krause::client::MakeChannel(c, static_cast<int>(t) * 1000 + i);
+      if (!ch.ok()) {
+        std::fprintf(stderr, "krause-loadgen: %s\n", ch.status().ToString().c_str());
+        return 1;
+      }
+      stubs[t].push_back(v1::KrauseService::NewStub(*ch));
+      if (protocol == "oip") oip_stubs.push_back(inference::GRPCInferenceService::NewStub(*ch));
+    }
   }
   const std::string metrics = absl::GetFlag(FLAGS_metrics);
   std::string before;
@@ -267,7 +352,9 @@ int main(int argc, char** argv) {
     // Classify's model (Score's: the generator's) decides the images' shape.
     const std::string model = workload == "score" ? absl::GetFlag(FLAGS_generate_model)
                                                   : absl::GetFlag(FLAGS_classify_model);
-    auto s = ModelShape(stubs[0].get(), conn, model,
+    krause::client::ConnectionOptions first = conn;
+    first.token = tenants[0].token;
+    auto s = ModelShape(stubs[0][0].get(), first, model,
                         workload == "score" ? v1::ModelInfo::GENERATOR : v1::ModelInfo::CLASSIFIER);
     if (!s.ok()) {
       std::fprintf(stderr, "krause-loadgen: --data synthetic: %s\n", s.status().ToString().c_str());
@@ -275,13 +362,21 @@ int main(int argc, char** argv) {
     }
     shape = *s;
   }
-  krause::loadgen::LoadGen gen(LoadOptionsFromFlags(), conn, LoadImages(shape));
-  if (protocol == "oip") {
-    gen.SetDriver(krause::loadgen::MakeOipDriver(&gen, std::move(oip_stubs)));
-  } else if (over_http) {
-    gen.SetDriver(krause::loadgen::MakeHttpDriver(&gen, std::move(http), protocol == "openai"));
-  } else {
-    gen.SetDriver(krause::loadgen::MakeKrauseDriver(&gen, std::move(stubs)));
+  const std::vector<v1::Image> images = LoadImages(shape);
+  std::vector<std::unique_ptr<krause::loadgen::LoadGen>> gens;
+  for (size_t t = 0; t < tenants.size(); ++t) {
+    krause::client::ConnectionOptions c = conn;
+    c.token = tenants[t].token;
+    auto& gen = gens.emplace_back(
+        std::make_unique<krause::loadgen::LoadGen>(tenants[t].options, c, images));
+    if (protocol == "oip") {
+      gen->SetDriver(krause::loadgen::MakeOipDriver(gen.get(), std::move(oip_stubs)));
+    } else if (over_http) {
+      gen->SetDriver(
+          krause::loadgen::MakeHttpDriver(gen.get(), std::move(http), protocol == "openai"));
+    } else {
+      gen->SetDriver(krause::loadgen::MakeKrauseDriver(gen.get(), std::move(stubs[t])));
+    }
   }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
@@ -305,18 +400,21 @@ int main(int argc, char** argv) {
     measured_started.fetch_add(1);
     return true;
   };
-  std::function<void()> next;
+  std::vector<std::function<void()>> next(tenants.size());
   std::thread pacer;  // open loop: issues the calls at their arrival times
   if (mode == "closed") {
-    next = [&] {
-      bool measured;
-      if (admit(&measured)) {
-        gen.Issue(measured, next);
-      } else {
-        cv.notify_all();
-      }
-    };
-    for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_concurrency)); ++i) next();
+    for (size_t t = 0; t < tenants.size(); ++t) {
+      next[t] = [&, t] {
+        bool measured;
+        if (admit(&measured)) {
+          gens[t]->Issue(measured, next[t]);
+        } else {
+          cv.notify_all();
+        }
+      };
+    }
+    for (size_t t = 0; t < tenants.size(); ++t)
+      for (int i = 0; i < tenants[t].concurrency; ++i) next[t]();
   } else {
     pacer = std::thread([&] {
       std::mt19937_64 rng(7);
@@ -326,7 +424,7 @@ int main(int argc, char** argv) {
       for (;;) {
         bool measured;
         if (!admit(&measured)) break;
-        gen.Issue(measured, [&] { cv.notify_all(); });
+        gens[0]->Issue(measured, [&] { cv.notify_all(); });
         const double gap = poisson ? exp(rng) : 1.0 / absl::GetFlag(FLAGS_rate);
         at += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap));
         // Until the next arrival, or at once when the run stops (the main thread joins us).
@@ -342,10 +440,11 @@ int main(int argc, char** argv) {
     std::unique_lock<std::mutex> l(mu);
     cv.wait_for(l, std::chrono::milliseconds(500));
     const double el = Seconds(Clock::now() - t0);
-    int64_t done;
-    {
-      std::lock_guard<std::mutex> s(gen.stats().mu);
-      done = gen.stats().measured_done;
+    int64_t done = 0, in_flight = 0;
+    for (const auto& gen : gens) {
+      std::lock_guard<std::mutex> s(gen->stats().mu);
+      done += gen->stats().measured_done;
+      in_flight += gen->in_flight();
     }
     const bool admitting =
         g_interrupted.load() ? false
@@ -355,28 +454,29 @@ int main(int argc, char** argv) {
     if (progress) {
       const double total = want > 0 ? static_cast<double>(want) : warmup + duration;
       const double frac = want > 0 ? done / total : std::min(1.0, el / total);
-      std::fprintf(stderr,
-                   "\r%s %5.1f%%  %lld calls done, %lld in flight, %.0fs elapsed, eta %.0fs   ",
-                   el < warmup ? "warm-up" : "load   ", 100 * frac, static_cast<long long>(done),
-                   static_cast<long long>(gen.in_flight()), el,
-                   frac > 0 ? std::max(0.0, el / frac - el) : 0.0);
+      std::fprintf(
+          stderr, "\r%s %5.1f%%  %lld calls done, %lld in flight, %.0fs elapsed, eta %.0fs   ",
+          el < warmup ? "warm-up" : "load   ", 100 * frac, static_cast<long long>(done),
+          static_cast<long long>(in_flight), el, frac > 0 ? std::max(0.0, el / frac - el) : 0.0);
     }
     if (!admitting && measure_end == Clock::time_point{}) {
       measure_end = Clock::now();
       stop.store(true);
       cv.notify_all();  // wakes the pacer
     }
-    if (stop.load() && gen.in_flight() == 0) break;
+    if (stop.load() && in_flight == 0) break;
   }
   if (pacer.joinable()) pacer.join();
   if (progress) std::fprintf(stderr, "\n");
   // From the end of the warm-up to the end of the last measured call (not to when this thread
   // noticed it: its wait above may add up to 500 ms, a large share of a short run).
-  Clock::time_point measured_end = Clock::now();
-  {
-    std::lock_guard<std::mutex> l(gen.stats().mu);
-    if (gen.stats().last_done > measure_from) measured_end = gen.stats().last_done;
+  Clock::time_point measured_end{};
+  for (const auto& gen : gens) {
+    std::lock_guard<std::mutex> l(gen->stats().mu);
+    if (gen->stats().last_done > measure_from)
+      measured_end = std::max(measured_end, gen->stats().last_done);
   }
+  if (measured_end == Clock::time_point{}) measured_end = Clock::now();
   const double measured_seconds = Seconds(measured_end - measure_from);
 
   krause::loadgen::ReportInput in;
@@ -401,5 +501,10 @@ int main(int argc, char** argv) {
   in.metrics = metrics;
   in.metrics_before = before;
   in.json_path = absl::GetFlag(FLAGS_json);
-  return krause::loadgen::Report(in, gen.stats());
+  if (tenants_flag.empty()) return krause::loadgen::Report(in, gens[0]->stats());
+  in.config["tenants"] = tenants_flag;
+  std::vector<krause::loadgen::TenantRun> runs;
+  for (size_t t = 0; t < tenants.size(); ++t)
+    runs.push_back({tenants[t].name, tenants[t].options.workload, &gens[t]->stats()});
+  return krause::loadgen::ReportTenants(in, runs);
 }

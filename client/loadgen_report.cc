@@ -147,20 +147,52 @@ void PrintSummary(const ReportInput& in, json& report, const Stats& s) {
   }
 }
 
-}  // namespace
-
-int Report(const ReportInput& in, Stats& s) {
-  json report = BuildReport(in, s);
-  PrintSummary(in, report, s);
+void WriteJson(const ReportInput& in, const json& report) {
   if (in.json_path == "-") {
     std::cout << report.dump(2) << "\n";
   } else if (!in.json_path.empty()) {
     std::ofstream(in.json_path) << report.dump(2) << "\n";
   }
+}
+
+int64_t Failures(const Stats& s) {
   int64_t failures = 0;
   for (auto& [rpc, codes] : s.codes)
     for (auto& [code, n] : codes)
       if (code != "OK") failures += n;
+  return failures;
+}
+
+}  // namespace
+
+int Report(const ReportInput& in, Stats& s) {
+  json report = BuildReport(in, s);
+  PrintSummary(in, report, s);
+  WriteJson(in, report);
+  return Failures(s) > 0 ? 3 : 0;
+}
+
+int ReportTenants(const ReportInput& in, const std::vector<TenantRun>& runs) {
+  json all;
+  all["config"] = in.config;
+  int64_t failures = 0;
+  ReportInput each = in;
+  each.metrics.clear();  // the server's view is the whole run's, once below
+  for (const TenantRun& r : runs) {
+    std::printf("tenant %s:\n", r.name.c_str());
+    each.workload = r.workload;
+    json report = BuildReport(each, *r.stats);
+    PrintSummary(each, report, *r.stats);
+    report.erase("config");
+    report["workload"] = r.workload;
+    all["tenants"][r.name] = report;
+    failures += Failures(*r.stats);
+  }
+  if (!in.metrics.empty()) {
+    auto after = krause::client::HttpGet(in.metrics, "/metrics");
+    if (after.ok()) all["server"] = ServerView(in.metrics_before, *after);
+  }
+  WriteJson(in, all);
   return failures > 0 ? 3 : 0;
 }
 

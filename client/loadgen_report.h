@@ -27,6 +27,15 @@ struct ReportInput {
 // code: 3 when a measured call failed, else 0.
 int Report(const ReportInput& in, Stats& s);
 
+// Several tenants' runs (--tenants) over the same window: each one's report and summary under
+// its name (the JSON's "tenants"), `in.config` as the whole run's. Returns 3 when a measured call
+// of any tenant failed, else 0.
+struct TenantRun {
+  std::string name, workload;
+  Stats* stats = nullptr;
+};
+int ReportTenants(const ReportInput& in, const std::vector<TenantRun>& runs);
+
 // count, mean, p50, p90, p95, p99 and max of `v` (an empty object when `v` is).
 nlohmann::json Percentiles(std::vector<double> v);
 

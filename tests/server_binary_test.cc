@@ -341,6 +341,37 @@ TEST_F(LoadGen, ClosedAndOpenLoopReports) {
   EXPECT_EQ(j["errors_by_code"]["Classify"]["INVALID_ARGUMENT"], 10);
 }
 
+// --tenants: several tenants in one process, each with its token, concurrency and workload,
+// reported apart; a tenant asking a priority its token is not allowed gets only
+// PERMISSION_DENIED, and the others none.
+TEST_F(LoadGen, TenantsAreLoadedAndReportedApart) {
+  Start("loadgen-tenants", [](server::ServerOptions& o) {
+    o.auth_tokens_file = o.manifest + ".tokens";
+    std::ofstream(o.auth_tokens_file) << "tok-a tenant=a\ntok-b tenant=b weight=3\n";
+  });
+  const std::string base = "--server=127.0.0.1:" + std::to_string(server_->port()) +
+                           " --classify_model=vit --generate_model=karm --duration=1 ";
+  auto [code, j] =
+      Run(base + "--tenants=A:tok-a:4:classify:2,B:tok-b:2:generate:1:1,C:tok-a:1:classify:1:2");
+  EXPECT_EQ(code, 3) << j;  // C's calls failed
+  ASSERT_TRUE(j.contains("tenants")) << j;
+  const nlohmann::json& t = j["tenants"];
+  EXPECT_EQ(t["A"]["workload"], "classify");
+  EXPECT_GT(t["A"]["errors_by_code"]["Classify"]["OK"].get<int>(), 0);
+  EXPECT_EQ(t["A"]["errors_by_code"]["Classify"].size(), 1u) << t["A"];
+  EXPECT_NEAR(t["A"]["images_per_second"].get<double>(),
+              2 * t["A"]["calls"].get<double>() / t["A"]["measured_seconds"].get<double>(), 1e-6);
+  EXPECT_GT(t["B"]["errors_by_code"]["Generate"]["OK"].get<int>(), 0);
+  EXPECT_EQ(t["B"]["errors_by_code"]["Generate"].size(), 1u) << t["B"];
+  EXPECT_GT(t["C"]["errors_by_code"]["Classify"]["PERMISSION_DENIED"].get<int>(), 0);
+  EXPECT_EQ(t["C"]["errors_by_code"]["Classify"].size(), 1u) << t["C"];
+  // A spec that is not NAME:TOKEN:CONCURRENCY[...] is refused before any call.
+  const ShellRun bad =
+      Shell(std::string(KRAUSE_BIN_DIR) + "/krause-loadgen " + base + "--tenants=A:tok-a");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("is not NAME:TOKEN:CONCURRENCY"), std::string::npos) << bad.out;
+}
+
 // --protocol http: streamed generations through generate_stream, counted with the stream's
 // figures; a classify whose images do not fit is counted by the code its HTTP status means.
 TEST_F(LoadGen, HttpProtocolReports) {
