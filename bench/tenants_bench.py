@@ -4,8 +4,9 @@ token, on one krause-server of this build serving the bundled models (docs/servi
 Tenants).
 
 Classify (--scenario classify): tenant B at concurrency 1 alone, tenant A at --flood alone, then
-both at once (A starts first; B is measured while A runs), every figure from the same run; then A
-alone at each --batch_sizes (a server per size) to show what a smaller batch costs the flood.
+both at once (one krause-loadgen --tenants, one measured window), every figure from the same
+run; a priority-1 call at a time beside the same tenant's priority-0 flood; then A alone at each
+--batch_sizes (a server per size) to show what a smaller batch costs the flood.
 
 Generate (--scenario generate): the bundled KARM with --slots cache slots; A streams one image
 per call at concurrency --gen_a, B four images per call at --gen_b, so that both want more slots
@@ -39,8 +40,18 @@ def loadgen(bin_dir, server, token, concurrency, duration, out, workload="classi
         stdout=subprocess.DEVNULL)
 
 
-def figures(path, rpc="Classify"):
+def loadgen_tenants(bin_dir, server, spec, duration, out, warmup=1):
+    """One krause-loadgen process running every tenant of `spec` (--tenants) over one window."""
+    return subprocess.Popen(
+        [f"{bin_dir}/krause-loadgen", "--server", server, "--tenants", spec, "--duration",
+         str(duration), "--warmup", str(warmup), "--json", out, "--progress=false"],
+        stdout=subprocess.DEVNULL)
+
+
+def figures(path, rpc="Classify", tenant=None):
     r = json.load(open(path))
+    if tenant is not None:
+        r = r["tenants"][tenant]
     lat = r["latency_seconds"][rpc]
     errors = sum(n for code, n in r["errors_by_code"][rpc].items() if code != "OK")
     return {"images_per_second": r["images_per_second"], "p50_ms": lat["p50"] * 1e3,
@@ -85,13 +96,16 @@ def classify(args, bin_dir, tmp, progress, steps, servers):
     out = os.path.join(tmp, "a-alone.json")
     loadgen(bin_dir, addr, "tok-a", args.flood, args.duration, out).wait()
     runs["a_alone"] = figures(out)
-    progress("classify: both (B measured while A floods)", steps)
-    a_out, b_out = os.path.join(tmp, "a-both.json"), os.path.join(tmp, "b-both.json")
-    a = loadgen(bin_dir, addr, "tok-a", args.flood, args.duration + 3, a_out)
-    time.sleep(1.5)
-    loadgen(bin_dir, addr, "tok-b", 1, args.duration, b_out).wait()
-    a.wait()
-    runs["a_both"], runs["b_both"] = figures(a_out), figures(b_out)
+    progress("classify: both (one krause-loadgen, --tenants)", steps)
+    out = os.path.join(tmp, "both.json")
+    loadgen_tenants(bin_dir, addr, f"A:tok-a:{args.flood}:classify,B:tok-b:1:classify",
+                    args.duration, out).wait()
+    runs["a_both"], runs["b_both"] = figures(out, tenant="A"), figures(out, tenant="B")
+    progress("classify: a priority-1 call beside its own tenant's priority-0 flood", steps)
+    out = os.path.join(tmp, "priority.json")
+    loadgen_tenants(bin_dir, addr, f"A:tok-a:{args.flood}:classify,P:tok-a:1:classify:1:1",
+                    args.duration, out).wait()
+    runs["a_priority"], runs["p_priority"] = figures(out, tenant="A"), figures(out, tenant="P")
     stop(server)
     for b in sizes:
         progress(f"classify: A alone, max_batch_size {b}", steps)
@@ -112,7 +126,15 @@ def classify(args, bin_dir, tmp, progress, steps, servers):
         f = r[key]
         lines.append(f"| {what} | {f['images_per_second']:.0f} | {f['p50_ms']:.1f} | "
                      f"{f['p99_ms']:.1f} | {f['errors']} |")
+    batch_ms = 64 / r["a_alone"]["images_per_second"] * 1e3
+    p = r["p_priority"]
     lines += ["", f"A beside B / A alone: {r['a_both']['images_per_second'] / r['a_alone']['images_per_second']:.3f}", "",
+              f"Priority: one priority-1 call at a time (P) beside the same tenant's {args.flood} "
+              f"priority-0 calls: p50 {p['p50_ms']:.1f} ms, p99 {p['p99_ms']:.1f} ms, "
+              f"{p['errors']} errors; a batch of 64 takes about {batch_ms:.1f} ms here (64 / A "
+              f"alone's images/s), so P waits for {p['p50_ms'] / batch_ms:.2f} batches at p50 "
+              f"({p['p99_ms'] / batch_ms:.2f} at p99) counting its own; the flood's images/s "
+              f"beside it: {r['a_priority']['images_per_second'] / r['a_alone']['images_per_second']:.3f} of alone", "",
               f"A alone at concurrency {args.flood} by max_batch_size:", "",
               "| max_batch_size | images/s | p50 ms |", "|---|---|---|"]
     for b in sizes:
@@ -138,14 +160,12 @@ def generate(args, bin_dir, tmp, progress, steps, servers):
             loadgen(bin_dir, addr, "tok-a", args.gen_a, args.duration, out, "generate",
                     warmup=2).wait()
             runs["gen_a_alone"] = figures(out, "Generate")
-        progress(f"generate: A and B together, weights {weight_a}:1", steps)
-        a_out, b_out = os.path.join(tmp, f"gen-a-{key}.json"), os.path.join(tmp, f"gen-b-{key}.json")
-        a = loadgen(bin_dir, addr, "tok-a", args.gen_a, args.duration, a_out, "generate", warmup=2)
-        b = loadgen(bin_dir, addr, "tok-b", args.gen_b, args.duration, b_out, "generate", 4,
-                    warmup=2)
-        a.wait()
-        b.wait()
-        fa, fb = figures(a_out, "Generate"), figures(b_out, "Generate")
+        progress(f"generate: A and B together (one krause-loadgen), weights {weight_a}:1", steps)
+        out = os.path.join(tmp, f"gen-{key}.json")
+        loadgen_tenants(bin_dir, addr,
+                        f"A:tok-a:{args.gen_a}:generate:1,B:tok-b:{args.gen_b}:generate:4",
+                        args.duration, out, warmup=2).wait()
+        fa, fb = figures(out, "Generate", "A"), figures(out, "Generate", "B")
         runs[f"gen_a_{key}"], runs[f"gen_b_{key}"] = fa, fb
         stop(server)
         total = fa["images_per_second"] + fb["images_per_second"]
@@ -176,7 +196,7 @@ def main():
     bin_dir = os.path.abspath(args.bin)
     tmp = tempfile.mkdtemp(prefix="krause-tenants-bench-")
     scenarios = [x for x in args.scenario.split(",") if x]
-    steps = (3 + len([b for b in args.batch_sizes.split(",") if b]) if "classify" in scenarios
+    steps = (4 + len([b for b in args.batch_sizes.split(",") if b]) if "classify" in scenarios
              else 0) + (3 if "generate" in scenarios else 0)
     progress = Progress()
     runs, lines = {}, []

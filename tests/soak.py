@@ -2,7 +2,8 @@
 """The soak: a real krause-server on the bundled models with small queues, driven past what its
 queues admit by several client processes with a hostile mix, then checked.
 
-  tests/soak.py BIN_DIR SOURCE_DIR [--seconds 45] [--processes 3] [--threads 8] [--json FILE]
+  tests/soak.py BIN_DIR SOURCE_DIR [--seconds 45] [--processes 3] [--threads 8] [--tenants]
+                [--json FILE]
 
 (scripts/soak.sh runs it: a short mode for CI, --long for 6 minutes.) The mix, per call: valid
 Classify / Score / Generate / completion calls, 10% malformed requests (wrong shapes, junk and
@@ -20,6 +21,11 @@ then cancelled. It fails on:
     warm-up's peak;
   - results that differ from the idle results (Classify probabilities, a seeded Generate's PNG,
     Score's bits/dim, bit for bit).
+With --tenants the server has a token file of two tenants of equal weight: the hostile mix is
+tenant "flood" (at most 2 calls queued per model: past that RESOURCE_EXHAUSTED, TENANT_LIMIT),
+and a polite tenant "quiet" classifies one image and generates one at a time beside it; the
+soak then also fails on any error a quiet call gets, or one that waits longer than its share
+allows (10 s).
 Progress with an ETA goes to stderr; the report (calls, mix, statuses, RSS, duration) to stdout.
 """
 import argparse
@@ -93,16 +99,20 @@ def png(width, height, rows, color_type=0, claim=None):
 
 
 class Client:
-    def __init__(self, address, msgs):
+    def __init__(self, address, msgs, token=""):
         self.m = msgs
         self.channel = grpc.insecure_channel(address)
         ser = lambda x: x.SerializeToString()
-        self.classify = self.channel.unary_unary(SERVICE + "Classify", ser,
-                                                 msgs["ClassifyResponse"].FromString)
-        self.score = self.channel.unary_unary(SERVICE + "Score", ser,
-                                              msgs["ScoreResponse"].FromString)
-        self.generate = self.channel.unary_stream(SERVICE + "Generate", ser,
-                                                  msgs["GenerateResponse"].FromString)
+        md = [("authorization", f"Bearer {token}")] if token else None
+
+        def with_token(call):
+            return lambda req, timeout=None: call(req, timeout=timeout, metadata=md)
+        self.classify = with_token(self.channel.unary_unary(
+            SERVICE + "Classify", ser, msgs["ClassifyResponse"].FromString))
+        self.score = with_token(self.channel.unary_unary(
+            SERVICE + "Score", ser, msgs["ScoreResponse"].FromString))
+        self.generate = with_token(self.channel.unary_stream(
+            SERVICE + "Generate", ser, msgs["GenerateResponse"].FromString))
 
     def raw(self, pixels, h=28, w=28, c=1):
         im = self.m["Image"]()
@@ -166,9 +176,9 @@ def malformed(client, images, rnd):
     return ("Classify", lambda: client.classify(req, timeout=10), 10)
 
 
-def worker(address, desc, seconds, threads, seed, queue):
+def worker(address, desc, seconds, threads, seed, queue, token=""):
     msgs = messages(desc)
-    client = Client(address, msgs)
+    client = Client(address, msgs, token)
     images = test_images(512)
     stats = {}
     violations = []
@@ -269,6 +279,31 @@ def worker(address, desc, seconds, threads, seed, queue):
     queue.put((stats, violations))
 
 
+def quiet_tenant(client, images, end, out):
+    """The polite tenant: one call at a time, alternating a one-image Classify and a one-image
+    Generate; every status and the longest call go to `out`."""
+    rnd = random.Random(99)
+    while time.time() < end:
+        t0 = time.time()
+        try:
+            if rnd.random() < 0.5:
+                req = client.m["ClassifyRequest"](model="krause-vit-fmnist")
+                req.images.append(client.raw(images[rnd.randrange(len(images))]))
+                client.classify(req, timeout=30)
+                rpc = "Classify"
+            else:
+                req = client.m["GenerateRequest"](model="karm-fmnist", num_images=1,
+                                                  seed=rnd.randrange(1 << 30))
+                list(client.generate(req, timeout=30))
+                rpc = "Generate"
+            code = "OK"
+        except grpc.RpcError as e:
+            rpc, code = "call", e.code().name
+        key = f"{rpc} {code}"
+        out["statuses"][key] = out["statuses"].get(key, 0) + 1
+        out["longest"] = max(out["longest"], time.time() - t0)
+
+
 def scrape(port):
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     out = {}
@@ -298,6 +333,7 @@ def main():
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--rss_mb", type=float, default=64)
     ap.add_argument("--json", default="")
+    ap.add_argument("--tenants", action="store_true")
     args = ap.parse_args()
     args.bin_dir, args.source_dir = os.path.abspath(args.bin_dir), os.path.abspath(args.source_dir)
 
@@ -313,14 +349,27 @@ def main():
         open(manifest, "w"))
     port, mport = free_port(), free_port()
     log = open(os.path.join(tmp, "server.log"), "w")
+    flags = []
+    flood_token = quiet_token = ""
+    if args.tenants:
+        # The flood's 2 queued calls (at most 2 x 64 generation images) leave the quiet tenant room
+        # in every queue: a waiting room of 160 images, a classify queue of 48 (2 x 16 + 16).
+        m = json.load(open(manifest))
+        m["models"][1]["max_waiting"] = 160
+        json.dump(m, open(manifest, "w"))
+        tokens = os.path.join(tmp, "tokens")
+        open(tokens, "w").write("tok-flood tenant=flood max_queued=2\ntok-quiet tenant=quiet\n")
+        flags = [f"--auth_tokens={tokens}"]
+        flood_token, quiet_token = "tok-flood", "tok-quiet"
     server = subprocess.Popen([os.path.join(args.bin_dir, "krause-server"), "--manifest", manifest,
                                f"--listen=127.0.0.1:{port}", f"--metrics_listen=127.0.0.1:{mport}",
-                               "--http_listen=", "--drain_seconds=5"], stdout=log, stderr=subprocess.STDOUT)
+                               "--http_listen=", "--drain_seconds=5"] + flags,
+                              stdout=log, stderr=subprocess.STDOUT)
     failures = []
     address = f"127.0.0.1:{port}"
     desc = compile_api(args.source_dir, tmp)
     msgs = messages(desc)
-    client = Client(address, msgs)
+    client = Client(address, msgs, quiet_token)
     try:
         grpc.channel_ready_future(client.channel).result(timeout=120)
     except grpc.FutureTimeoutError:
@@ -344,10 +393,16 @@ def main():
     queue = ctx.Queue()
     t0 = time.time()
     procs = [ctx.Process(target=worker, args=(address, desc, args.seconds,
-                                             args.threads, s, queue))
+                                             args.threads, s, queue, flood_token))
              for s in range(args.processes)]
     for p in procs:
         p.start()
+    quiet = {"statuses": {}, "longest": 0.0}
+    quiet_thread = None
+    if args.tenants:
+        quiet_thread = threading.Thread(target=quiet_tenant,
+                                        args=(client, test_images(64), t0 + args.seconds, quiet))
+        quiet_thread.start()
     samples = []
     while any(p.is_alive() for p in procs):
         el = time.time() - t0
@@ -372,6 +427,13 @@ def main():
         violations += v
     for p in procs:
         p.join(timeout=30)
+    if quiet_thread is not None:
+        quiet_thread.join(timeout=60)
+        bad = {k: n for k, n in quiet["statuses"].items() if not k.endswith(" OK")}
+        if bad or not quiet["statuses"]:
+            failures.append(f"the quiet tenant's calls: {quiet['statuses']} (only OK expected)")
+        if quiet["longest"] > 10:
+            failures.append(f"a quiet tenant's call took {quiet['longest']:.1f} s (bound 10 s)")
     duration = time.time() - t0
     failures += sorted(set(violations))
 
@@ -421,9 +483,13 @@ def main():
               "rss_mb": {"start": round(rss_start), "warmup_peak": round(warm_peak),
                          "peak_after_warmup": round(peak_after), "end": round(rss_end)},
               "failures": failures}
+    if args.tenants:
+        report["quiet_tenant"] = quiet
     print(f"soak: {calls} calls in {duration:.0f} s from {args.processes} processes x "
           f"{args.threads} threads (+2 never-reading streams each)")
     print("  statuses: " + ", ".join(f"{c} {n}" for c, n in sorted(by_code.items())))
+    if args.tenants:
+        print(f"  quiet tenant: {quiet['statuses']}, longest call {quiet['longest']:.2f} s")
     for k in sorted(stats):
         print(f"    {k}: {stats[k]}")
     print(f"  server RSS MB: start {rss_start:.0f}, warm-up peak {warm_peak:.0f}, peak after "
