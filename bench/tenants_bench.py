@@ -107,6 +107,15 @@ def classify(args, bin_dir, tmp, progress, steps, servers):
                     args.duration, out).wait()
     runs["a_priority"], runs["p_priority"] = figures(out, tenant="A"), figures(out, tenant="P")
     stop(server)
+    progress("classify: A over its max_queued (4) beside B", steps)
+    server, addr = serve(bin_dir, tmp, "quota", 64, servers,
+                         "tok-a tenant=team-a max_queued=4\ntok-b tenant=team-b\n")
+    out = os.path.join(tmp, "quota.json")
+    loadgen_tenants(bin_dir, addr, f"A:tok-a:{args.flood}:classify,B:tok-b:1:classify",
+                    args.duration, out).wait()
+    q = json.load(open(out))["tenants"]
+    runs["quota"] = {t: q[t]["errors_by_code"]["Classify"] for t in ("A", "B")}
+    stop(server)
     for b in sizes:
         progress(f"classify: A alone, max_batch_size {b}", steps)
         server, addr = serve(bin_dir, tmp, f"m{b}", b, servers)
@@ -135,6 +144,8 @@ def classify(args, bin_dir, tmp, progress, steps, servers):
               f"alone's images/s), so P waits for {p['p50_ms'] / batch_ms:.2f} batches at p50 "
               f"({p['p99_ms'] / batch_ms:.2f} at p99) counting its own; the flood's images/s "
               f"beside it: {r['a_priority']['images_per_second'] / r['a_alone']['images_per_second']:.3f} of alone", "",
+              f"Quota: A (max_queued=4) at concurrency {args.flood} beside B at 1, calls by "
+              f"status: A {r['quota']['A']}, B {r['quota']['B']}", "",
               f"A alone at concurrency {args.flood} by max_batch_size:", "",
               "| max_batch_size | images/s | p50 ms |", "|---|---|---|"]
     for b in sizes:
@@ -196,7 +207,7 @@ def main():
     bin_dir = os.path.abspath(args.bin)
     tmp = tempfile.mkdtemp(prefix="krause-tenants-bench-")
     scenarios = [x for x in args.scenario.split(",") if x]
-    steps = (4 + len([b for b in args.batch_sizes.split(",") if b]) if "classify" in scenarios
+    steps = (5 + len([b for b in args.batch_sizes.split(",") if b]) if "classify" in scenarios
              else 0) + (3 if "generate" in scenarios else 0)
     progress = Progress()
     runs, lines = {}, []
