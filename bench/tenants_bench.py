@@ -15,8 +15,8 @@ equal weights and with A's weight 3: each tenant's images/s and share, and the t
 alone.
 
   bench/tenants_bench.py [--scenario classify,generate] [--bin build/bin] [--duration 8]
-                         [--flood 128] [--batch_sizes 16,32,64] [--slots 64] [--gen_a 64]
-                         [--gen_b 16] [--json F] [--text F]
+                         [--flood 128] [--batch_sizes 16,32,64] [--precision bf16] [--slots 64]
+                         [--gen_a 64] [--gen_b 16] [--json F] [--text F]
 """
 import argparse
 import json
@@ -58,10 +58,13 @@ def figures(path, rpc="Classify", tenant=None):
             "p99_ms": lat["p99"] * 1e3, "errors": errors}
 
 
-def serve(bin_dir, tmp, name, batch_size, servers, tokens_text=TOKENS, slots=None):
+def serve(bin_dir, tmp, name, batch_size, servers, tokens_text=TOKENS, slots=None,
+          precision=""):
     manifest = write_manifest(tmp)
     m = json.load(open(manifest))
     m["models"][0]["max_batch_size"] = batch_size
+    if precision:
+        m["models"][0]["precision"] = precision
     if slots:
         m["models"][1]["max_sequences"] = slots
     path = os.path.join(tmp, f"{name}.json")
@@ -87,7 +90,7 @@ def serve(bin_dir, tmp, name, batch_size, servers, tokens_text=TOKENS, slots=Non
 def classify(args, bin_dir, tmp, progress, steps, servers):
     sizes = [int(b) for b in args.batch_sizes.split(",") if b]
     runs = {}
-    server, addr = serve(bin_dir, tmp, "shared", 64, servers)
+    server, addr = serve(bin_dir, tmp, "shared", 64, servers, precision=args.precision)
     progress("classify: B alone at concurrency 1", steps)
     out = os.path.join(tmp, "b-alone.json")
     loadgen(bin_dir, addr, "tok-b", 1, args.duration, out).wait()
@@ -109,7 +112,8 @@ def classify(args, bin_dir, tmp, progress, steps, servers):
     stop(server)
     progress("classify: A over its max_queued (4) beside B", steps)
     server, addr = serve(bin_dir, tmp, "quota", 64, servers,
-                         "tok-a tenant=team-a max_queued=4\ntok-b tenant=team-b\n")
+                         "tok-a tenant=team-a max_queued=4\ntok-b tenant=team-b\n",
+                         precision=args.precision)
     out = os.path.join(tmp, "quota.json")
     loadgen_tenants(bin_dir, addr, f"A:tok-a:{args.flood}:classify,B:tok-b:1:classify",
                     args.duration, out).wait()
@@ -118,15 +122,16 @@ def classify(args, bin_dir, tmp, progress, steps, servers):
     stop(server)
     for b in sizes:
         progress(f"classify: A alone, max_batch_size {b}", steps)
-        server, addr = serve(bin_dir, tmp, f"m{b}", b, servers)
+        server, addr = serve(bin_dir, tmp, f"m{b}", b, servers, precision=args.precision)
         out = os.path.join(tmp, f"a-batch{b}.json")
         loadgen(bin_dir, addr, "tok-a", args.flood, args.duration, out).wait()
         runs[f"a_batch{b}"] = figures(out)
         stop(server)
     r = runs
     lines = [
-        f"Classify, krause-vit-fmnist (max_batch_size 64), two tenants of equal weight, "
-        f"{args.duration:g} s each, one run", "",
+        f"Classify, krause-vit-fmnist (max_batch_size 64"
+        f"{', precision ' + args.precision if args.precision else ''}), two tenants of equal "
+        f"weight, {args.duration:g} s each, one run", "",
         "| | images/s | p50 ms | p99 ms | errors |", "|---|---|---|---|---|"]
     for key, what in (("b_alone", "B alone, concurrency 1"),
                       ("b_both", f"B beside A's flood (concurrency {args.flood})"),
@@ -199,6 +204,7 @@ def main():
     ap.add_argument("--flood", type=int, default=128)
     ap.add_argument("--batch_sizes", default="16,32,64")
     ap.add_argument("--slots", type=int, default=64)
+    ap.add_argument("--precision", default="", help="classify: the ViT's precision (bf16)")
     ap.add_argument("--gen_a", type=int, default=64)
     ap.add_argument("--gen_b", type=int, default=16)
     ap.add_argument("--json", default="")
