@@ -206,11 +206,7 @@ TEST_F(ConnectHttpTest, ErrorsFollowTheProtocol) {
 // With --auth_tokens a call needs the bearer token (401 and WWW-Authenticate without it); the
 // page itself needs none.
 TEST_F(ConnectHttpTest, CallsNeedTheTokenThePageDoesNot) {
-  server_->Shutdown();
-  WriteText(models_.dir + "/tokens", "secret\n");
-  server::ServerOptions o = Options();
-  o.auth_tokens_file = models_.dir + "/tokens";
-  StartServer(o);
+  StartServer(WithTokens("secret\n", Options()));
   Answer a = Connect(port(), "ListModels", "{}");
   EXPECT_EQ(a.status, 401) << a.body;
   EXPECT_EQ(Json::parse(a.body)["code"], "unauthenticated");

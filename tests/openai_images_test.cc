@@ -324,11 +324,7 @@ TEST_F(OpenAiImagesTest, BadInputIsA400InTheApisErrorShapeNamingTheParameter) {
 }
 
 TEST_F(OpenAiImagesTest, AMissingTokenIsAnAuthenticationError) {
-  server_->Shutdown();
-  WriteText(models_.dir + "/tokens", "secret\n");
-  server::ServerOptions o = Options();
-  o.auth_tokens_file = models_.dir + "/tokens";
-  StartServer(o);
+  StartServer(WithTokens("secret\n", Options()));
   const std::string body = R"({"model": "karm-cond", "prompt": "zero", "seed": 1})";
   Answer a = Call(port(), "POST", "/v1/images/generations", body);
   EXPECT_EQ(a.status, 401) << a.body.dump();

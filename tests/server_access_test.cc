@@ -17,11 +17,8 @@ namespace krause::testing {
 namespace {
 
 TEST_F(ServerTest, TokenAuthentication) {
-  server_->Shutdown();
-  WriteText(models_.dir + "/tokens", "# tokens\nsecret-one\n\nsecret-two\n");
-  server::ServerOptions o = LoopbackOptions(models_.manifest);
-  o.auth_tokens_file = models_.dir + "/tokens";
-  StartServer(o);
+  StartServer(
+      WithTokens("# tokens\nsecret-one\n\nsecret-two\n", LoopbackOptions(models_.manifest)));
   auto call = [&](const std::string& token) {
     grpc::ClientContext ctx;
     if (!token.empty()) ctx.AddMetadata("authorization", token);
@@ -122,13 +119,10 @@ TEST_F(ServerTest, RequestLogHasALinePerCallAndTheCallersIdsComeBack) {
 // The token file's tenants: each token serves as its tenant, and the request log names it (a
 // call refused for its token has none).
 TEST_F(ServerTest, EachTokensTenantIsNamedInTheRequestLog) {
-  server_->Shutdown();
-  WriteText(
-      models_.dir + "/tokens",
-      "tok-a tenant=team-a weight=2 max_queued=8\ntok-a2 tenant=team-a\ntok-b tenant=team-b\n");
+  server::ServerOptions o = WithTokens(
+      "tok-a tenant=team-a weight=2 max_queued=8\ntok-a2 tenant=team-a\ntok-b tenant=team-b\n",
+      LoopbackOptions(models_.manifest));
   const std::string log = models_.dir + "/tenants.jsonl";
-  server::ServerOptions o = LoopbackOptions(models_.manifest);
-  o.auth_tokens_file = models_.dir + "/tokens";
   o.request_log = log;
   StartServer(o);
   for (const char* token : {"Bearer tok-a", "Bearer tok-b", "Bearer tok-a2", "Bearer nope"}) {
@@ -173,11 +167,8 @@ TEST_F(ServerTest, EachTokensTenantIsNamedInTheRequestLog) {
 // A call's priority: 0 .. 2, and 2 only for a tenant whose max_priority allows it; krause.v1's
 // Classify and Generate check it alike (PERMISSION_DENIED / INVALID_ARGUMENT naming priority).
 TEST_F(ServerTest, PriorityIsCheckedAgainstTheTenantsMaxPriority) {
-  server_->Shutdown();
-  WriteText(models_.dir + "/tokens", "tok-a tenant=team-a max_priority=2\ntok-b tenant=team-b\n");
-  server::ServerOptions o = LoopbackOptions(models_.manifest);
-  o.auth_tokens_file = models_.dir + "/tokens";
-  StartServer(o);
+  StartServer(WithTokens("tok-a tenant=team-a max_priority=2\ntok-b tenant=team-b\n",
+                         LoopbackOptions(models_.manifest)));
   const auto classify = [&](const char* token, uint32_t priority) {
     v1::ClassifyRequest req;
     req.set_model("vit");

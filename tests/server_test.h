@@ -50,6 +50,14 @@ class ServerTest : public ::testing::Test {
     if (server_) server_->Shutdown();
     std::filesystem::remove_all(models_.dir);
   }
+  // Stops the server and writes `tokens` as a token file: `o` with it, to start the server again
+  // with (after what else the test sets).
+  server::ServerOptions WithTokens(const std::string& tokens, server::ServerOptions o) {
+    server_->Shutdown();
+    WriteText(models_.dir + "/tokens", tokens);
+    o.auth_tokens_file = models_.dir + "/tokens";
+    return o;
+  }
   // A served model's worker, to wait for states another thread reaches.
   template <typename Kind>
   Kind& Served(const std::string& name) {

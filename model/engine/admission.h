@@ -69,9 +69,9 @@ struct AdmissionBudget {
   double seconds_per_token = 0;
   // The groups holding slots now, with how many (a group not listed holds none).
   std::vector<GroupSlots> held;
-  // Groups with nothing held or waiting that are expected back at once (their images just
-  // finished: their clients' next calls are on the way). Free slots up to such a group's
-  // weighted share are kept for it: a group over its own share is not admitted into them.
+  // Groups expected back at once (their images just finished: their clients' next calls are on
+  // the way). The part of such a group's weighted share it neither holds nor asks for is kept
+  // for it: a group over its own share is not admitted into those slots.
   std::vector<FairShare> expected;
 };
 

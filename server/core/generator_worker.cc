@@ -71,8 +71,9 @@ absl::Status GeneratorWorker::Submit(std::vector<GenerationRequest> images,
                        " slots busy, waiting limit ", options_.max_waiting, "); retry later"),
           reason::kQueueFull);
     if (share.spec != nullptr && share.spec->max_queued > 0) {
-      int64_t queued = 0;  // the tenant's calls with an image waiting for a slot
-      for (const auto& [seq, c] : calls_) queued += c.share.group == share.tenant && c.waiting > 0;
+      const std::vector<int64_t> by_tenant = TenantQueuedCallsLocked();
+      const size_t t = static_cast<size_t>(std::max<int32_t>(0, share.tenant));
+      const int64_t queued = t < by_tenant.size() ? by_tenant[t] : 0;
       if (queued >= share.spec->max_queued)
         return TenantRefusal(*share.spec, "max_queued", share.spec->max_queued,
                              absl::StrCat(queued, " calls waiting for cache slots"));
@@ -107,8 +108,12 @@ absl::Status GeneratorWorker::Submit(std::vector<GenerationRequest> images,
 }
 
 std::vector<int64_t> GeneratorWorker::tenant_queued_calls() const {
-  std::vector<int64_t> out;
   std::lock_guard<std::mutex> lock(mu_);
+  return TenantQueuedCallsLocked();
+}
+
+std::vector<int64_t> GeneratorWorker::TenantQueuedCallsLocked() const {
+  std::vector<int64_t> out;
   for (const auto& [seq, call] : calls_) {
     if (call.waiting == 0) continue;
     const size_t t = static_cast<size_t>(std::max<int32_t>(0, call.share.group));

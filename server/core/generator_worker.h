@@ -157,6 +157,8 @@ class GeneratorWorker {
     CallUpdate update;    // worker thread only
   };
   void Loop();
+  // Calls with an image waiting for a slot, by tenant index (under mu_).
+  std::vector<int64_t> TenantQueuedCallsLocked() const;
   // Ends queued Score jobs that were cancelled, expired or (stopping) refused.
   void DropScores(std::deque<RunningScore>* scores, bool stopping);
   // Scores one chunk of the oldest job (the plan's size); reports its cost to the ledger.

@@ -150,8 +150,8 @@ struct GeneratorSchedulingOptions {
   // Largest side-work credit kept between bursts, and the side work an idle worker does
   // between two looks at its queues.
   double side_slice_seconds = 0.005;
-  // How long after a tenant's image finished, with nothing of its own left waiting or decoding,
-  // its weighted share of the slots is kept for it (its client's next call is on the way;
+  // How long after a tenant's image finished the part of its weighted share of the slots it
+  // neither holds nor asks for is kept for it (its client's next call is on the way;
   // PlanAdmission's `expected`). Long enough for a reply and the next call to cross a busy
   // host, short beside an image's generation.
   double return_window_seconds = 0.05;
@@ -178,7 +178,7 @@ struct WorkerState {
   int64_t free_slots = 0;
   std::vector<WaitingRequest> waiting;  // oldest first (DecodeEngine::Waiting)
   std::vector<GroupSlots> held;         // slots held by tenant (DecodeEngine::HeldSlots)
-  std::vector<FairShare> expected;      // tenants expected back (ExpectedTenants)
+  std::vector<FairShare> expected;      // tenants expected back (WorkerLedger::Fill)
   // Images left in the oldest Score job (0: none queued).
   int64_t score_images_left = 0;
   double credit_seconds = 0;  // SideWorkCredit::seconds()
@@ -212,7 +212,7 @@ class WorkerLedger {
   // An engine step: its prefills (positions and seconds) and its decode step's seconds.
   void OnStep(int64_t prefill_tokens, double prefill_seconds, double decode_seconds, bool decoding);
   // The credit, the costs, and the tenants expected back at `now`: those with an image
-  // finished within return_window_seconds (PlanAdmission ignores those that are back).
+  // finished within return_window_seconds.
   void Fill(WorkerState* state, Clock::time_point now) const;
 
  private:

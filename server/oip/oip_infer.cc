@@ -212,13 +212,12 @@ void Answer(const InferDone& done, const absl::Status& st, InferResponse out) {
 }
 
 // The request's `priority` parameter (Triton's: higher sooner; here 0 .. kMaxPriority within the
-// caller's tenant), set on the call's book before its limits are taken.
-absl::Status PriorityOf(const InferRequest& r, CallBook* book) {
+// caller's tenant, checked by CallBook::SetPriority under this name); 0 when absent.
+constexpr char kPriorityField[] = "parameter priority";
+absl::StatusOr<int64_t> PriorityParameter(const InferRequest& r) {
   const auto it = r.parameters.find("priority");
-  if (it == r.parameters.end()) return absl::OkStatus();
-  auto priority = IntegerParameter("priority", it->second);
-  if (!priority.ok()) return priority.status();
-  return book->SetPriority(*priority, "parameter priority");
+  if (it == r.parameters.end()) return 0;
+  return IntegerParameter("priority", it->second);
 }
 
 CallLimits LimitsOf(const InferContext& ctx) {
@@ -229,7 +228,10 @@ absl::Status Classify(const InferRequest& r, const ModelRef& m, const InferConte
                       InferDone done) {
   if (absl::Status st = CheckParameterNames(r, *m, "a classifier", {"priority"}); !st.ok())
     return st;
-  if (absl::Status st = PriorityOf(r, ctx.book); !st.ok()) return st;
+  auto priority = PriorityParameter(r);
+  if (!priority.ok()) return priority.status();
+  // Set on the call's book before its limits are taken.
+  if (absl::Status st = ctx.book->SetPriority(*priority, kPriorityField); !st.ok()) return st;
   if (absl::Status st = CheckOutputs(r, *m, {"probabilities", "label"}, ""); !st.ok()) return st;
   auto inputs = InputsByName(r, *m, {"image"});
   if (!inputs.ok()) return inputs.status();
@@ -408,12 +410,10 @@ absl::Status Generate(const InferRequest& r, const ModelRef& m,
     if (!k.ok()) return k.status();
     g.top_k = *k;
   }
-  if (const Parameter* v = param("priority")) {
-    auto p = IntegerParameter("priority", *v);
-    if (!p.ok()) return p.status();
-    g.priority = *p;
-    g.priority_field = "parameter priority";
-  }
+  auto priority = PriorityParameter(r);
+  if (!priority.ok()) return priority.status();
+  g.priority = *priority;
+  g.priority_field = kPriorityField;
   if (const Parameter* v = param("seed")) {
     auto seed = SeedParameter(*v);
     if (!seed.ok()) return seed.status();
