@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <exception>
 
@@ -314,8 +315,8 @@ void CpuViT::Image(const uint8_t* pixels, float* probs, bool parallel) const {
   nn::SoftmaxRow(tmp, classes_, probs);
 }
 
-absl::Status CpuViT::Forward(const uint8_t* pixels, int64_t images, float* probs,
-                             Split split) const {
+absl::Status CpuViT::Forward(const uint8_t* pixels, int64_t images, float* probs, Split split,
+                             const std::function<void(int64_t image)>& before_image) const {
   if (images < 0)
     return absl::InvalidArgumentError(absl::StrCat("images must be >= 0, got ", images));
   const int64_t image_bytes = channels_ * size_ * size_;
@@ -331,12 +332,23 @@ absl::Status CpuViT::Forward(const uint8_t* pixels, int64_t images, float* probs
       for (int64_t i = 0; i < images; ++i)
         Image(pixels + i * image_bytes, probs + i * classes_, /*parallel=*/true);
     } else {
-      // Tasks of whole images, of at least half the parallel threshold each.
-      at::parallel_for(0, images, GrainForWork(flops_per_image_, kMinParallelForwardFlops / 2),
-                       [&](int64_t i0, int64_t i1) {
-                         for (int64_t i = i0; i < i1; ++i)
-                           Image(pixels + i * image_bytes, probs + i * classes_, false);
-                       });
+      // Whole images on as many threads as tasks of at least half the parallel threshold fill;
+      // each thread takes the next image left, so a thread that the RPC threads slowed down
+      // leaves the rest to the others instead of holding the batch up.
+      const int64_t grain = GrainForWork(flops_per_image_, kMinParallelForwardFlops / 2);
+      const int64_t tasks = std::min<int64_t>(at::get_num_threads(), (images + grain - 1) / grain);
+      std::atomic<int64_t> next{0};
+      const auto run = [&](int64_t, int64_t) {
+        for (int64_t i = next.fetch_add(1); i < images; i = next.fetch_add(1)) {
+          if (before_image) before_image(i);
+          Image(pixels + i * image_bytes, probs + i * classes_, false);
+        }
+      };
+      if (tasks <= 1) {
+        run(0, 1);
+      } else {
+        at::parallel_for(0, tasks, 1, run);
+      }
     }
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("classifier forward failed: ", ExceptionMessage(e)));

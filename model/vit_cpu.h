@@ -11,19 +11,20 @@
 //
 // Every image is computed on its own with the same kernels in the same order, so its
 // probabilities have the same bits alone or in any batch and on any thread split. A batch is split
-// over the threads by images, in tasks of at least kMinParallelForwardFlops / 2 (util/threads.h):
-// small batches run on the calling thread. A batch of fewer images than threads whose images
-// each cost at least 2 x kMinParallelForwardFlops (a paper-size ViT: 8.6 GFLOP) runs one image at
-// a time on all threads instead, two parallel regions a layer: one over the heads, one over
-// blocks of rows (the out projection, norms, MLP and the next layer's q/k/v); no sum is split, so
-// the bits stay the same (bf16: the GEMMs' own fixed row blocks, nn/dnnl_linear.h).
-// Softmax attention runs through the softmax kernel (cpu_kernels.h, not causal).
+// over the threads by images, in tasks of at least kMinParallelForwardFlops / 2 (util/threads.h),
+// each thread taking the next image left: small batches run on the calling thread. A batch of fewer
+// images than threads whose images each cost at least 2 x kMinParallelForwardFlops (a paper-size
+// ViT: 8.6 GFLOP) runs one image at a time on all threads instead, two parallel regions a layer:
+// one over the heads, one over blocks of rows (the out projection, norms, MLP and the next layer's
+// q/k/v); no sum is split, so the bits stay the same (bf16: the GEMMs' own fixed row blocks,
+// nn/dnnl_linear.h). Softmax attention runs through the softmax kernel (cpu_kernels.h, not causal).
 //
 // Reference: ViT::Forward (LibTorch ops); tests compare the probabilities within 1e-5.
 // Thread-safety: immutable after Create; Forward may run concurrently (scratch is per thread).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,9 +55,13 @@ class CpuViT {
   enum class Split { kAuto, kImages, kWithinImage };
   // pixels: `images` images [C, H, W] uint8, contiguous, the model's shape, normalised as
   // NormalizePixels does. Writes softmax probabilities [images, classes] (row-major) to `probs`.
-  // InvalidArgument for images < 0.
+  // InvalidArgument for images < 0. `before_image` (may be empty): when the batch is split by
+  // images, called with an image's index on the thread about to compute it, before it does, so
+  // a caller can slip other work in between two images (its own forwards included: they run on
+  // that thread alone); it must not throw.
   absl::Status Forward(const uint8_t* pixels, int64_t images, float* probs,
-                       Split split = Split::kAuto) const;
+                       Split split = Split::kAuto,
+                       const std::function<void(int64_t image)>& before_image = {}) const;
 
   int64_t classes() const { return classes_; }
   // The precision it runs (kFp32 after a fallback) and, after a fallback, the reason.
