@@ -135,7 +135,9 @@ TEST_F(ServerTest, EachTokensTenantIsNamedInTheRequestLog) {
     EXPECT_EQ(stub_->Classify(&ctx, req, &r).ok(), std::string(token) != "Bearer nope") << token;
   }
   // /metrics counts each configured tenant's calls and images; its gauges read the gate and the
-  // queues (idle now).
+  // queues (idle once the server has shut down: a call leaves the gate after its client has the
+  // reply, so a scrape right after the last call may still count it in flight).
+  server_->Shutdown();
   const std::string scrape = server_->metrics().Scrape();
   for (const char* line : {"krause_tenant_calls_total{tenant=\"team-a\"} 2",
                            "krause_tenant_calls_total{tenant=\"team-b\"} 1",
@@ -145,7 +147,6 @@ TEST_F(ServerTest, EachTokensTenantIsNamedInTheRequestLog) {
                            "krause_tenant_queued_calls{tenant=\"team-b\"} 0"})
     EXPECT_NE(scrape.find(line), std::string::npos) << line << "\n" << scrape;
   EXPECT_EQ(scrape.find("tenant=\"default\""), std::string::npos) << "only the file's tenants";
-  server_->Shutdown();
   std::ifstream in(log);
   std::vector<nlohmann::json> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
