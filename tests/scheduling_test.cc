@@ -161,6 +161,71 @@ TEST(PlanClassifyBatch, PriorityOrdersATenantsOwnRequests) {
   EXPECT_THAT(p.take, ElementsAre(8u, 0u));
 }
 
+// A batch's plan gives each request's start time, in the batch's order.
+TEST(PlanClassifyBatch, GivesEachTakenRequestsStartTime) {
+  const ClassifyPlan p = PlanClassifyBatch({T(0, ms(0)), T(0, ms(1)), T(1, ms(2), 1.0, 0, 2)},
+                                           kT0 + ms(5), {8, Clock::duration::zero()});
+  EXPECT_THAT(p.take, ElementsAre(0u, 2u, 1u));
+  EXPECT_THAT(p.start, ElementsAre(0.0, 0.0, 1.0));
+}
+
+// Cut-ins: tenant 0's batch of 64 has reached virtual time 20 (tenant 0 is at 64, its queued
+// requests past the batch); tenant 1, idle since 3, cuts in with its head request, at 20, and
+// advances to 21; its second request waits (one request per tenant per plan).
+TEST(PlanClassifyCutIn, ATenantBehindTheBatchCutsInOneRequestAtTheBatchsVirtualTime) {
+  FairClock clock;
+  clock.tenant = {64.0, 3.0};
+  clock.last = 63;
+  const std::vector<char> batch_tenants = {1};
+  const std::vector<QueuedClassify> q = {T(0, ms(0)), T(1, ms(1)), T(0, ms(2)), T(1, ms(3))};
+  const ClassifyPlan p = PlanClassifyCutIn(q, kT0 + ms(5), 20.0, 64, clock, batch_tenants);
+  EXPECT_THAT(p.take, ElementsAre(1u));
+  EXPECT_THAT(p.start, ElementsAre(20.0));
+  EXPECT_THAT(p.clock.tenant, ElementsAre(64.0, 21.0));
+  EXPECT_EQ(p.clock.last, 63.0);
+  EXPECT_TRUE(p.drop.empty());
+  // Once the batch has gone past 21 the next one cuts in; at 21 itself it waits (it is not behind).
+  EXPECT_TRUE(
+      PlanClassifyCutIn({T(1, ms(3))}, kT0 + ms(6), 21.0, 64, p.clock, batch_tenants).take.empty());
+  EXPECT_THAT(PlanClassifyCutIn({T(1, ms(3))}, kT0 + ms(6), 22.0, 64, p.clock, batch_tenants).take,
+              ElementsAre(0u));
+}
+
+// The batch's own tenants never cut in, however far behind; neither do expired or cancelled
+// requests (left for the next batch's plan to drop); a fresh clock at 0 lets nobody in.
+TEST(PlanClassifyCutIn, NotTheBatchsTenantsNorDeadRequestsNorAFreshClock) {
+  FairClock clock;
+  clock.tenant = {10.0, 0.0, 0.0};
+  std::vector<QueuedClassify> q = {T(0, ms(0)), T(1, ms(1)), T(2, ms(2))};
+  q[1].cancelled = true;
+  q[2].deadline = kT0 + ms(4);
+  const std::vector<char> batch_tenants = {0, 0, 0};
+  EXPECT_TRUE(PlanClassifyCutIn(q, kT0 + ms(5), 5.0, 64, clock, batch_tenants).take.empty());
+  // Tenant 0 of weight 1 at 10 is behind 12, unless it is the batch's.
+  EXPECT_THAT(PlanClassifyCutIn(q, kT0 + ms(5), 12.0, 64, clock, batch_tenants).take,
+              ElementsAre(0u));
+  EXPECT_TRUE(PlanClassifyCutIn(q, kT0 + ms(5), 12.0, 64, clock, {1}).take.empty());
+  EXPECT_TRUE(PlanClassifyCutIn({T(0, ms(0))}, kT0, 0.0, 64, FairClock{}, {}).take.empty());
+}
+
+// Several tenants behind: the least virtual time first, within a tenant its highest priority;
+// whole requests up to max_images, the first that does not fit ends the plan; a weight of 2
+// advances a tenant half as far.
+TEST(PlanClassifyCutIn, LeastServedFirstWholeRequestsUpToTheLimit) {
+  FairClock clock;
+  clock.tenant = {100.0, 7.0, 5.0, 6.0};
+  const std::vector<char> batch_tenants = {1};
+  const std::vector<QueuedClassify> q = {T(1, ms(0), 2.0, 0, 2), T(1, ms(1), 2.0, 1, 2),
+                                         T(2, ms(2), 1.0, 0, 3), T(3, ms(3), 1.0, 0, 4)};
+  ClassifyPlan p = PlanClassifyCutIn(q, kT0 + ms(5), 50.0, 5, clock, batch_tenants);
+  EXPECT_THAT(p.take, ElementsAre(2u));  // 3 images; tenant 3's 4 more do not fit in 5
+  EXPECT_THAT(p.clock.tenant, ElementsAre(100.0, 7.0, 53.0, 6.0));
+  p = PlanClassifyCutIn(q, kT0 + ms(5), 50.0, 64, clock, batch_tenants);
+  EXPECT_THAT(p.take, ElementsAre(2u, 3u, 1u));  // tenant 1's priority-1 request
+  EXPECT_THAT(p.start, ElementsAre(50.0, 50.0, 50.0));
+  EXPECT_THAT(p.clock.tenant, ElementsAre(100.0, 51.0, 53.0, 54.0));
+}
+
 TEST(RunOnArrival, OnlyAnIdleCpuBatcherWithoutDelayRunsOnTheArrivingThread) {
   ClassifyArrival idle;
   idle.caller_may_run = true;

@@ -4,6 +4,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -84,6 +85,9 @@ absl::Status ClassifyBatcher::Enqueue(ClassifyJob job) {
       queued_images_ += n;
       ++tenant_queued_[t];
       queue_.push_back(Entry{std::move(job), Clock::now()});
+      // A batch runs without this tenant: the request may cut in (PlanClassifyCutIn decides).
+      if (running_ && !on_arrival_ && (t >= in_batch_.size() || !in_batch_[t]))
+        cut_in_hint_.store(true, std::memory_order_relaxed);
     }
   }
   if (!here) {
@@ -98,11 +102,11 @@ absl::Status ClassifyBatcher::Enqueue(ClassifyJob job) {
                                               {options_.max_batch_size, options_.max_queue_delay},
                                               /*stopping=*/false, clock);
   if (!plan.drop.empty()) {
-    batch[0].job.done(plan.drop[0].why, 0.0);
+    batch[0].job.done(plan.drop[0].why, 0.0, true);
   } else {
     static const DeviceContext kCpu{at::Device(at::kCPU)};
     at::Tensor no_staging;
-    RunBatch(batch, kCpu, no_staging);
+    RunBatch(batch, plan.start, kCpu, no_staging, /*cut_ins=*/false);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -158,6 +162,7 @@ void ClassifyBatcher::Loop() {
   at::Tensor staging;
   for (;;) {
     std::vector<Entry> batch, dropped;
+    std::vector<double> start;  // the batch's start times (the plan's)
     std::vector<absl::Status> drop_status;
     std::vector<std::pair<SideJob, absl::Status>> side_dropped;
     std::optional<SideJob> side_job;
@@ -177,6 +182,22 @@ void ClassifyBatcher::Loop() {
         const Clock::time_point now = Clock::now();
         ClassifyPlan plan = PlanClassifyBatch(
             snapshot, now, {options_.max_batch_size, options_.max_queue_delay}, stopping_, clock_);
+        bool cut_in_batch = false;  // the batch is of requests that cut in before it formed
+        if (!plan.take.empty() && packed_cpu_) {
+          // Requests that would have cut into the last batch had they come a moment earlier run
+          // first, as a batch of their own (replied at its end, not at the end of the next).
+          double end = 0;  // the virtual time the last batch reached
+          for (size_t t = 0; t < in_batch_.size() && t < clock_.tenant.size(); ++t)
+            if (in_batch_[t]) end = std::max(end, clock_.tenant[t]);
+          ClassifyPlan cut =
+              PlanClassifyCutIn(snapshot, now, end, options_.max_batch_size, clock_, in_batch_);
+          if (!cut.take.empty()) {
+            plan.take = std::move(cut.take);
+            plan.start = std::move(cut.start);
+            plan.clock = std::move(cut.clock);
+            cut_in_batch = true;
+          }
+        }
         // Side work takes turns with the batches (PlanSideWork).
         std::vector<QueuedSide> side_snapshot;
         side_snapshot.reserve(side_.size());
@@ -216,7 +237,18 @@ void ClassifyBatcher::Loop() {
             }
           }
         }
-        if (!batch.empty()) clock_ = plan.clock;
+        if (!batch.empty()) {
+          clock_ = plan.clock;
+          start = plan.start;
+          // The tenants of the last batch; one that cut in before it joins them (so the batch
+          // the cut-in went ahead of is not cut into by the tenants it held).
+          if (!cut_in_batch) in_batch_.assign(tenant_queued_.size(), 0);
+          in_batch_.resize(tenant_queued_.size(), 0);
+          for (const Entry& e : batch) in_batch_[static_cast<size_t>(e.job.share.tenant)] = 1;
+          // What queued before this batch and stays out of it may cut in (PlanClassifyCutIn).
+          cut_in_hint_.store(false, std::memory_order_relaxed);
+          RearmCutInLocked();
+        }
         if (!dropped.empty() || !batch.empty() || side_job || !side_dropped.empty() || stopping_) {
           stop = stopping_ && side_.empty();
           if (!batch.empty() || side_job) running_ = true;
@@ -231,7 +263,8 @@ void ClassifyBatcher::Loop() {
         }
       }
     }
-    for (size_t i = 0; i < dropped.size(); ++i) dropped[i].job.done(drop_status[i], 0.0);
+    for (size_t i = 0; i < dropped.size(); ++i)
+      dropped[i].job.done(drop_status[i], 0.0, queued_images() == 0);
     for (auto& [job, why] : side_dropped) job.done(why);
     if (side_job) {
       absl::Status st;
@@ -249,7 +282,7 @@ void ClassifyBatcher::Loop() {
       if (stop) return;
       continue;
     }
-    RunBatch(batch, ctx, staging);
+    RunBatch(batch, start, ctx, staging, /*cut_ins=*/true);
     {
       std::lock_guard<std::mutex> lock(mu_);
       running_ = false;
@@ -257,31 +290,120 @@ void ClassifyBatcher::Loop() {
   }
 }
 
-void ClassifyBatcher::RunBatch(std::vector<Entry>& batch, const DeviceContext& ctx,
-                               at::Tensor& staging) {
-  const Clock::time_point start = Clock::now();
+void ClassifyBatcher::Report(int64_t images, int64_t requests, double compute_seconds) const {
+  if (!on_batch_) return;
+  BatchEvent e;
+  e.images = images;
+  e.requests = requests;
+  e.compute_seconds = compute_seconds;
+  on_batch_(e);
+}
+
+std::vector<std::pair<ClassifyBatcher::Entry, double>> ClassifyBatcher::TakeCutInsLocked(
+    double virtual_now) {
+  std::vector<std::pair<Entry, double>> out;
+  if (stopping_ || queue_.empty()) return out;
+  std::vector<QueuedClassify> snapshot;
+  snapshot.reserve(queue_.size());
+  for (const Entry& e : queue_) snapshot.push_back(Snapshot(e));
+  const ClassifyPlan plan = PlanClassifyCutIn(snapshot, Clock::now(), virtual_now,
+                                              options_.max_batch_size, clock_, in_batch_);
+  if (plan.take.empty()) return out;
+  std::vector<char> leaves(queue_.size(), 0);
+  for (size_t k = 0; k < plan.take.size(); ++k) {
+    Entry& e = queue_[plan.take[k]];
+    leaves[plan.take[k]] = 1;
+    queued_images_ -= e.job.images.size(0);
+    --tenant_queued_[static_cast<size_t>(e.job.share.tenant)];
+    out.emplace_back(std::move(e), plan.start[k]);
+  }
+  RemoveMarked(&queue_, leaves);
+  clock_ = plan.clock;
+  return out;
+}
+
+void ClassifyBatcher::RearmCutInLocked() {
+  // A queued request whose tenant is behind the batch's last start may become due before the
+  // batch ends: keep the batch's threads looking.
+  for (const Entry& e : queue_) {
+    const size_t t = static_cast<size_t>(e.job.share.tenant);
+    if ((t >= in_batch_.size() || !in_batch_[t]) &&
+        (t < clock_.tenant.size() ? clock_.tenant[t] : 0.0) < clock_.last) {
+      cut_in_hint_.store(true, std::memory_order_relaxed);
+      return;
+    }
+  }
+}
+
+void ClassifyBatcher::RunCutIns(double virtual_now) {
+  std::vector<std::pair<Entry, double>> joining;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    joining = TakeCutInsLocked(virtual_now);
+    RearmCutInLocked();
+  }
+  for (auto& [e, start] : joining) {
+    // On this thread alone, between two of the batch's images; nothing may escape it.
+    const Clock::time_point begin = Clock::now();
+    const int64_t n = e.job.images.size(0);
+    absl::StatusOr<at::Tensor> probs = absl::InternalError("not run");
+    try {
+      const at::Tensor pixels = e.job.images.contiguous();
+      at::Tensor out = at::empty({n, packed_->classes()}, at::kFloat);
+      const absl::Status st =
+          packed_->Forward(pixels.data_ptr<uint8_t>(), n, out.data_ptr<float>());
+      probs = st.ok() ? absl::StatusOr<at::Tensor>(out) : absl::StatusOr<at::Tensor>(st);
+    } catch (const std::exception& ex) {
+      probs =
+          absl::InternalError(absl::StrCat("classifier forward failed: ", ExceptionMessage(ex)));
+    }
+    const double compute = std::chrono::duration<double>(Clock::now() - begin).count();
+    Report(n, 1, compute);  // an execution of its own, counted before its reply
+    e.job.done(std::move(probs), std::chrono::duration<double>(begin - e.enqueued).count(),
+               /*reply_here=*/true);
+  }
+}
+
+void ClassifyBatcher::RunBatch(std::vector<Entry>& batch, const std::vector<double>& start,
+                               const DeviceContext& ctx, at::Tensor& staging, bool cut_ins) {
+  const Clock::time_point begin = Clock::now();
   std::vector<at::Tensor> parts;
   for (const Entry& e : batch) parts.push_back(e.job.images);
   absl::StatusOr<at::Tensor> probs;
   try {
     at::Tensor pixels = parts.size() == 1 ? parts[0].contiguous() : at::cat(parts, 0);
     if (packed_ != nullptr && !ctx.cuda()) {
-      // The packed CPU forward (vit_cpu.h): no LibTorch op per layer.
-      at::Tensor out = at::empty({pixels.size(0), packed_->classes()}, at::kFloat);
-      const absl::Status st =
-          packed_->Forward(pixels.data_ptr<uint8_t>(), pixels.size(0), out.data_ptr<float>());
-      probs = st.ok() ? absl::StatusOr<at::Tensor>(out) : absl::StatusOr<at::Tensor>(st);
-    } else {
-      if (ctx.cuda()) {
-        if (!staging.defined() || staging.size(0) < pixels.size(0) ||
-            staging.scalar_type() != pixels.scalar_type()) {
-          std::vector<int64_t> shape = pixels.sizes().vec();
-          shape[0] = std::max(pixels.size(0), options_.max_batch_size);
-          staging = ctx.HostBuffer(shape, pixels.scalar_type());
-        }
-        // Reused once this batch's results are back on the host (the copy below waits).
-        pixels = staging.narrow(0, 0, pixels.size(0)).copy_(pixels);
+      // The packed CPU forward (vit_cpu.h): no LibTorch op per layer. Between two of its images,
+      // requests of tenants behind the batch cut in (RunCutIns), when an arrival hinted at one.
+      std::vector<int64_t> first_row;  // each request's first row in the batch
+      int64_t rows = 0;
+      for (const Entry& e : batch) {
+        first_row.push_back(rows);
+        rows += e.job.images.size(0);
       }
+      const auto before_image = [&](int64_t image) {
+        if (!cut_in_hint_.load(std::memory_order_relaxed) || !cut_in_hint_.exchange(false)) return;
+        // The virtual time the batch has reached: the start of the request of `image`.
+        const size_t k = static_cast<size_t>(
+            std::upper_bound(first_row.begin(), first_row.end(), image) - first_row.begin() - 1);
+        RunCutIns(k < start.size() ? start[k] : 0.0);
+      };
+      at::Tensor out = at::empty({pixels.size(0), packed_->classes()}, at::kFloat);
+      const absl::Status st = packed_->Forward(
+          pixels.data_ptr<uint8_t>(), pixels.size(0), out.data_ptr<float>(), CpuViT::Split::kAuto,
+          cut_ins ? std::function<void(int64_t)>(before_image) : nullptr);
+      probs = st.ok() ? absl::StatusOr<at::Tensor>(out) : absl::StatusOr<at::Tensor>(st);
+    } else if (ctx.cuda()) {
+      if (!staging.defined() || staging.size(0) < pixels.size(0) ||
+          staging.scalar_type() != pixels.scalar_type()) {
+        std::vector<int64_t> shape = pixels.sizes().vec();
+        shape[0] = std::max(pixels.size(0), options_.max_batch_size);
+        staging = ctx.HostBuffer(shape, pixels.scalar_type());
+      }
+      // Reused once this batch's results are back on the host (the copy below waits).
+      pixels = staging.narrow(0, 0, pixels.size(0)).copy_(pixels);
+    }
+    if (packed_ == nullptr || ctx.cuda()) {
       const at::Tensor x =
           NormalizePixels(model_->config(), pixels.to(ctx.device(), /*non_blocking=*/true));
       probs = at::softmax(model_->Forward(x, ForwardImpl(options_.attention_impl)), -1)
@@ -291,25 +413,20 @@ void ClassifyBatcher::RunBatch(std::vector<Entry>& batch, const DeviceContext& c
   } catch (const std::exception& e) {
     probs = absl::InternalError(absl::StrCat("classifier forward failed: ", ExceptionMessage(e)));
   }
-  const double compute = std::chrono::duration<double>(Clock::now() - start).count();
+  const double compute = std::chrono::duration<double>(Clock::now() - begin).count();
   int64_t images = 0;
   for (const Entry& e : batch) images += e.job.images.size(0);
   // Reported before the replies go out, so whoever sees a reply also sees its batch counted.
-  if (on_batch_) {
-    BatchEvent e;
-    e.images = images;
-    e.requests = static_cast<int64_t>(batch.size());
-    e.compute_seconds = compute;
-    on_batch_(e);
-  }
+  Report(images, static_cast<int64_t>(batch.size()), compute);
+  const bool reply_here = queued_images() == 0;
   int64_t offset = 0;
   for (Entry& e : batch) {
     const int64_t n = e.job.images.size(0);
-    const double queue_s = std::chrono::duration<double>(start - e.enqueued).count();
+    const double queue_s = std::chrono::duration<double>(begin - e.enqueued).count();
     if (probs.ok()) {
-      e.job.done(probs->narrow(0, offset, n), queue_s);
+      e.job.done(probs->narrow(0, offset, n), queue_s, reply_here);
     } else {
-      e.job.done(probs.status(), queue_s);
+      e.job.done(probs.status(), queue_s, reply_here);
     }
     offset += n;
   }

@@ -3,8 +3,13 @@
 // batching (an idle batcher runs a request at once, requests arriving meanwhile form the next
 // batch, the oldest whole requests up to max_batch_size images), with max_queue_delay as an
 // opt-in wait for company. It runs ONE forward per batch and hands each request its rows of the
-// probabilities. RPC threads enqueue; an idle CPU batcher without a queue delay runs an arriving
-// request on the arriving thread itself (RunOnArrival: no batch changes, one wake-up less).
+// probabilities. While the packed CPU forward computes a batch image by image, requests of
+// tenants behind the batch in the fair order cut in between two images (PlanClassifyCutIn):
+// the thread about to take the batch's next image computes them first, on its own, and replies
+// at once, so a tenant with one call waits for an image, not for another tenant's whole batch,
+// and the batch loses nothing but the cut-ins' own compute. RPC threads enqueue; an idle CPU
+// batcher without a queue delay runs an arriving request on the arriving thread itself
+// (RunOnArrival: no batch changes, one wake-up less; no cut-ins into it).
 //
 // Requests whose deadline passed or whose caller cancelled are dropped before a batch forms
 // (DEADLINE_EXCEEDED / CANCELLED). A full queue refuses with UNAVAILABLE, a tenant at its
@@ -12,12 +17,14 @@
 // by priority within one (scheduling.h). Stop() fails what is still queued with UNAVAILABLE and
 // joins the thread.
 //
-// Thread-safety: Enqueue and the accessors from any thread; callbacks run on the worker thread or
-// inside Enqueue.
+// Thread-safety: Enqueue and the accessors from any thread; callbacks run on the worker thread
+// (a cut-in's, and its on_batch event, on one of the forward's intra-op threads, concurrently
+// with other cut-ins') or inside Enqueue.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -26,6 +33,8 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/engine/device_context.h"
@@ -45,9 +54,12 @@ struct ClassifyJob {
   Clock::time_point deadline = Clock::time_point::max();
   std::function<bool()> cancelled;  // polled before the job joins a batch (may be empty)
   // Softmax probabilities [n, classes] (float, CPU), or the reason the job did not run.
-  // `queue_seconds`: time from Enqueue to the start of its batch's forward. Runs on the batcher
-  // thread, or on the thread that called Enqueue (RunOnArrival), before Enqueue returns.
-  std::function<void(absl::StatusOr<at::Tensor>, double queue_seconds)> done;
+  // `queue_seconds`: time from Enqueue to the start of its forward. Runs on the batcher thread (a
+  // cut-in: on the intra-op thread that computed it), or on the thread that called Enqueue
+  // (RunOnArrival), before Enqueue returns. `reply_here`: the batcher's advice to reply on this
+  // thread (nothing queued waits for it, or the request cut in, so its reply should not queue
+  // behind a batch's) rather than hand the reply to another thread.
+  std::function<void(absl::StatusOr<at::Tensor>, double queue_seconds, bool reply_here)> done;
 };
 
 // Work beside the batches (the Inspect RPC): one forward of its own on the batcher thread (the
@@ -70,7 +82,8 @@ struct BatchingOptions {
   KrauseImpl attention_impl = KrauseImpl::kAuto;
 };
 
-// What the batcher did with one batch (for metrics and tests).
+// What the batcher did with one forward: a batch, or a request that cut in (for metrics and
+// tests).
 struct BatchEvent {
   int64_t version = 0;  // the served model's (set by ServedClassifier)
   int64_t images = 0;
@@ -110,9 +123,20 @@ class ClassifyBatcher {
   };
   static QueuedClassify Snapshot(const Entry& e);  // what the plan sees of a queued job
   void Loop();
-  // One forward for `batch` and its replies; on the batcher thread, or on an arriving thread
-  // (scheduling.h: RunOnArrival) with a CPU context.
-  void RunBatch(std::vector<Entry>& batch, const DeviceContext& ctx, at::Tensor& staging);
+  // The forward of `batch` (in the plan's order; `start`: the plan's start times) and its
+  // replies; on the batcher thread, or on an arriving thread (scheduling.h: RunOnArrival) with a
+  // CPU context and `cut_ins` false.
+  void RunBatch(std::vector<Entry>& batch, const std::vector<double>& start,
+                const DeviceContext& ctx, at::Tensor& staging, bool cut_ins);
+  // Between two images of a running batch (on the thread about to compute the next): takes the
+  // queued requests that cut in at virtual time `virtual_now` (PlanClassifyCutIn), computes and
+  // replies to each.
+  void RunCutIns(double virtual_now);
+  // Under mu_: the queued requests that cut in at `virtual_now`, out of the queue.
+  std::vector<std::pair<Entry, double>> TakeCutInsLocked(double virtual_now);
+  // Under mu_: sets cut_in_hint_ again while a queued request may still cut in.
+  void RearmCutInLocked();
+  void Report(int64_t images, int64_t requests, double compute_seconds) const;
 
   const std::shared_ptr<const ViT> model_;
   const std::shared_ptr<const CpuViT> packed_;
@@ -132,6 +156,11 @@ class ClassifyBatcher {
   bool stopping_ = false;
   bool running_ = false;     // a batch is running (on the batcher thread or an arriving one)
   bool on_arrival_ = false;  // ... on an arriving thread (Stop waits for it)
+  // The batcher thread's batch, by tenant index: whether it holds requests of that tenant (an
+  // arrival of another tenant may cut in: it sets cut_in_hint_, which the batch's threads poll
+  // between images).
+  std::vector<char> in_batch_;
+  std::atomic<bool> cut_in_hint_{false};
   std::thread thread_;
 };
 

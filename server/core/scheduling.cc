@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "server/core/errors.h"
 
@@ -72,6 +73,7 @@ ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::
       const QueuedClassify& q = queue[i];
       if (!plan.take.empty() && taken + q.images > options.max_batch_size) break;
       plan.take.push_back(i);
+      plan.start.push_back(best_start);
       taken += q.images;
       if (static_cast<size_t>(q.tenant) >= c.tenant.size())
         c.tenant.resize(static_cast<size_t>(q.tenant) + 1, 0.0);
@@ -91,6 +93,48 @@ ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::
   // Wait for company until the batch is due; a deadline in between is noticed then.
   plan.wake_at = due;
   for (size_t i : live) plan.wake_at = std::min(plan.wake_at, queue[i].deadline);
+  return plan;
+}
+
+ClassifyPlan PlanClassifyCutIn(const std::vector<QueuedClassify>& queue, Clock::time_point now,
+                               double virtual_now, int64_t max_images, const FairClock& clock,
+                               const std::vector<char>& batch_tenants) {
+  ClassifyPlan plan;
+  plan.clock = clock;
+  FairClock& c = plan.clock;
+  const auto vt = [&](int32_t t) {
+    return static_cast<size_t>(t) < c.tenant.size() ? c.tenant[static_cast<size_t>(t)] : 0.0;
+  };
+  // Each tenant's head: its live request of the highest priority, the oldest of those.
+  std::map<int32_t, size_t> head;
+  for (size_t i = 0; i < queue.size(); ++i) {
+    const QueuedClassify& q = queue[i];
+    if (now >= q.deadline || q.cancelled) continue;
+    const auto it = head.find(q.tenant);
+    if (it == head.end() || q.priority > queue[it->second].priority) head[q.tenant] = i;
+  }
+  // Tenants not past the batch, the least virtual time first (ties: the older head).
+  std::vector<size_t> order;
+  for (const auto& [tenant, i] : head)
+    if (vt(tenant) < virtual_now && (static_cast<size_t>(tenant) >= batch_tenants.size() ||
+                                     !batch_tenants[static_cast<size_t>(tenant)]))
+      order.push_back(i);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const double va = vt(queue[a].tenant), vb = vt(queue[b].tenant);
+    return va != vb ? va < vb : queue[a].enqueued < queue[b].enqueued;
+  });
+  int64_t taken = 0;
+  for (size_t i : order) {
+    const QueuedClassify& q = queue[i];
+    if (taken + q.images > max_images) break;
+    plan.take.push_back(i);
+    plan.start.push_back(virtual_now);
+    taken += q.images;
+    if (static_cast<size_t>(q.tenant) >= c.tenant.size())
+      c.tenant.resize(static_cast<size_t>(q.tenant) + 1, 0.0);
+    c.tenant[static_cast<size_t>(q.tenant)] =
+        virtual_now + static_cast<double>(q.images) / q.weight;
+  }
   return plan;
 }
 

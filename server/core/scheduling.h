@@ -16,8 +16,10 @@
 //     nothing queued starts from the virtual time of the last request taken, so idling earns no
 //     credit; ties go to the tenant whose next request is oldest). A tenant's next request is its
 //     highest-priority one, the oldest of those. So a tenant's share of a saturated model
-//     follows its weight, not the number of calls it keeps queued, and a client with one call
-//     waits for at most the batch running and its own.
+//     follows its weight, not the number of calls it keeps queued. While the packed CPU forward
+//     computes a batch, requests of tenants behind it cut in between two images
+//     (PlanClassifyCutIn), so a client with one call waits for an image, not for a whole batch
+//     (elsewhere, at most the batch running and its own).
 //   Generator: while sequences decode, side work (prefills and Score chunks) may use at most
 //     `side_share` (a third) of the worker's time, accounted by SideWorkCredit from measured
 //     durations (WorkerLedger keeps the credit and the measured costs); who is admitted follows
@@ -86,6 +88,10 @@ struct ClassifyPlan {
   // (Clock::time_point::max(): only then).
   Clock::time_point wake_at = Clock::time_point::max();
   FairClock clock;  // the fair order's state once `take` runs (the one given when none is taken)
+  // Each taken request's start (virtual) time, parallel to `take`: a batch runs its requests in
+  // this order, and the start of the one being computed is the virtual time a cut-in
+  // (PlanClassifyCutIn) is measured against.
+  std::vector<double> start;
 };
 
 // `stopping`: everything queued is dropped with UNAVAILABLE. `clock`: the state the previous
@@ -94,6 +100,25 @@ ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::
                                const ClassifyPlanOptions& options, bool stopping = false,
                                const FairClock& clock = {});
 
+// Between two images of a running batch (the packed CPU forward: ClassifyBatcher), queued
+// requests of tenants behind the batch in the fair order cut in: they are computed at once, on
+// their own, instead of waiting for the batch and the next; so a client with one call waits for
+// an image, not for another tenant's batch. Before a batch forms, the same rule picks the
+// requests that run first as a batch of their own.
+// `virtual_now`: the start time of the batch's request being computed (between two batches: the
+// greatest virtual time of the last batch's tenants, where it ended). `batch_tenants` (by tenant
+// index; missing: no): the tenants of that batch, who never cut in. Another tenant's head
+// request cuts in when the tenant's virtual time is less than `virtual_now` (it has had less
+// than its share up to the point the batch has reached; a tenant that cut in a moment ago is
+// past it), starting at `virtual_now` and advancing the tenant's virtual time by
+// images / weight: one request per tenant per plan, and a tenant that keeps cutting in gets no
+// more than its weight's share of the batch's progress. Whole requests, the least virtual time
+// first (ties: the older), up to `max_images` (the first that does not fit ends the plan);
+// expired and cancelled requests are left to the next PlanClassifyBatch, which drops them.
+// `take`, `start` and `clock` as PlanClassifyBatch's (`clock.last` unchanged); never `drop`.
+ClassifyPlan PlanClassifyCutIn(const std::vector<QueuedClassify>& queue, Clock::time_point now,
+                               double virtual_now, int64_t max_images, const FairClock& clock,
+                               const std::vector<char>& batch_tenants);
 // An arriving Classify request: run it on the arriving (RPC) thread at once, or queue it for the
 // batcher thread. Running it here skips the batcher thread's wake-up (measured ~0.07 ms of a
 // ~1.2 ms call at concurrency 1) and changes no batch: it is only chosen when nothing is queued,
