@@ -283,7 +283,7 @@ TEST(SideWorkCredit, EarnsAShareOfDecodeTimeUpToTheSlice) {
 std::vector<WaitingRequest> Waiting(std::vector<int64_t> tokens) {
   std::vector<WaitingRequest> w;
   for (size_t i = 0; i < tokens.size(); ++i)
-    w.push_back({static_cast<int64_t>(i + 1), 1, tokens[i]});
+    w.push_back({static_cast<int64_t>(i + 1), 1, tokens[i], {}});
   return w;
 }
 

@@ -4,7 +4,6 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
-#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -27,6 +26,18 @@ void RemoveMarked(std::deque<T>* q, const std::vector<char>& leaves) {
 }
 
 }  // namespace
+
+std::vector<QueuedClassify> ClassifyBatcher::SnapshotLocked() const {
+  std::vector<QueuedClassify> out;
+  out.reserve(queue_.size());
+  for (const Entry& e : queue_) out.push_back(Snapshot(e));
+  return out;
+}
+
+void ClassifyBatcher::LeftQueueLocked(const Entry& e) {
+  queued_images_ -= e.job.images.size(0);
+  --tenant_queued_[static_cast<size_t>(e.job.share.tenant)];
+}
 
 QueuedClassify ClassifyBatcher::Snapshot(const Entry& e) {
   return {e.job.images.size(0), e.enqueued,
@@ -176,9 +187,7 @@ void ClassifyBatcher::Loop() {
           continue;
         }
         // Snapshot, plan (scheduling.h), carry the plan out.
-        std::vector<QueuedClassify> snapshot;
-        snapshot.reserve(queue_.size());
-        for (const Entry& e : queue_) snapshot.push_back(Snapshot(e));
+        const std::vector<QueuedClassify> snapshot = SnapshotLocked();
         const Clock::time_point now = Clock::now();
         ClassifyPlan plan = PlanClassifyBatch(
             snapshot, now, {options_.max_batch_size, options_.max_queue_delay}, stopping_, clock_);
@@ -187,8 +196,8 @@ void ClassifyBatcher::Loop() {
           // Requests that would have cut into the last batch had they come a moment earlier run
           // first, as a batch of their own (replied at its end, not at the end of the next).
           double end = 0;  // the virtual time the last batch reached
-          for (size_t t = 0; t < in_batch_.size() && t < clock_.tenant.size(); ++t)
-            if (in_batch_[t]) end = std::max(end, clock_.tenant[t]);
+          for (size_t t = 0; t < in_batch_.size(); ++t)
+            if (in_batch_[t]) end = std::max(end, clock_.Of(static_cast<int32_t>(t)));
           ClassifyPlan cut =
               PlanClassifyCutIn(snapshot, now, end, options_.max_batch_size, clock_, in_batch_);
           if (!cut.take.empty()) {
@@ -231,10 +240,7 @@ void ClassifyBatcher::Loop() {
         if (!plan.drop.empty() || !plan.take.empty()) {
           RemoveMarked(&queue_, leaves);
           for (const std::vector<Entry>* left : {&dropped, &batch}) {
-            for (const Entry& e : *left) {
-              queued_images_ -= e.job.images.size(0);
-              --tenant_queued_[static_cast<size_t>(e.job.share.tenant)];
-            }
+            for (const Entry& e : *left) LeftQueueLocked(e);
           }
         }
         if (!batch.empty()) {
@@ -303,18 +309,14 @@ std::vector<std::pair<ClassifyBatcher::Entry, double>> ClassifyBatcher::TakeCutI
     double virtual_now) {
   std::vector<std::pair<Entry, double>> out;
   if (stopping_ || queue_.empty()) return out;
-  std::vector<QueuedClassify> snapshot;
-  snapshot.reserve(queue_.size());
-  for (const Entry& e : queue_) snapshot.push_back(Snapshot(e));
-  const ClassifyPlan plan = PlanClassifyCutIn(snapshot, Clock::now(), virtual_now,
+  const ClassifyPlan plan = PlanClassifyCutIn(SnapshotLocked(), Clock::now(), virtual_now,
                                               options_.max_batch_size, clock_, in_batch_);
   if (plan.take.empty()) return out;
   std::vector<char> leaves(queue_.size(), 0);
   for (size_t k = 0; k < plan.take.size(); ++k) {
     Entry& e = queue_[plan.take[k]];
     leaves[plan.take[k]] = 1;
-    queued_images_ -= e.job.images.size(0);
-    --tenant_queued_[static_cast<size_t>(e.job.share.tenant)];
+    LeftQueueLocked(e);
     out.emplace_back(std::move(e), plan.start[k]);
   }
   RemoveMarked(&queue_, leaves);
@@ -327,12 +329,21 @@ void ClassifyBatcher::RearmCutInLocked() {
   // batch ends: keep the batch's threads looking.
   for (const Entry& e : queue_) {
     const size_t t = static_cast<size_t>(e.job.share.tenant);
-    if ((t >= in_batch_.size() || !in_batch_[t]) &&
-        (t < clock_.tenant.size() ? clock_.tenant[t] : 0.0) < clock_.last) {
+    if ((t >= in_batch_.size() || !in_batch_[t]) && clock_.Of(e.job.share.tenant) < clock_.last) {
       cut_in_hint_.store(true, std::memory_order_relaxed);
       return;
     }
   }
+}
+
+absl::StatusOr<at::Tensor> ClassifyBatcher::PackedForward(
+    const at::Tensor& pixels, const std::function<void(int64_t)>& before_image) const {
+  at::Tensor out = at::empty({pixels.size(0), packed_->classes()}, at::kFloat);
+  const absl::Status st =
+      packed_->Forward(pixels.data_ptr<uint8_t>(), pixels.size(0), out.data_ptr<float>(),
+                       CpuViT::Split::kAuto, before_image);
+  if (!st.ok()) return st;
+  return out;
 }
 
 void ClassifyBatcher::RunCutIns(double virtual_now) {
@@ -348,11 +359,7 @@ void ClassifyBatcher::RunCutIns(double virtual_now) {
     const int64_t n = e.job.images.size(0);
     absl::StatusOr<at::Tensor> probs = absl::InternalError("not run");
     try {
-      const at::Tensor pixels = e.job.images.contiguous();
-      at::Tensor out = at::empty({n, packed_->classes()}, at::kFloat);
-      const absl::Status st =
-          packed_->Forward(pixels.data_ptr<uint8_t>(), n, out.data_ptr<float>());
-      probs = st.ok() ? absl::StatusOr<at::Tensor>(out) : absl::StatusOr<at::Tensor>(st);
+      probs = PackedForward(e.job.images.contiguous(), nullptr);
     } catch (const std::exception& ex) {
       probs =
           absl::InternalError(absl::StrCat("classifier forward failed: ", ExceptionMessage(ex)));
@@ -388,22 +395,18 @@ void ClassifyBatcher::RunBatch(std::vector<Entry>& batch, const std::vector<doub
             std::upper_bound(first_row.begin(), first_row.end(), image) - first_row.begin() - 1);
         RunCutIns(k < start.size() ? start[k] : 0.0);
       };
-      at::Tensor out = at::empty({pixels.size(0), packed_->classes()}, at::kFloat);
-      const absl::Status st = packed_->Forward(
-          pixels.data_ptr<uint8_t>(), pixels.size(0), out.data_ptr<float>(), CpuViT::Split::kAuto,
-          cut_ins ? std::function<void(int64_t)>(before_image) : nullptr);
-      probs = st.ok() ? absl::StatusOr<at::Tensor>(out) : absl::StatusOr<at::Tensor>(st);
-    } else if (ctx.cuda()) {
-      if (!staging.defined() || staging.size(0) < pixels.size(0) ||
-          staging.scalar_type() != pixels.scalar_type()) {
-        std::vector<int64_t> shape = pixels.sizes().vec();
-        shape[0] = std::max(pixels.size(0), options_.max_batch_size);
-        staging = ctx.HostBuffer(shape, pixels.scalar_type());
+      probs = PackedForward(pixels, cut_ins ? std::function<void(int64_t)>(before_image) : nullptr);
+    } else {
+      if (ctx.cuda()) {
+        if (!staging.defined() || staging.size(0) < pixels.size(0) ||
+            staging.scalar_type() != pixels.scalar_type()) {
+          std::vector<int64_t> shape = pixels.sizes().vec();
+          shape[0] = std::max(pixels.size(0), options_.max_batch_size);
+          staging = ctx.HostBuffer(shape, pixels.scalar_type());
+        }
+        // Reused once this batch's results are back on the host (the copy below waits).
+        pixels = staging.narrow(0, 0, pixels.size(0)).copy_(pixels);
       }
-      // Reused once this batch's results are back on the host (the copy below waits).
-      pixels = staging.narrow(0, 0, pixels.size(0)).copy_(pixels);
-    }
-    if (packed_ == nullptr || ctx.cuda()) {
       const at::Tensor x =
           NormalizePixels(model_->config(), pixels.to(ctx.device(), /*non_blocking=*/true));
       probs = at::softmax(model_->Forward(x, ForwardImpl(options_.attention_impl)), -1)

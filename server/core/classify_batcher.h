@@ -121,7 +121,12 @@ class ClassifyBatcher {
     ClassifyJob job;
     Clock::time_point enqueued;
   };
-  static QueuedClassify Snapshot(const Entry& e);  // what the plan sees of a queued job
+  static QueuedClassify Snapshot(const Entry& e);      // what the plan sees of a queued job
+  std::vector<QueuedClassify> SnapshotLocked() const;  // ... of the queue, in order (under mu_)
+  void LeftQueueLocked(const Entry& e);  // `e` left the queue: its counts go (under mu_)
+  // The packed CPU forward of `pixels` [n, C, H, W] uint8 contiguous: probabilities [n, classes].
+  absl::StatusOr<at::Tensor> PackedForward(const at::Tensor& pixels,
+                                           const std::function<void(int64_t)>& before_image) const;
   void Loop();
   // The forward of `batch` (in the plan's order; `start`: the plan's start times) and its
   // replies; on the batcher thread, or on an arriving thread (scheduling.h: RunOnArrival) with a

@@ -45,9 +45,6 @@ ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::
     // Whole requests in the fair order up to max_batch_size images (at least one request): the
     // first that does not fit ends the batch (no overtaking it).
     FairClock& c = plan.clock;
-    const auto vt = [&](int32_t t) {
-      return static_cast<size_t>(t) < c.tenant.size() ? c.tenant[static_cast<size_t>(t)] : 0.0;
-    };
     // Within a tenant: highest priority first, then oldest (the queue is in arrival order).
     std::stable_sort(live.begin(), live.end(), [&](size_t a, size_t b) {
       return queue[a].tenant != queue[b].tenant ? queue[a].tenant < queue[b].tenant
@@ -62,7 +59,7 @@ ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::
       double best_start = 0;
       for (size_t h = 0; h < heads.size(); ++h) {
         const QueuedClassify& q = queue[live[heads[h]]];
-        const double start = std::max(vt(q.tenant), c.last);
+        const double start = std::max(c.Of(q.tenant), c.last);
         const QueuedClassify& b = queue[live[heads[best]]];
         if (h == 0 || start < best_start || (start == best_start && q.enqueued < b.enqueued)) {
           best = h;
@@ -75,10 +72,7 @@ ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::
       plan.take.push_back(i);
       plan.start.push_back(best_start);
       taken += q.images;
-      if (static_cast<size_t>(q.tenant) >= c.tenant.size())
-        c.tenant.resize(static_cast<size_t>(q.tenant) + 1, 0.0);
-      c.tenant[static_cast<size_t>(q.tenant)] =
-          best_start + static_cast<double>(q.images) / q.weight;
+      c.Charge(q.tenant, best_start, q.images, q.weight);
       c.last = best_start;
       // The tenant's next request, or the tenant is done.
       const size_t next = heads[best] + 1;
@@ -102,9 +96,6 @@ ClassifyPlan PlanClassifyCutIn(const std::vector<QueuedClassify>& queue, Clock::
   ClassifyPlan plan;
   plan.clock = clock;
   FairClock& c = plan.clock;
-  const auto vt = [&](int32_t t) {
-    return static_cast<size_t>(t) < c.tenant.size() ? c.tenant[static_cast<size_t>(t)] : 0.0;
-  };
   // Each tenant's head: its live request of the highest priority, the oldest of those.
   std::map<int32_t, size_t> head;
   for (size_t i = 0; i < queue.size(); ++i) {
@@ -116,11 +107,11 @@ ClassifyPlan PlanClassifyCutIn(const std::vector<QueuedClassify>& queue, Clock::
   // Tenants not past the batch, the least virtual time first (ties: the older head).
   std::vector<size_t> order;
   for (const auto& [tenant, i] : head)
-    if (vt(tenant) < virtual_now && (static_cast<size_t>(tenant) >= batch_tenants.size() ||
-                                     !batch_tenants[static_cast<size_t>(tenant)]))
+    if (c.Of(tenant) < virtual_now && (static_cast<size_t>(tenant) >= batch_tenants.size() ||
+                                       !batch_tenants[static_cast<size_t>(tenant)]))
       order.push_back(i);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const double va = vt(queue[a].tenant), vb = vt(queue[b].tenant);
+    const double va = c.Of(queue[a].tenant), vb = c.Of(queue[b].tenant);
     return va != vb ? va < vb : queue[a].enqueued < queue[b].enqueued;
   });
   int64_t taken = 0;
@@ -130,10 +121,7 @@ ClassifyPlan PlanClassifyCutIn(const std::vector<QueuedClassify>& queue, Clock::
     plan.take.push_back(i);
     plan.start.push_back(virtual_now);
     taken += q.images;
-    if (static_cast<size_t>(q.tenant) >= c.tenant.size())
-      c.tenant.resize(static_cast<size_t>(q.tenant) + 1, 0.0);
-    c.tenant[static_cast<size_t>(q.tenant)] =
-        virtual_now + static_cast<double>(q.images) / q.weight;
+    c.Charge(q.tenant, virtual_now, q.images, q.weight);
   }
   return plan;
 }

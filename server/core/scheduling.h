@@ -69,6 +69,16 @@ struct QueuedClassify {
 struct FairClock {
   std::vector<double> tenant;
   double last = 0;
+
+  // Tenant `t`'s virtual time (0 when missing).
+  double Of(int32_t t) const {
+    return static_cast<size_t>(t) < tenant.size() ? tenant[static_cast<size_t>(t)] : 0.0;
+  }
+  // A request of `images` of tenant `t` (its `weight`) taken at virtual time `start`.
+  void Charge(int32_t t, double start, int64_t images, double weight) {
+    if (static_cast<size_t>(t) >= tenant.size()) tenant.resize(static_cast<size_t>(t) + 1, 0.0);
+    tenant[static_cast<size_t>(t)] = start + static_cast<double>(images) / weight;
+  }
 };
 
 struct ClassifyPlanOptions {
