@@ -184,16 +184,17 @@ TEST(PlanClassifyCutIn, ATenantBehindTheBatchCutsInOneRequestAtTheBatchsVirtualT
   EXPECT_THAT(p.clock.tenant, ElementsAre(64.0, 21.0));
   EXPECT_EQ(p.clock.last, 63.0);
   EXPECT_TRUE(p.drop.empty());
-  // Once the batch has gone past 21 the next one cuts in; at 21 itself it waits (it is not behind).
+  // Its next one cuts in once the batch has reached 21 (a tie goes to the tenant outside the
+  // batch: it has had no more than its share), not before.
   EXPECT_TRUE(
-      PlanClassifyCutIn({T(1, ms(3))}, kT0 + ms(6), 21.0, 64, p.clock, batch_tenants).take.empty());
-  EXPECT_THAT(PlanClassifyCutIn({T(1, ms(3))}, kT0 + ms(6), 22.0, 64, p.clock, batch_tenants).take,
+      PlanClassifyCutIn({T(1, ms(3))}, kT0 + ms(6), 20.5, 64, p.clock, batch_tenants).take.empty());
+  EXPECT_THAT(PlanClassifyCutIn({T(1, ms(3))}, kT0 + ms(6), 21.0, 64, p.clock, batch_tenants).take,
               ElementsAre(0u));
 }
 
 // The batch's own tenants never cut in, however far behind; neither do expired or cancelled
-// requests (left for the next batch's plan to drop); a fresh clock at 0 lets nobody in.
-TEST(PlanClassifyCutIn, NotTheBatchsTenantsNorDeadRequestsNorAFreshClock) {
+// requests (left for the next batch's plan to drop), nor a tenant ahead of the batch.
+TEST(PlanClassifyCutIn, NotTheBatchsTenantsNorDeadRequestsNorATenantAhead) {
   FairClock clock;
   clock.tenant = {10.0, 0.0, 0.0};
   std::vector<QueuedClassify> q = {T(0, ms(0)), T(1, ms(1)), T(2, ms(2))};
@@ -205,7 +206,7 @@ TEST(PlanClassifyCutIn, NotTheBatchsTenantsNorDeadRequestsNorAFreshClock) {
   EXPECT_THAT(PlanClassifyCutIn(q, kT0 + ms(5), 12.0, 64, clock, batch_tenants).take,
               ElementsAre(0u));
   EXPECT_TRUE(PlanClassifyCutIn(q, kT0 + ms(5), 12.0, 64, clock, {1}).take.empty());
-  EXPECT_TRUE(PlanClassifyCutIn({T(0, ms(0))}, kT0, 0.0, 64, FairClock{}, {}).take.empty());
+  EXPECT_TRUE(PlanClassifyCutIn(q, kT0 + ms(5), 9.5, 64, clock, batch_tenants).take.empty());
 }
 
 // Several tenants behind: the least virtual time first, within a tenant its highest priority;

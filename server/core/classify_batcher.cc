@@ -189,22 +189,34 @@ void ClassifyBatcher::Loop() {
         // Snapshot, plan (scheduling.h), carry the plan out.
         const std::vector<QueuedClassify> snapshot = SnapshotLocked();
         const Clock::time_point now = Clock::now();
-        ClassifyPlan plan = PlanClassifyBatch(
-            snapshot, now, {options_.max_batch_size, options_.max_queue_delay}, stopping_, clock_);
-        bool cut_in_batch = false;  // the batch is of requests that cut in before it formed
-        if (!plan.take.empty() && packed_cpu_) {
-          // Requests that would have cut into the last batch had they come a moment earlier run
-          // first, as a batch of their own (replied at its end, not at the end of the next).
+        const ClassifyPlanOptions options{options_.max_batch_size, options_.max_queue_delay};
+        ClassifyPlan plan = PlanClassifyBatch(snapshot, now, options, stopping_, clock_);
+        if (!plan.take.empty() && packed_cpu_ &&
+            std::find(in_batch_.begin(), in_batch_.end(), 1) != in_batch_.end()) {
+          // Requests that would have cut into the last batch had they come a moment earlier stay
+          // out of the next one: its threads let them in between its first images and reply at
+          // once, instead of at the batch's end. (Before any batch there is nothing to cut into.)
           double end = 0;  // the virtual time the last batch reached
           for (size_t t = 0; t < in_batch_.size(); ++t)
             if (in_batch_[t]) end = std::max(end, clock_.Of(static_cast<int32_t>(t)));
-          ClassifyPlan cut =
+          const ClassifyPlan cut =
               PlanClassifyCutIn(snapshot, now, end, options_.max_batch_size, clock_, in_batch_);
           if (!cut.take.empty()) {
-            plan.take = std::move(cut.take);
-            plan.start = std::move(cut.start);
-            plan.clock = std::move(cut.clock);
-            cut_in_batch = true;
+            std::vector<char> out(snapshot.size(), 0);
+            for (size_t i : cut.take) out[i] = 1;
+            std::vector<size_t> index;  // rest's entries' indices in the snapshot
+            std::vector<QueuedClassify> rest;
+            for (size_t i = 0; i < snapshot.size(); ++i) {
+              if (out[i]) continue;
+              index.push_back(i);
+              rest.push_back(snapshot[i]);
+            }
+            ClassifyPlan without = PlanClassifyBatch(rest, now, options, stopping_, clock_);
+            if (!without.take.empty()) {  // else they run as the batch, at once
+              for (size_t& i : without.take) i = index[i];
+              for (ClassifyPlan::Drop& d : without.drop) d.index = index[d.index];
+              plan = std::move(without);
+            }
           }
         }
         // Side work takes turns with the batches (PlanSideWork).
@@ -246,10 +258,7 @@ void ClassifyBatcher::Loop() {
         if (!batch.empty()) {
           clock_ = plan.clock;
           start = plan.start;
-          // The tenants of the last batch; one that cut in before it joins them (so the batch
-          // the cut-in went ahead of is not cut into by the tenants it held).
-          if (!cut_in_batch) in_batch_.assign(tenant_queued_.size(), 0);
-          in_batch_.resize(tenant_queued_.size(), 0);
+          in_batch_.assign(tenant_queued_.size(), 0);
           for (const Entry& e : batch) in_batch_[static_cast<size_t>(e.job.share.tenant)] = 1;
           // What queued before this batch and stays out of it may cut in (PlanClassifyCutIn).
           cut_in_hint_.store(false, std::memory_order_relaxed);
@@ -325,11 +334,11 @@ std::vector<std::pair<ClassifyBatcher::Entry, double>> ClassifyBatcher::TakeCutI
 }
 
 void ClassifyBatcher::RearmCutInLocked() {
-  // A queued request whose tenant is behind the batch's last start may become due before the
-  // batch ends: keep the batch's threads looking.
+  // A queued request of a tenant outside the batch whose virtual time is at most the batch's
+  // last start may become due before the batch ends: keep the batch's threads looking.
   for (const Entry& e : queue_) {
     const size_t t = static_cast<size_t>(e.job.share.tenant);
-    if ((t >= in_batch_.size() || !in_batch_[t]) && clock_.Of(e.job.share.tenant) < clock_.last) {
+    if ((t >= in_batch_.size() || !in_batch_[t]) && clock_.Of(e.job.share.tenant) <= clock_.last) {
       cut_in_hint_.store(true, std::memory_order_relaxed);
       return;
     }

@@ -107,7 +107,7 @@ ClassifyPlan PlanClassifyCutIn(const std::vector<QueuedClassify>& queue, Clock::
   // Tenants not past the batch, the least virtual time first (ties: the older head).
   std::vector<size_t> order;
   for (const auto& [tenant, i] : head)
-    if (c.Of(tenant) < virtual_now && (static_cast<size_t>(tenant) >= batch_tenants.size() ||
+    if (c.Of(tenant) <= virtual_now && (static_cast<size_t>(tenant) >= batch_tenants.size() ||
                                        !batch_tenants[static_cast<size_t>(tenant)]))
       order.push_back(i);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {

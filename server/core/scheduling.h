@@ -114,13 +114,14 @@ ClassifyPlan PlanClassifyBatch(const std::vector<QueuedClassify>& queue, Clock::
 // requests of tenants behind the batch in the fair order cut in: they are computed at once, on
 // their own, instead of waiting for the batch and the next; so a client with one call waits for
 // an image, not for another tenant's batch. Before a batch forms, the same rule picks the
-// requests that run first as a batch of their own.
+// requests left out of it, to cut in at its first images.
 // `virtual_now`: the start time of the batch's request being computed (between two batches: the
 // greatest virtual time of the last batch's tenants, where it ended). `batch_tenants` (by tenant
 // index; missing: no): the tenants of that batch, who never cut in. Another tenant's head
-// request cuts in when the tenant's virtual time is less than `virtual_now` (it has had less
-// than its share up to the point the batch has reached; a tenant that cut in a moment ago is
-// past it), starting at `virtual_now` and advancing the tenant's virtual time by
+// request cuts in when the tenant's virtual time is at most `virtual_now` (it has had no more
+// than its share up to the point the batch has reached; a tie goes to it, as the batch's
+// requests were ordered without it; a tenant that cut in a moment ago is past it until the
+// batch catches up), starting at `virtual_now` and advancing the tenant's virtual time by
 // images / weight: one request per tenant per plan, and a tenant that keeps cutting in gets no
 // more than its weight's share of the batch's progress. Whole requests, the least virtual time
 // first (ties: the older), up to `max_images` (the first that does not fit ends the plan);
